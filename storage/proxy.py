@@ -1,0 +1,483 @@
+"""S3 fault proxy: a head-only HTTP/1.1 relay on 127.0.0.1 in front of the store.
+
+Request and response bodies are streamed in bounded chunks in both directions
+(never buffered whole), the request head is forwarded byte for byte (Host
+unchanged, so SigV4 signatures stay valid), and the upstream's 1xx answers are
+relayed (botocore sends `Expect: 100-continue` on PUT). Every request is
+recorded as one JSON line. Fault windows are *rules* opened and closed through a
+small JSON control API on a second port; a rule matches requests by method,
+bucket, key prefix and part number, and applies an action. This issue needs the
+`error` action (ST1: 503 ServiceUnavailable with an S3 XML body); later ST faults
+add actions to `ACTIONS` without touching the relay.
+
+Run as `python -m storage.proxy --upstream 127.0.0.1:PORT --log FILE`; it prints
+one line `READY <port> <control_port>` when both listeners are up.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import orjson
+
+CHUNK = 256 * 1024
+MAX_HEAD = 64 * 1024
+
+
+# --------------------------------------------------------------------------- rules
+@dataclass
+class S3Request:
+    """What a rule can match on, parsed from a path-style request head."""
+
+    method: str
+    bucket: str
+    key: str
+    part: int | None
+    upload_id: str | None
+
+    @classmethod
+    def parse(cls, method: str, target: str) -> "S3Request":
+        parts = urllib.parse.urlsplit(target)
+        path = urllib.parse.unquote(parts.path)
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+        segs = path.lstrip("/").split("/", 1)
+        bucket = segs[0] if segs and segs[0] else ""
+        key = segs[1] if len(segs) > 1 else ""
+        part = query.get("partNumber", [None])[0]
+        return cls(method=method, bucket=bucket, key=key,
+                   part=int(part) if part and part.isdigit() else None,
+                   upload_id=query.get("uploadId", [None])[0])
+
+
+@dataclass
+class Rule:
+    """One open fault window in the proxy. `ratio` is the share of matching requests hit."""
+
+    rule_id: str
+    action: str = "error"
+    status: int = 503
+    code: str = "ServiceUnavailable"
+    message: str = "Service is unavailable (sandfleet fault window)"
+    methods: list[str] | None = None
+    bucket: str | None = None
+    key_prefix: str | None = None
+    part: int | None = None
+    ratio: float = 1.0
+    seed: int = 0
+    fault: str | None = None
+    opened_at: float = field(default_factory=time.time)
+    matched: int = 0
+    hits: int = 0
+    first_hit_at: float | None = None
+    last_hit_at: float | None = None
+
+    def __post_init__(self):
+        if self.action not in ACTIONS:
+            raise ValueError(f"rule.action={self.action!r} is not one of {sorted(ACTIONS)}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"rule.ratio={self.ratio!r} must be within [0, 1]")
+        self._rng = random.Random(self.seed)
+
+    def matches(self, req: S3Request) -> bool:
+        if self.methods and req.method not in self.methods:
+            return False
+        if self.bucket is not None and req.bucket != self.bucket:
+            return False
+        if self.key_prefix is not None and not req.key.startswith(self.key_prefix):
+            return False
+        if self.part is not None and req.part != self.part:
+            return False
+        return True
+
+    def draw(self) -> bool:
+        """Count the match and decide (seeded) whether this request is hit."""
+        self.matched += 1
+        hit = self.ratio >= 1.0 or self._rng.random() < self.ratio
+        if hit:
+            now = time.time()
+            self.hits += 1
+            self.first_hit_at = self.first_hit_at or now
+            self.last_hit_at = now
+        return hit
+
+    def public(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+def _error_body(rule: Rule, req: S3Request) -> bytes:
+    resource = f"/{req.bucket}/{req.key}" if req.key else f"/{req.bucket}"
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{rule.code}</Code><Message>{rule.message}</Message>"
+        f"<Resource>{resource}</Resource><RequestId>sandfleet-{rule.rule_id}</RequestId></Error>"
+    ).encode()
+
+
+_REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 500: "Internal Server Error",
+            503: "Service Unavailable", 429: "Too Many Requests"}
+
+
+def error_response(rule: Rule, req: S3Request, close: bool) -> bytes:
+    body = _error_body(rule, req)
+    head = (
+        f"HTTP/1.1 {rule.status} {_REASONS.get(rule.status, 'Error')}\r\n"
+        "Content-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"x-amz-request-id: sandfleet-{rule.rule_id}\r\n"
+        f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+    ).encode()
+    return head + (b"" if req.method == "HEAD" else body)
+
+
+# An action is how a hit request is answered. New ST faults register here.
+ACTIONS: dict[str, Callable] = {"error": error_response}
+
+
+# --------------------------------------------------------------------------- HTTP helpers
+class Head:
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        lines = raw.decode("latin-1").split("\r\n")
+        self.start = lines[0]
+        self.headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, _, value = line.partition(":")
+            self.headers[name.strip().lower()] = value.strip()
+
+    def get(self, name: str, default: str = "") -> str:
+        return self.headers.get(name, default)
+
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.get("transfer-encoding").lower()
+
+    @property
+    def length(self) -> int | None:
+        v = self.get("content-length")
+        return int(v) if v.isdigit() else None
+
+
+async def read_head(reader: asyncio.StreamReader) -> Head | None:
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise ConnectionError("connection closed inside an HTTP head") from exc
+        return None
+    except asyncio.LimitOverrunError as exc:
+        raise ConnectionError("HTTP head too large") from exc
+    return Head(raw)
+
+
+async def copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
+                    head: Head, until_eof: bool = False) -> int:
+    """Relay one message body (Content-Length, chunked, or until EOF); returns body bytes.
+
+    With `writer=None` the body is read and discarded.
+    """
+    total = 0
+
+    async def put(data: bytes):
+        if writer is not None:
+            writer.write(data)
+            await writer.drain()
+
+    if head.chunked:
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            await put(line)
+            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while True:  # trailers up to the empty line
+                    trailer = await reader.readuntil(b"\r\n")
+                    await put(trailer)
+                    if trailer == b"\r\n":
+                        return total
+            remaining = size + 2
+            while remaining:
+                data = await reader.read(min(CHUNK, remaining))
+                if not data:
+                    raise ConnectionError("connection closed inside a chunk")
+                remaining -= len(data)
+                await put(data)
+            total += size
+    length = head.length
+    if length is not None:
+        remaining = length
+        while remaining:
+            data = await reader.read(min(CHUNK, remaining))
+            if not data:
+                raise ConnectionError("connection closed inside a body")
+            remaining -= len(data)
+            total += len(data)
+            await put(data)
+        return total
+    if until_eof:
+        while True:
+            data = await reader.read(CHUNK)
+            if not data:
+                return total
+            total += len(data)
+            await put(data)
+    return 0
+
+
+# --------------------------------------------------------------------------- proxy
+class FaultProxy:
+    def __init__(self, upstream_host: str, upstream_port: int, log_path: str | None):
+        self.upstream = (upstream_host, upstream_port)
+        self.rules: dict[str, Rule] = {}
+        self.closed_rules: list[dict] = []
+        self.log = open(log_path, "ab") if log_path else None
+        self.counts = {"requests": 0, "faulted": 0}
+        self.port = 0
+        self.control_port = 0
+
+    def match(self, req: S3Request) -> Rule | None:
+        for rule in list(self.rules.values()):
+            if rule.matches(req) and rule.draw():
+                return rule
+        return None
+
+    def record(self, **entry) -> None:
+        self.counts["requests"] += 1
+        if entry.get("rule"):
+            self.counts["faulted"] += 1
+        if self.log:
+            self.log.write(orjson.dumps(entry) + b"\n")
+            self.log.flush()
+
+    async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        ureader = uwriter = None
+        try:
+            while True:
+                head = await read_head(creader)
+                if head is None:
+                    return
+                method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
+                req = S3Request.parse(method, target)
+                t0 = time.time()
+                base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
+                        "part": req.part, "upload_id": req.upload_id}
+                rule = self.match(req)
+                if rule is not None:
+                    expect = head.get("expect").lower() == "100-continue"
+                    req_bytes = 0
+                    if not expect:
+                        req_bytes = await copy_body(creader, None, head)
+                    cwriter.write(ACTIONS[rule.action](rule, req, close=expect))
+                    await cwriter.drain()
+                    self.record(**base, status=rule.status, req_bytes=req_bytes, resp_bytes=0,
+                                rule=rule.rule_id, fault=rule.fault, ms=round((time.time() - t0) * 1000, 3))
+                    if expect:
+                        return
+                    continue
+                if uwriter is None:
+                    ureader, uwriter = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+                uwriter.write(head.raw)
+                await uwriter.drain()
+                body_task = asyncio.create_task(copy_body(creader, uwriter, head))
+                while True:
+                    rhead = await read_head(ureader)
+                    if rhead is None:
+                        raise ConnectionError("upstream closed before answering")
+                    cwriter.write(rhead.raw)
+                    await cwriter.drain()
+                    status = int(rhead.start.split(" ", 2)[1])
+                    if 100 <= status < 200:
+                        continue
+                    break
+                no_body = method == "HEAD" or status in (204, 304)
+                closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
+                resp_bytes = 0 if no_body else await copy_body(
+                    ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked)
+                if not body_task.done():
+                    # The upstream answered without taking the body (e.g. refused a 100-continue).
+                    body_task.cancel()
+                    closing = True
+                    req_bytes = 0
+                else:
+                    req_bytes = body_task.result()
+                self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
+                            rule=None, fault=None, ms=round((time.time() - t0) * 1000, 3))
+                if closing or (rhead.length is None and not rhead.chunked and not no_body):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            return
+        finally:
+            for w in (cwriter, uwriter):
+                if w is not None:
+                    w.close()
+
+    # -- control API --------------------------------------------------------
+    async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await read_head(reader)
+            if head is None:
+                return
+            method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
+            body = await reader.readexactly(head.length or 0)
+            status, payload = self.dispatch(method, urllib.parse.urlsplit(target).path, body)
+        except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
+            status, payload = 400, {"error": str(exc)}
+        data = orjson.dumps(payload)
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+        try:
+            await writer.drain()
+        finally:
+            writer.close()
+
+    def dispatch(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+        if method == "GET" and path == "/rules":
+            return 200, {"rules": [r.public() for r in self.rules.values()], "closed": self.closed_rules}
+        if method == "GET" and path == "/stats":
+            return 200, dict(self.counts, open_rules=len(self.rules))
+        if method == "POST" and path == "/rules":
+            spec = orjson.loads(body)
+            rule = Rule(**spec)
+            if rule.rule_id in self.rules:
+                return 409, {"error": f"rule {rule.rule_id!r} is already open"}
+            self.rules[rule.rule_id] = rule
+            return 201, rule.public()
+        if method == "DELETE" and path.startswith("/rules/"):
+            rid = urllib.parse.unquote(path[len("/rules/"):])
+            rule = self.rules.pop(rid, None)
+            if rule is None:
+                return 404, {"error": f"no open rule {rid!r}"}
+            closed = dict(rule.public(), closed_at=time.time())
+            self.closed_rules.append(closed)
+            return 200, closed
+        if method == "DELETE" and path == "/rules":
+            closed = []
+            for rid in list(self.rules):
+                closed.append(dict(self.rules.pop(rid).public(), closed_at=time.time()))
+            self.closed_rules.extend(closed)
+            return 200, {"closed": closed}
+        return 404, {"error": f"no route {method} {path}"}
+
+    async def serve(self, port: int = 0, control_port: int = 0) -> None:
+        server = await asyncio.start_server(self.handle, "127.0.0.1", port, limit=MAX_HEAD)
+        ctl = await asyncio.start_server(self.control, "127.0.0.1", control_port, limit=MAX_HEAD)
+        self.port = server.sockets[0].getsockname()[1]
+        self.control_port = ctl.sockets[0].getsockname()[1]
+        print(f"READY {self.port} {self.control_port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with server, ctl:
+            await stop.wait()
+        if self.log:
+            self.log.close()
+
+
+class ProxyControl:
+    """Client of the proxy's control API (stdlib only, so runners and tests can use it)."""
+
+    def __init__(self, control_port: int, host: str = "127.0.0.1"):
+        self.base = f"http://{host}:{control_port}"
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = orjson.dumps(body) if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return orjson.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"proxy control {method} {path}: {exc.code} {exc.read().decode()}") from exc
+
+    def open_rule(self, **spec) -> dict:
+        return self._call("POST", "/rules", spec)
+
+    def close_rule(self, rule_id: str) -> dict:
+        return self._call("DELETE", f"/rules/{urllib.parse.quote(rule_id, safe='')}")
+
+    def close_all(self) -> list[dict]:
+        return self._call("DELETE", "/rules")["closed"]
+
+    def rules(self) -> dict:
+        return self._call("GET", "/rules")
+
+    def stats(self) -> dict:
+        return self._call("GET", "/stats")
+
+
+class ProxyProcess:
+    """The proxy as a child process of the harness, ended by PID in `stop()`."""
+
+    def __init__(self, upstream_url: str, log_path: str):
+        parts = urllib.parse.urlsplit(upstream_url)
+        self.upstream = f"{parts.hostname}:{parts.port or 80}"
+        self.log_path = log_path
+        self.proc = None
+        self.port = 0
+        self.control_port = 0
+
+    def start(self, timeout_s: float = 20.0) -> "ProxyProcess":
+        import subprocess
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = self.proc.stdout.readline().decode().split()
+        if len(line) != 3 or line[0] != "READY":
+            err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.poll() is not None else ""
+            self.stop()
+            raise RuntimeError(f"the S3 fault proxy did not start: {line} {err}")
+        self.port, self.control_port = int(line[1]), int(line[2])
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def control(self) -> ProxyControl:
+        return ProxyControl(self.control_port)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        import subprocess
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        for f in (proc.stdout, proc.stderr):
+            if f:
+                f.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", required=True, help="HOST:PORT of the S3 store")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--control-port", type=int, default=0)
+    ap.add_argument("--log", default=None, help="JSON-lines request log")
+    args = ap.parse_args(argv)
+    host, _, port = args.upstream.rpartition(":")
+    if not host or not port.isdigit():
+        sys.exit(f"--upstream {args.upstream!r}: expected HOST:PORT")
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(FaultProxy(host, int(port), args.log).serve(args.port, args.control_port))
+
+
+if __name__ == "__main__":
+    main()
