@@ -1,0 +1,132 @@
+"""cgroup v1 directories for sandboxes: memory + pids + freezer, under the harness's own
+cgroup in each controller, at `<own>/sandfleet/<wave>/<sandbox>`. The path itself is
+the marker a sweep uses to find leftovers after a crash."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "pids", "freezer")
+MARK = "sandfleet"
+
+
+class CgroupError(RuntimeError):
+    pass
+
+
+def own_path(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> str:
+    """This process's cgroup path in a v1 controller, with any sandfleet suffix cut off."""
+    for line in Path(proc_cgroup).read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            if f"/{MARK}/" in path + "/":
+                path = path[: (path + "/").index(f"/{MARK}/")]
+            return path if path != "/" else ""
+    raise CgroupError(f"cgroup v1 controller {controller!r} is not mounted "
+                      f"(need /sys/fs/cgroup/{controller}; run as root on a cgroup v1 host)")
+
+
+def check_available() -> None:
+    """Raise a clear error when the process backend cannot work here."""
+    if os.geteuid() != 0:
+        raise CgroupError("the process sandbox backend needs root (mount namespaces, tmpfs, cgroups); "
+                          "run as root")
+    for c in CONTROLLERS:
+        if not (ROOT / c).is_dir():
+            raise CgroupError(f"cgroup v1 controller {c!r} is not mounted at {ROOT / c}; "
+                              "the process backend needs cgroup v1 memory, pids and freezer")
+        own_path(c)
+
+
+def wave_dir(controller: str, wave_id: str) -> Path:
+    return ROOT / controller / own_path(controller).lstrip("/") / MARK / wave_id
+
+
+class SandboxCgroup:
+    def __init__(self, wave_id: str, sandbox_id: str):
+        self.wave_id = wave_id
+        self.sandbox_id = sandbox_id
+        self.dirs = {c: wave_dir(c, wave_id) / sandbox_id for c in CONTROLLERS}
+
+    def create(self, memory_bytes: int, pids_max: int) -> None:
+        for d in self.dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def pids(self) -> list[int]:
+        try:
+            text = (self.dirs["pids"] / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def exists(self) -> bool:
+        return any(d.exists() for d in self.dirs.values())
+
+    def freeze(self, timeout_s: float = 5.0) -> bool:
+        state = self.dirs["freezer"] / "freezer.state"
+        state.write_text("FROZEN")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if state.read_text().strip() == "FROZEN":
+                return True
+            time.sleep(0.005)
+        return False
+
+    def thaw(self) -> None:
+        try:
+            (self.dirs["freezer"] / "freezer.state").write_text("THAWED")
+        except FileNotFoundError:
+            pass
+
+    def kill_all(self, timeout_s: float = 10.0) -> bool:
+        """Freeze, SIGKILL every member, thaw, and wait until the cgroup is empty."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if not pids:
+                return True
+            frozen = self.freeze(1.0)
+            for pid in self.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if frozen:
+                self.thaw()
+            time.sleep(0.01)
+        return not self.pids()
+
+    def remove(self) -> None:
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            for parent in (d.parent, d.parent.parent):  # wave dir, then sandfleet dir, if empty
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+
+
+def list_sandboxes(wave_id: str | None = None) -> list[tuple[str, str]]:
+    """(wave_id, sandbox_id) for every sandbox cgroup left under this harness's cgroup."""
+    base = ROOT / "pids" / own_path("pids").lstrip("/") / MARK
+    found = []
+    if not base.is_dir():
+        return found
+    for wdir in sorted(base.iterdir()):
+        if not wdir.is_dir() or (wave_id and wdir.name != wave_id):
+            continue
+        for sdir in sorted(wdir.iterdir()):
+            if sdir.is_dir():
+                found.append((wdir.name, sdir.name))
+    return found

@@ -1,0 +1,105 @@
+"""The sandbox host: one async actor per node that owns many sandboxes.
+
+It starts an attempt's sandbox, renews the attempt's lease while the sandbox
+lives (a refused renewal means the attempt was fenced: the sandbox is killed),
+kills sandboxes on request (faults), and sweeps sandboxes that carry a wave's
+marker but hold no active lease. `SandboxHost` is a plain class; `start_host_actor`
+makes it remote at the edge.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fleet import cgroups
+from fleet.sandbox import ProcessBackend, SandboxBackend, SandboxSpec, reap_leftover
+
+
+class SandboxHost:
+    def __init__(self, node_id: str, backend: SandboxBackend | None = None, ledger: Any = None):
+        self.node_id = node_id
+        self.backend = backend or ProcessBackend()
+        self.ledger = ledger
+        self.finished: list[dict] = []
+
+    async def ping(self) -> str:
+        return self.node_id
+
+    async def _renew_loop(self, sb, lease: dict, ttl_s: float) -> None:
+        version = lease["version"]
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            ok, version = await self.ledger.renew.remote(lease["task_id"], lease["fence"], version, ttl_s)
+            if not ok:
+                await self.backend.kill(sb, 0.0, reason="fenced: lease renewal refused")
+                return
+
+    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float) -> dict:
+        """Run one attempt to its end; returns the sandbox's description (exit code, timings, history)."""
+        sspec = SandboxSpec(**spec)
+        sb = await self.backend.start(sspec)
+        renew = asyncio.create_task(self._renew_loop(sb, lease, ttl_s)) if self.ledger is not None else None
+        try:
+            await self.backend.wait(sb)
+        finally:
+            if renew is not None:
+                renew.cancel()
+            await self.backend.remove(sb)
+        out = sb.describe()
+        out["node"] = self.node_id
+        self.finished.append(out)
+        return out
+
+    async def kill(self, sandbox_id: str, grace_s: float = 0.0, reason: str = "kill") -> dict:
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        before = sb.state.value
+        t = time.time()
+        killed = await self.backend.kill(sb, grace_s, reason=reason)
+        return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
+                "why": "" if killed else f"sandbox was {before}"}
+
+    async def running(self) -> list[str]:
+        return sorted(self.backend.sandboxes)
+
+    async def sweep(self, wave_id: str, live_sandbox_ids: list[str]) -> dict:
+        """Kill and remove every sandbox of `wave_id` on this node that no active lease covers."""
+        live = set(live_sandbox_ids)
+        found = cgroups.list_sandboxes(wave_id)
+        reaped = []
+        for wid, sid in found:
+            if sid in live:
+                continue
+            sb = self.backend.sandboxes.get(sid)
+            if sb is not None:
+                await self.backend.kill(sb, 0.0, reason="sweep: no active lease")
+                await self.backend.remove(sb)
+                reaped.append({"wave_id": wid, "sandbox_id": sid, "pids": [sb.pid], "emptied": True,
+                               "removed": True, "had_handle": True})
+            else:
+                rep = await asyncio.to_thread(reap_leftover, wid, sid)
+                rep["had_handle"] = False
+                reaped.append(rep)
+        return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
+                "reaped": reaped}
+
+    async def shutdown(self, grace_s: float = 1.0) -> int:
+        n = 0
+        for sb in list(self.backend.sandboxes.values()):
+            if await self.backend.kill(sb, grace_s, reason="host shutdown"):
+                n += 1
+        return n
+
+
+def start_host_actor(node_id: str, ledger, resources: dict | None = None):
+    import ray
+
+    if not node_id:
+        raise ValueError("node_id must be a non-empty string")
+    opts = {"num_cpus": 0, "max_concurrency": 1000, "name": None}
+    opts.pop("name")
+    if resources:
+        opts["resources"] = resources
+    return ray.remote(SandboxHost).options(**opts).remote(node_id, None, ledger)

@@ -1,0 +1,159 @@
+"""Lease ledger: SQLite (WAL) owned by one Ray actor.
+
+Every attempt of a task runs under a lease. `acquire` hands out the next fencing
+token of the task (it only grows), refusing while another unexpired lease of the
+task is active. `renew` and `release` take the expected version and return
+`(ok, version)`, so a zombie holding an old fence or an old version is refused.
+Expiry is computed from an injected clock. `LeaseLedger` is a plain class;
+`start_ledger_actor` makes it remote at the edge.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Callable
+
+from fleet.lifecycle import LEASE_TRANSITIONS, LeaseState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+  task_id     TEXT NOT NULL,
+  fence       INTEGER NOT NULL,
+  attempt     INTEGER NOT NULL,
+  sandbox_id  TEXT NOT NULL,
+  holder      TEXT NOT NULL,
+  state       TEXT NOT NULL,
+  version     INTEGER NOT NULL,
+  acquired_at REAL NOT NULL,
+  expires_at  REAL NOT NULL,
+  ended_at    REAL,
+  outcome     TEXT,
+  PRIMARY KEY (task_id, fence)
+);
+CREATE TABLE IF NOT EXISTS history (
+  t        REAL NOT NULL,
+  task_id  TEXT NOT NULL,
+  fence    INTEGER NOT NULL,
+  event    TEXT NOT NULL,
+  detail   TEXT
+);
+"""
+
+
+class LeaseLedger:
+    def __init__(self, path: str, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def _log(self, task_id: str, fence: int, event: str, detail: str = "") -> None:
+        self.db.execute("INSERT INTO history VALUES (?,?,?,?,?)", (self.clock(), task_id, fence, event, detail))
+
+    def _transition(self, task_id: str, fence: int, state: str, new: LeaseState) -> None:
+        if new not in LEASE_TRANSITIONS[LeaseState(state)]:
+            raise ValueError(f"lease {task_id}#{fence}: {state} -> {new.value} is not allowed")
+
+    def expire_stale(self) -> int:
+        now = self.clock()
+        rows = self.db.execute("SELECT task_id, fence FROM leases WHERE state='active' AND expires_at <= ?",
+                               (now,)).fetchall()
+        for task_id, fence in rows:
+            self.db.execute("UPDATE leases SET state='expired', version=version+1, ended_at=? "
+                            "WHERE task_id=? AND fence=?", (now, task_id, fence))
+            self._log(task_id, fence, "expired")
+        return len(rows)
+
+    def acquire(self, task_id: str, holder: str, sandbox_id: str, ttl_s: float) -> dict | None:
+        """A new lease with the next fence, or None while an unexpired lease of the task is active."""
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s={ttl_s!r} must be > 0")
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.expire_stale()
+            if self.db.execute("SELECT 1 FROM leases WHERE task_id=? AND state='active'", (task_id,)).fetchone():
+                return None
+            (top,) = self.db.execute("SELECT COALESCE(MAX(fence), 0) FROM leases WHERE task_id=?",
+                                     (task_id,)).fetchone()
+            (attempts,) = self.db.execute("SELECT COUNT(*) FROM leases WHERE task_id=?", (task_id,)).fetchone()
+            now = self.clock()
+            fence = top + 1
+            self.db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                            (task_id, fence, attempts + 1, sandbox_id, holder, "active", 1, now, now + ttl_s,
+                             None, None))
+            self._log(task_id, fence, "acquired", f"{holder} {sandbox_id}")
+        return self.get(task_id, fence)
+
+    def get(self, task_id: str, fence: int) -> dict | None:
+        cur = self.db.execute("SELECT * FROM leases WHERE task_id=? AND fence=?", (task_id, fence))
+        row = cur.fetchone()
+        return dict(zip([c[0] for c in cur.description], row)) if row else None
+
+    def renew(self, task_id: str, fence: int, expected_version: int, ttl_s: float) -> tuple[bool, int]:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.expire_stale()
+            row = self.get(task_id, fence)
+            if row is None:
+                return False, 0
+            if row["state"] != "active" or row["version"] != expected_version:
+                self._log(task_id, fence, "renew_refused", f"state={row['state']} version={row['version']} "
+                                                          f"expected={expected_version}")
+                return False, row["version"]
+            version = expected_version + 1
+            self.db.execute("UPDATE leases SET version=?, expires_at=? WHERE task_id=? AND fence=?",
+                            (version, self.clock() + ttl_s, task_id, fence))
+            return True, version
+
+    def _end(self, task_id: str, fence: int, expected_version: int | None, new: LeaseState,
+             outcome: str) -> tuple[bool, int]:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.get(task_id, fence)
+            if row is None:
+                return False, 0
+            if row["state"] != "active" or (expected_version is not None and row["version"] != expected_version):
+                return False, row["version"]
+            self._transition(task_id, fence, row["state"], new)
+            version = row["version"] + 1
+            self.db.execute("UPDATE leases SET state=?, version=?, ended_at=?, outcome=? "
+                            "WHERE task_id=? AND fence=?", (new.value, version, self.clock(), outcome, task_id, fence))
+            self._log(task_id, fence, new.value, outcome)
+            return True, version
+
+    def release(self, task_id: str, fence: int, expected_version: int | None = None,
+                outcome: str = "") -> tuple[bool, int]:
+        return self._end(task_id, fence, expected_version, LeaseState.RELEASED, outcome)
+
+    def revoke(self, task_id: str, fence: int, reason: str = "") -> tuple[bool, int]:
+        return self._end(task_id, fence, None, LeaseState.REVOKED, reason)
+
+    def active(self) -> list[dict]:
+        self.expire_stale()
+        cur = self.db.execute("SELECT * FROM leases WHERE state='active' ORDER BY task_id, fence")
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def dump(self) -> dict:
+        cur = self.db.execute("SELECT * FROM leases ORDER BY task_id, fence")
+        cols = [c[0] for c in cur.description]
+        leases = [dict(zip(cols, r)) for r in cur.fetchall()]
+        hist = [dict(zip(("t", "task_id", "fence", "event", "detail"), r))
+                for r in self.db.execute("SELECT * FROM history ORDER BY rowid")]
+        return {"leases": leases, "history": hist}
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def start_ledger_actor(path: str, name: str | None = None):
+    """The ledger as one Ray actor (the only writer of its SQLite file)."""
+    import ray
+
+    if not path:
+        raise ValueError("ledger path must be a file path")
+    opts = {"num_cpus": 0, "max_concurrency": 1}
+    if name:
+        opts["name"] = name
+    return ray.remote(LeaseLedger).options(**opts).remote(path)

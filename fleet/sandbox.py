@@ -1,0 +1,293 @@
+"""Sandbox backends. The public methods (`start`, `kill`, `freeze`, `thaw`, `wait`,
+`remove`) add timing, state changes and logging, then call a private `_method` per
+backend (template method). The process backend runs each runner as
+
+    sh (joins the sandbox cgroups) -> unshare --mount --pid --fork --mount-proc
+        -> sh (mounts a private size-limited tmpfs on the workspace) -> tini -s -g -> runner
+
+so the workspace mount lives and dies with the sandbox's mount namespace, and
+every process of the sandbox is in one cgroup per controller (memory, pids,
+freezer) named `sandfleet/<wave>/<sandbox>`: the marker a sweep finds.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet import cgroups
+from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
+
+LAUNCH = r"""
+for f in $SF_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done
+exec unshare --mount --pid --fork --kill-child --mount-proc --propagation private \
+  /bin/sh -c 'mount -t tmpfs -o size="$SF_WS_BYTES",mode=0755 sandfleet-ws "$SANDFLEET_WORKSPACE" || exit 98
+cd "$SANDFLEET_WORKSPACE" && exec tini -s -g -- "$@"' sandfleet-init "$@"
+"""
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+@dataclass
+class SandboxSpec:
+    wave_id: str
+    sandbox_id: str
+    task_id: str
+    attempt: int
+    argv: list[str]
+    env: dict[str, str]
+    state_dir: str  # host directory for this sandbox: workspace mount point, log, checkpoint file
+    workspace_mb: int = 64
+    memory_mb: int = 512
+    pids_max: int = 256
+
+    @property
+    def workspace(self) -> str:
+        return os.path.join(self.state_dir, "ws")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.state_dir, "runner.log")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.state_dir, "checkpoints")
+
+
+@dataclass
+class Sandbox:
+    spec: SandboxSpec
+    life: Lifecycle
+    pid: int | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    start_ms: float | None = None
+    killed_by: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def state(self) -> SandboxState:
+        return self.life.state
+
+    def describe(self) -> dict:
+        return {"sandbox_id": self.spec.sandbox_id, "task_id": self.spec.task_id,
+                "attempt": self.spec.attempt, "state": self.state.value, "pid": self.pid,
+                "exit_code": self.exit_code, "started_at": self.started_at, "ended_at": self.ended_at,
+                "start_ms": self.start_ms, "killed_by": self.killed_by,
+                "history": self.life.history}
+
+
+class SandboxBackend:
+    """Template: public methods keep the lifecycle and timing; `_x` methods do the work."""
+
+    name = "base"
+
+    def __init__(self):
+        self.sandboxes: dict[str, Sandbox] = {}
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        sb = Sandbox(spec=spec, life=Lifecycle(SANDBOX_TRANSITIONS, SandboxState.CREATED))
+        self.sandboxes[spec.sandbox_id] = sb
+        t0 = time.perf_counter()
+        try:
+            await self._start(sb)
+        except Exception as exc:
+            sb.life.to(SandboxState.FAILED, f"start failed: {exc}")
+            await self._cleanup(sb)
+            raise
+        sb.start_ms = (time.perf_counter() - t0) * 1000
+        sb.started_at = time.time()
+        sb.life.to(SandboxState.RUNNING, "started")
+        return sb
+
+    async def wait(self, sb: Sandbox) -> int:
+        code = await self._wait(sb)
+        sb.exit_code = code
+        sb.ended_at = sb.ended_at or time.time()
+        if sb.state in (SandboxState.RUNNING, SandboxState.STOPPING):
+            sb.life.to(SandboxState.KILLED if sb.killed_by else SandboxState.EXITED, f"exit {code}")
+        return code
+
+    async def kill(self, sb: Sandbox, grace_s: float = 0.0, reason: str = "kill") -> bool:
+        """SIGTERM, `grace_s`, then SIGKILL of everything; True when it was alive."""
+        if sb.state not in (SandboxState.RUNNING, SandboxState.FROZEN):
+            return False
+        sb.killed_by = reason
+        sb.life.to(SandboxState.STOPPING, reason)
+        await self._kill(sb, grace_s)
+        return True
+
+    async def freeze(self, sb: Sandbox) -> bool:
+        if sb.state != SandboxState.RUNNING:
+            return False
+        await self._freeze(sb)
+        sb.life.to(SandboxState.FROZEN, "freeze")
+        return True
+
+    async def thaw(self, sb: Sandbox) -> bool:
+        if sb.state != SandboxState.FROZEN:
+            return False
+        await self._thaw(sb)
+        sb.life.to(SandboxState.RUNNING, "thaw")
+        return True
+
+    async def remove(self, sb: Sandbox) -> None:
+        await self._cleanup(sb)
+        if sb.state != SandboxState.REMOVED:
+            sb.life.to(SandboxState.REMOVED, "removed")
+        self.sandboxes.pop(sb.spec.sandbox_id, None)
+
+    async def start_many(self, specs: list[SandboxSpec]) -> list[Sandbox]:
+        return [await self.start(s) for s in specs]
+
+    # -- per backend ------------------------------------------------------
+    async def _start(self, sb: Sandbox) -> None:
+        raise NotImplementedError
+
+    async def _wait(self, sb: Sandbox) -> int:
+        raise NotImplementedError
+
+    async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+        raise NotImplementedError
+
+    async def _freeze(self, sb: Sandbox) -> None:
+        raise NotImplementedError
+
+    async def _thaw(self, sb: Sandbox) -> None:
+        raise NotImplementedError
+
+    async def _cleanup(self, sb: Sandbox) -> None:
+        raise NotImplementedError
+
+
+def check_process_backend() -> None:
+    """Clear errors for what the process backend needs and this machine lacks."""
+    cgroups.check_available()
+    for tool in ("unshare", "tini", "mount"):
+        if shutil.which(tool) is None:
+            hint = "apt-get install tini" if tool == "tini" else "apt-get install util-linux"
+            raise SandboxError(f"`{tool}` is not installed; the process sandbox backend needs it "
+                               f"({hint}, or run `make setup`)")
+
+
+class ProcessBackend(SandboxBackend):
+    """Processes in mount+pid namespaces, a private tmpfs workspace, cgroup v1 limits."""
+
+    name = "process"
+
+    def __init__(self):
+        super().__init__()
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._cgroups: dict[str, cgroups.SandboxCgroup] = {}
+
+    async def _start(self, sb: Sandbox) -> None:
+        spec = sb.spec
+        os.makedirs(spec.workspace, exist_ok=True)
+        cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
+        cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max)
+        self._cgroups[spec.sandbox_id] = cg
+        env = dict(spec.env)
+        env.update(
+            SF_CGROUP_PROCS=" ".join(cg.procs_files()),
+            SF_WS_BYTES=str(spec.workspace_mb * 1024 * 1024),
+            SANDFLEET_WORKSPACE=spec.workspace,
+            SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
+            SANDFLEET_CHECKPOINT=spec.checkpoint_path,
+            PATH=env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin")),
+        )
+        log = open(spec.log_path, "ab")
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *spec.argv],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=spec.state_dir)
+        finally:
+            log.close()
+        self._procs[spec.sandbox_id] = proc
+        sb.pid = proc.pid
+
+    async def _wait(self, sb: Sandbox) -> int:
+        proc = self._procs[sb.spec.sandbox_id]
+        if proc.poll() is None:
+            loop = asyncio.get_running_loop()
+            fd = os.pidfd_open(proc.pid)
+            done = loop.create_future()
+            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+            try:
+                await done
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        code = proc.wait()
+        sb.ended_at = time.time()
+        # unshare --kill-child ends the namespace with it; wait until the cgroup is empty too
+        cg = self._cgroups.get(sb.spec.sandbox_id)
+        if cg is not None and cg.pids():
+            await asyncio.to_thread(cg.kill_all)
+        return code
+
+    def _init_pid(self, sb: Sandbox) -> int | None:
+        """Host pid of the sandbox's init (tini): the child of unshare."""
+        try:
+            kids = Path(f"/proc/{sb.pid}/task/{sb.pid}/children").read_text().split()
+            return int(kids[0]) if kids else None
+        except (OSError, ValueError):
+            return None
+
+    async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+        cg = self._cgroups[sb.spec.sandbox_id]
+        if grace_s > 0:
+            init = self._init_pid(sb)
+            if init:
+                try:
+                    os.kill(init, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and cg.pids():
+                    await asyncio.sleep(0.02)
+        await asyncio.to_thread(cg.kill_all)
+
+    async def _freeze(self, sb: Sandbox) -> None:
+        await asyncio.to_thread(self._cgroups[sb.spec.sandbox_id].freeze)
+
+    async def _thaw(self, sb: Sandbox) -> None:
+        self._cgroups[sb.spec.sandbox_id].thaw()
+
+    async def _cleanup(self, sb: Sandbox) -> None:
+        sid = sb.spec.sandbox_id
+        cg = self._cgroups.pop(sid, None) or cgroups.SandboxCgroup(sb.spec.wave_id, sid)
+        cg.thaw()
+        await asyncio.to_thread(cg.kill_all)
+        proc = self._procs.pop(sid, None)
+        if proc is not None:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        cg.remove()
+        ws = sb.spec.workspace
+        if os.path.isdir(ws):
+            try:
+                os.rmdir(ws)
+            except OSError:
+                pass
+
+
+def reap_leftover(wave_id: str, sandbox_id: str) -> dict:
+    """Kill and remove a sandbox found only by its cgroup marker (no handle in this process)."""
+    cg = cgroups.SandboxCgroup(wave_id, sandbox_id)
+    pids = cg.pids()
+    cg.thaw()
+    emptied = cg.kill_all()
+    cg.remove()
+    return {"wave_id": wave_id, "sandbox_id": sandbox_id, "pids": pids, "emptied": emptied,
+            "removed": not cg.exists()}
