@@ -79,7 +79,13 @@ class ModelEndpoint:
                 endpoint.stats.record(task_id, step, int(req.get("attempt", 0)), tokens, nonce)
                 self._send(200, {"decision": decision, "nonce": nonce, "tokens": tokens})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):  # a killed runner hangs up: not an error
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="model-endpoint", daemon=True)
 

@@ -1,0 +1,149 @@
+"""Wave configuration (YAML), validated with pydantic. Unknown fields are errors.
+
+`load_config` raises `ConfigError` whose message names the field, the value and
+what is allowed; the CLI turns it into exit code 254.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from faults.base import CATALOG
+from fleet.runners import RUNNERS
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadConfig(Strict):
+    steps: int = Field(8, ge=1, le=500, description="patch steps per task")
+    think_ms: int = Field(150, ge=0, le=60000, description="model endpoint think time per call")
+
+
+class SandboxConfig(Strict):
+    backend: Literal["process"] = "process"
+    workspace_mb: int = Field(64, ge=1, le=4096)
+    memory_mb: int = Field(512, ge=64, le=65536)
+    pids_max: int = Field(256, ge=16, le=65536)
+
+
+class StoreConfig(Strict):
+    url: str | None = Field(None, description="existing S3 endpoint; empty = embedded SeaweedFS")
+    access_key: str | None = None
+    secret_key: str | None = None
+
+
+class FaultTiming(Strict):
+    at_s: tuple[float, float] | None = None
+    window_s: tuple[float, float] | None = None
+
+
+class WaveConfig(Strict):
+    name: str = Field("wave", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
+    tasks: int = Field(4, ge=1, le=100000)
+    concurrency: int = Field(4, ge=1, le=4096)
+    seed: int = Field(1, ge=0)
+    runner: str = "durable"
+    faults: list[str] = Field(default_factory=list)
+    fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
+    max_attempts: int = Field(6, ge=1, le=100)
+    lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
+    address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
+
+    @field_validator("runner")
+    @classmethod
+    def _runner(cls, v: str) -> str:
+        if v not in RUNNERS:
+            raise ValueError(f"unknown runner {v!r}; valid runners: {', '.join(sorted(RUNNERS))}")
+        return v
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _faults(cls, v):
+        if isinstance(v, str):
+            v = [s.strip() for s in v.split(",") if s.strip()]
+        if not isinstance(v, list):
+            raise ValueError("faults must be a list of fault ids")
+        bad = [f for f in v if f not in CATALOG]
+        if bad:
+            raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+        return v
+
+    @field_validator("fault_timing")
+    @classmethod
+    def _timing(cls, v: dict):
+        bad = [f for f in v if f not in CATALOG]
+        if bad:
+            raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+        return v
+
+    def fault_params(self) -> dict[str, dict]:
+        return {k: {kk: vv for kk, vv in t.model_dump().items() if vv is not None}
+                for k, t in self.fault_timing.items()}
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid wave config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_fields(e["loc"])
+            msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
+        value = e.get("input")
+        lines.append(f"  field `{loc}`: value {value!r}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_fields(loc: tuple) -> list[str]:
+    model: type[BaseModel] = WaveConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            break
+    return sorted(model.model_fields)
+
+
+def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> WaveConfig:
+    data = dict(data or {})
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            data[k] = v
+    try:
+        return WaveConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_format(err, source)) from None
+    except TypeError as err:
+        raise ConfigError(f"invalid wave config ({source}): {err}") from None
+
+
+def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveConfig:
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}")
+        source = str(p)
+    return build_config(data, overrides, source)

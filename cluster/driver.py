@@ -1,0 +1,458 @@
+"""The wave driver: plan, start the real parts, run every task's attempts under
+leases in sandboxes, fire the planned faults, clear them, sweep, snapshot the
+store, and hand the stored history to the grader.
+
+Everything the grader needs is written under `results/<wave>/` before grading
+starts, so `sandfleet grade RESULTS_DIR` re-grades a finished wave without
+running anything.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from cluster import grade, report
+from cluster.config import WaveConfig
+from cluster.raycluster import RaySession
+from faults.base import APPLIED, CATALOG, NOT_APPLIED, UNKNOWN, FaultSpec, Receipt
+from faults.planner import derive, plan_faults, task_seed
+from fleet import workload
+from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
+from fleet.model_endpoint import ModelEndpoint
+from fleet.runners import runner_argv
+from fleet.sandbox import check_process_backend
+from storage.credentials import CredentialSource
+from storage.proxy import ProxyProcess
+from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
+from storage.credentials import Credentials
+
+
+class HarnessError(RuntimeError):
+    """The harness could not run the wave (not a verdict about the runner)."""
+
+
+def new_wave_id(seed: int) -> str:
+    ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"w-{ts}-s{seed}-{secrets.token_hex(2)}"
+
+
+def build_plan(cfg: WaveConfig, wave_id: str) -> dict:
+    task_ids = [f"t{i:03d}" for i in range(cfg.tasks)]
+    faults = plan_faults(cfg.seed, task_ids, cfg.faults, cfg.fault_params())
+    tasks = []
+    for i, tid in enumerate(task_ids):
+        tasks.append({"task_id": tid, "seed": task_seed(cfg.seed, i), "runner": cfg.runner,
+                      "workload": "patch-repo", "steps": cfg.workload.steps,
+                      "faults": [f.to_dict() for f in faults[tid]]})
+    return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+            "tasks": tasks}
+
+
+class Timeline:
+    def __init__(self, path: Path):
+        self.t0 = time.monotonic()
+        self.f = open(path, "ab")
+
+    def __call__(self, event: str, **fields) -> dict:
+        rec = {"t": round(time.monotonic() - self.t0, 4), "wall": time.time(), "event": event, **fields}
+        self.f.write(orjson.dumps(rec, default=str) + b"\n")
+        self.f.flush()
+        return rec
+
+    def close(self) -> None:
+        self.f.close()
+
+
+@dataclass
+class TaskRun:
+    plan: dict
+    life: Lifecycle = field(default_factory=lambda: Lifecycle(TASK_TRANSITIONS, TaskState.PENDING))
+    current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
+    attempts: int = 0
+
+
+class FaultContextImpl:
+    def __init__(self, wave: "WaveRun"):
+        self.wave = wave
+        self.bucket = wave.bucket
+
+    def task_prefix(self, task_id: str) -> str:
+        return self.wave.task_prefix(task_id)
+
+    async def current_sandbox(self, task_id: str):
+        return self.wave.runs[task_id].current
+
+    def proxy(self):
+        return self.wave.proxy.control()
+
+
+class WaveRun:
+    def __init__(self, cfg: WaveConfig, results_root: str | Path = "results", progress: bool = True):
+        self.cfg = cfg
+        self.results_root = Path(results_root).resolve()
+        self.wave_id = new_wave_id(cfg.seed)
+        self.dir = self.results_root / self.wave_id
+        self.private = Path(f"/tmp/sandfleet-{self.wave_id}")
+        self.bucket = "sf-" + hashlib.sha256(self.wave_id.encode()).hexdigest()[:16]
+        self.show_progress = progress
+        self.store: EmbeddedStore | None = None
+        self.endpoint: StoreEndpoint | None = None
+        self.proxy: ProxyProcess | None = None
+        self.model: ModelEndpoint | None = None
+        self.ray = RaySession(cfg.address)
+        self.ledger = None
+        self.hosts: list = []
+        self.runs: dict[str, TaskRun] = {}
+        self.receipts: list[Receipt] = []
+        self.fault_tasks: dict[str, list[asyncio.Task]] = {}
+        self.timeline: Timeline | None = None
+        self.figures: dict = {}
+
+    def task_prefix(self, task_id: str) -> str:
+        return f"{self.wave_id}/{task_id}/"
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        if self.cfg.sandbox.backend == "process":
+            check_process_backend()
+        self.private.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.private, 0o700)
+        t = time.perf_counter()
+        if self.cfg.store.url:
+            s = self.cfg.store
+            if not (s.access_key and s.secret_key):
+                raise HarnessError("store.url is set but store.access_key / store.secret_key are not")
+            self.endpoint = StoreEndpoint(url=s.url, creds=Credentials(s.access_key, s.secret_key))
+        else:
+            self.store = EmbeddedStore(self.private / "store")
+            self.endpoint = self.store.start()
+        self.figures["store_start_s"] = round(time.perf_counter() - t, 3)
+        ensure_bucket(self.endpoint, self.bucket)
+        self.proxy = ProxyProcess(self.endpoint.url, str(self.dir / "proxy-requests.jsonl")).start()
+        self.creds = CredentialSource(self.private / "credentials.json")
+        self.creds.publish(self.endpoint.creds)
+        self.aws_config = self.creds.write_aws_config(self.private / "aws-config", self.endpoint.region)
+        self.model = ModelEndpoint(think_ms=self.cfg.workload.think_ms).start()
+        t = time.perf_counter()
+        self.ray.start()
+        self.figures["ray_init_s"] = round(time.perf_counter() - t, 3)
+        from fleet.host import start_host_actor
+        from fleet.ledger import start_ledger_actor
+        self.ledger = start_ledger_actor(str(self.private / "ledger.db"))
+        self.hosts = [start_host_actor("node-0", self.ledger)]
+        import ray
+        ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
+
+    def _runner_env(self, task: dict, attempt: int, fence: int) -> dict:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "PYTHONUNBUFFERED": "1",
+            "HOME": "/root",
+            "AWS_CONFIG_FILE": str(self.aws_config),
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "SANDFLEET_TASK_ID": task["task_id"],
+            "SANDFLEET_ATTEMPT": str(attempt),
+            "SANDFLEET_FENCE": str(fence),
+            "SANDFLEET_S3_ENDPOINT": self.proxy.url,
+            "SANDFLEET_S3_BUCKET": self.bucket,
+            "SANDFLEET_S3_PREFIX": self.task_prefix(task["task_id"]),
+            "SANDFLEET_MODEL_URL": self.model.url,
+            "SANDFLEET_SEED": str(task["seed"]),
+            "SANDFLEET_STEPS": str(task["steps"]),
+            "SANDFLEET_WAVE": self.wave_id,
+        }
+        return env
+
+    # ------------------------------------------------------------------ faults
+    async def _fire(self, spec: FaultSpec, ctx: FaultContextImpl) -> None:
+        fault = CATALOG[spec.fault_id]
+        injected: dict = {}
+        cleared: dict = {}
+        tl = self.timeline
+        try:
+            await asyncio.sleep(spec.at_s)
+            if spec.probability < 1.0 and derive(spec.seed, "draw").random() >= spec.probability:
+                injected = {"applied": False, "why": f"probability draw ({spec.probability}) said no"}
+                return
+            injected = await fault.inject(spec, ctx)
+            tl("fault_inject", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+               applied=bool(injected.get("applied")), why=injected.get("why", ""))
+            if spec.window_s and injected.get("applied"):
+                await asyncio.sleep(spec.window_s)
+        except asyncio.CancelledError:
+            if not injected:
+                injected = {"applied": False, "why": "the task ended before the planned time"}
+        except Exception as exc:  # noqa: BLE001 - a crashed injection is `unknown`, never a pass
+            injected = dict(injected, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            try:
+                cleared = await fault.clear(spec, ctx, injected)
+            except Exception as exc:  # noqa: BLE001
+                cleared = {"error": f"clear failed: {exc}"}
+            receipt = fault.receipt(spec, injected, cleared)
+            if "error" in injected:
+                receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected['error']}"
+            self.receipts.append(receipt)
+            tl("fault_clear", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+               status=receipt.status, detail=receipt.detail)
+
+    # ------------------------------------------------------------------ tasks
+    async def _run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        task = run.plan
+        tid = task["task_id"]
+        tl = self.timeline
+        async with sem:
+            loop = asyncio.get_running_loop()
+            launched = loop.time()
+            deadline = launched + self.cfg.deadline_s
+            run.life.to(TaskState.RUNNING, "launched")
+            tl("task_start", task=tid, seed=task["seed"], runner=task["runner"])
+            ctx = FaultContextImpl(self)
+            self.fault_tasks[tid] = [asyncio.create_task(self._fire(FaultSpec(**f), ctx)) for f in task["faults"]]
+            host = self.hosts[0]
+            final = TaskState.FAILED
+            why = ""
+            while True:
+                if loop.time() >= deadline:
+                    final, why = TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s"
+                    break
+                if run.attempts >= self.cfg.max_attempts:
+                    final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
+                    break
+                sandbox_id = f"{tid}-a{run.attempts + 1}"
+                lease = await self.ledger.acquire.remote(tid, "node-0", sandbox_id, self.cfg.lease_ttl_s)
+                if lease is None:
+                    tl("lease_busy", task=tid)
+                    await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
+                    continue
+                run.attempts += 1
+                attempt, fence = lease["attempt"], lease["fence"]
+                sdir = self.dir / "sandboxes" / sandbox_id
+                sdir.mkdir(parents=True, exist_ok=True)
+                spec = {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": tid, "attempt": attempt,
+                        "argv": runner_argv(task["runner"]), "env": self._runner_env(task, attempt, fence),
+                        "state_dir": str(sdir), "workspace_mb": self.cfg.sandbox.workspace_mb,
+                        "memory_mb": self.cfg.sandbox.memory_mb, "pids_max": self.cfg.sandbox.pids_max}
+                tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0")
+                run.current = (host, sandbox_id)
+                ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s)
+                result: dict = {}
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ref.future())),
+                                                    max(0.1, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    await host.kill.remote(sandbox_id, 1.0, "deadline")
+                    try:
+                        result = await ref
+                    except RayActorError as exc:
+                        result = {"exit_code": None, "error": str(exc)}
+                except RayActorError as exc:
+                    result = {"exit_code": None, "error": f"host lost: {exc}"}
+                finally:
+                    run.current = None
+                code = result.get("exit_code")
+                await self.ledger.release.remote(tid, fence, None, f"exit {code}")
+                tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
+                   exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
+                   started_at=result.get("started_at"), ended_at=result.get("ended_at"),
+                   error=result.get("error"))
+                on_change()
+                if code == 0:
+                    final, why = TaskState.DONE, "runner exited 0"
+                    break
+                if result.get("killed_by") == "deadline":
+                    final, why = TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s"
+                    break
+                run.life.to(TaskState.RETRYING, f"attempt {attempt} exit {code}")
+                tl("task_retry", task=tid, after_attempt=attempt, exit_code=code)
+                run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
+            run.life.to(final, why)
+            for ft in self.fault_tasks[tid]:
+                ft.cancel()
+            await asyncio.gather(*self.fault_tasks[tid], return_exceptions=True)
+            tl("task_end", task=tid, state=final.value, why=why, attempts=run.attempts,
+               duration_s=round(loop.time() - launched, 3))
+            on_change()
+
+    async def _run_all(self) -> None:
+        sem = asyncio.Semaphore(self.cfg.concurrency)
+        self.runs = {t["task_id"]: TaskRun(plan=t) for t in self.plan["tasks"]}
+        progress = None
+        if self.show_progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+            progress.start()
+            bar = progress.add_task(f"wave {self.wave_id}", total=len(self.runs), info="")
+
+        def on_change():
+            if progress is None:
+                return
+            done = sum(1 for r in self.runs.values() if r.life.state in (TaskState.DONE, TaskState.FAILED,
+                                                                          TaskState.DEADLINE))
+            running = sum(1 for r in self.runs.values() if r.current is not None)
+            attempts = sum(r.attempts for r in self.runs.values())
+            progress.update(bar, completed=done,
+                            info=f"running {running}  attempts {attempts}  faults fired {len(self.receipts)}")
+
+        try:
+            await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
+        finally:
+            for fts in self.fault_tasks.values():
+                for ft in fts:
+                    ft.cancel()
+            await asyncio.gather(*(ft for fts in self.fault_tasks.values() for ft in fts), return_exceptions=True)
+            if progress is not None:
+                progress.stop()
+
+    # ------------------------------------------------------------------ teardown pieces
+    def _clear_everything(self) -> None:
+        """Belt and braces after the per-fault clears: no proxy rule survives the wave."""
+        if self.proxy is not None and self.proxy.proc is not None:
+            try:
+                left = self.proxy.control().close_all()
+                if left:
+                    self.timeline("proxy_rules_force_closed", rules=[r["rule_id"] for r in left])
+            except Exception as exc:  # noqa: BLE001
+                self.timeline("proxy_clear_failed", error=str(exc))
+
+    def _sweep(self) -> dict:
+        import ray
+
+        active = ray.get(self.ledger.active.remote(), timeout=60)
+        live = [l["sandbox_id"] for l in active]
+        reports = ray.get([h.sweep.remote(self.wave_id, live) for h in self.hosts], timeout=120)
+        out = {"wave_id": self.wave_id, "active_leases": active, "nodes": reports,
+               "leaked": [r for rep in reports for r in rep["reaped"]]}
+        (self.dir / "sandbox-sweep.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        return out
+
+    def _snapshot_store(self) -> None:
+        """Copy what grading needs out of the store: object listing, leaked uploads, artifacts."""
+        client = self.endpoint.client()
+        audit = {"bucket": self.bucket, "tasks": {}, "incomplete_uploads": []}
+        for tid in self.runs:
+            prefix = self.task_prefix(tid)
+            objs = []
+            kw = {"Bucket": self.bucket, "Prefix": prefix}
+            while True:
+                page = client.list_objects_v2(**kw)
+                objs += [{"key": o["Key"][len(prefix):], "size": o["Size"], "etag": o["ETag"].strip('"')}
+                         for o in page.get("Contents", [])]
+                if not page.get("IsTruncated"):
+                    break
+                kw["ContinuationToken"] = page["NextContinuationToken"]
+            audit["tasks"][tid] = objs
+            adir = self.dir / "artifacts" / tid
+            for o in objs:
+                if o["key"].startswith("artifact/") or o["key"] == "artifact.manifest.json":
+                    dest = adir / o["key"]
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(client.get_object(Bucket=self.bucket, Key=prefix + o["key"])["Body"].read())
+        ups = client.list_multipart_uploads(Bucket=self.bucket)
+        audit["incomplete_uploads"] = [{"key": u["Key"], "upload_id": u["UploadId"]} for u in ups.get("Uploads", [])]
+        (self.dir / "store-audit.json").write_bytes(orjson.dumps(audit, option=orjson.OPT_INDENT_2))
+
+    def _write_json(self, name: str, data) -> None:
+        (self.dir / name).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
+
+    def _teardown(self) -> None:
+        import ray
+
+        errors = []
+        if self.ledger is not None:
+            try:
+                dump = ray.get(self.ledger.dump.remote(), timeout=60)
+                with open(self.dir / "ledger.jsonl", "wb") as f:
+                    for row in dump["leases"]:
+                        f.write(orjson.dumps({"kind": "lease", **row}) + b"\n")
+                    for row in dump["history"]:
+                        f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"ledger dump: {exc}")
+        for h in self.hosts:
+            try:
+                ray.get(h.shutdown.remote(1.0), timeout=30)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"host shutdown: {exc}")
+        if self.model is not None:
+            self._write_json("model-calls.json", self.model.stats.snapshot())
+            self.model.stop()
+        for part in (self.proxy, self.store):
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"stop {type(part).__name__}: {exc}")
+        try:
+            self.ray.stop()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"ray stop: {exc}")
+        shutil.rmtree(self.private, ignore_errors=True)
+        if errors:
+            self.timeline("teardown_errors", errors=errors)
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> dict:
+        """Run the wave; returns the wave verdict summary. Raises HarnessError on set-up failure."""
+        self.dir.mkdir(parents=True, exist_ok=False)
+        latest = self.results_root / "latest"
+        if latest.is_symlink() or not latest.exists():
+            tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
+            tmp.symlink_to(self.wave_id)
+            os.replace(tmp, latest)
+        self.plan = build_plan(self.cfg, self.wave_id)
+        self._write_json("plan.json", self.plan)
+        self.timeline = Timeline(self.dir / "timeline.jsonl")
+        harness_error = None
+        t_wave = time.perf_counter()
+        try:
+            self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.cfg.runner,
+                          faults=self.cfg.faults, seed=self.cfg.seed)
+            self._setup()
+            self.timeline("parts_ready", store=self.endpoint.url, proxy=self.proxy.url, model=self.model.url,
+                          **self.figures)
+            asyncio.run(self._run_all())
+        except Exception as exc:  # noqa: BLE001
+            harness_error = f"{type(exc).__name__}: {exc}"
+            self.timeline("harness_error", error=harness_error)
+        finally:
+            if self.timeline:
+                self._clear_everything()
+                try:
+                    if self.ledger is not None:
+                        self._sweep()
+                except Exception as exc:  # noqa: BLE001
+                    harness_error = harness_error or f"sweep failed: {exc}"
+                    self.timeline("harness_error", error=f"sweep: {exc}")
+                try:
+                    if self.endpoint is not None and self.runs:
+                        self._snapshot_store()
+                except Exception as exc:  # noqa: BLE001
+                    harness_error = harness_error or f"store snapshot failed: {exc}"
+                    self.timeline("harness_error", error=f"store snapshot: {exc}")
+                self._write_json("faults.json", [r.to_dict() for r in self.receipts])
+                self._teardown()
+                self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
+                self.timeline("wave_end", harness_error=harness_error, **self.figures)
+                self.timeline.close()
+        result = grade.grade_wave(self.dir)
+        report.write_summary(self.dir, result)
+        if harness_error:
+            result["harness_error"] = harness_error
+        return result

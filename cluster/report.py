@@ -1,0 +1,114 @@
+"""Reports rendered only from a wave's stored files: SUMMARY.md and a timeline picture."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import orjson
+
+from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN
+
+
+def _cell(g: dict) -> str:
+    return f"{g['runner']} × {'+'.join(g['faults']) or 'none'}"
+
+
+def write_summary(d: Path, result: dict) -> Path:
+    d = Path(d)
+    grades = result["tasks"]
+    plan = result["plan"]
+    cfg = plan["config"]
+    lines = [f"# Wave {result['wave_id']}", "",
+             f"**Verdict: {result['verdict']}**  ",
+             f"runner `{cfg['runner']}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
+             f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "
+             f"{cfg['workload']['steps']} steps per task", ""]
+    fig = result.get("figures") or {}
+    if fig.get("wave_wall_s") is not None:
+        lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, "
+                  f"Ray init {fig.get('ray_init_s')} s).", ""]
+    if result.get("harness_errors"):
+        lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
+
+    interrupted = [g for g in grades if g["interrupted"]]
+    survived = [g for g in interrupted if g["verdict"] == PASS]
+    double = [g for g in grades if g["checks"]["no_double_apply"]["verdict"] == FAIL]
+    extra_tokens = sum(g.get("extra_tokens") or 0 for g in grades)
+    recalls = sum(g.get("model_recalls") or 0 for g in grades)
+    rsr = f"{len(survived)}/{len(interrupted)}" if interrupted else "n/a (no task was interrupted)"
+    lines += ["## Durability", "",
+              f"- Resume survival rate (interrupted tasks that pass): {rsr}",
+              f"- Double-apply tasks: {len(double)}",
+              f"- Replay cost: {recalls} extra model call(s), {extra_tokens} extra token(s)",
+              f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
+              f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}", ""]
+
+    cells: dict[str, Counter] = defaultdict(Counter)
+    for g in grades:
+        cells[_cell(g)][g["verdict"]] += 1
+    lines += ["## Cells", "", "| cell | tasks | pass | fail | unknown | not applied | pass rate |",
+              "|---|---|---|---|---|---|---|"]
+    for cell, c in sorted(cells.items()):
+        n = sum(c.values())
+        lines.append(f"| {cell} | {n} | {c[PASS]} | {c[FAIL]} | {c[UNKNOWN]} | {c[NOT_APPLIED]} | "
+                     f"{c[PASS] / n:.0%} |")
+    lines.append("")
+
+    sigs: dict[str, list[str]] = defaultdict(list)
+    for g in grades:
+        if g["signature"]:
+            sigs[g["signature"]].append(g["task_id"])
+    lines += ["## Failure signatures", ""]
+    if sigs:
+        for sig, tids in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"- `{sig}`: {len(tids)} task(s): {', '.join(tids[:10])}")
+    else:
+        lines.append("- none")
+    lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks |",
+              "|---|---|---|---|---|---|"]
+    for g in grades:
+        bad = ", ".join(f"{k}={c['verdict']}" for k, c in g["checks"].items() if c["verdict"] != PASS) or "-"
+        lines.append(f"| {g['task_id']} | {'+'.join(g['faults']) or '-'} | {g['attempts']} | {g['verdict']} | "
+                     f"{g.get('model_recalls')} | {bad} |")
+    lines += ["", "Files: `plan.json`, `timeline.jsonl`, `faults.json`, `<task>.grade.json`, `ledger.jsonl`, "
+              "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.json`, "
+              "`timeline.png`, `evidence/<task>/`.", ""]
+    try:
+        _timeline_png(d)
+    except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed
+        lines.append(f"(timeline picture not drawn: {exc})")
+    out = d / "SUMMARY.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def _count(x) -> str:
+    return "unknown" if x is None else str(len(x))
+
+
+def _timeline_png(d: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
+    starts = {(e["task"], e["attempt"]): e["t"] for e in events if e["event"] == "attempt_start"}
+    tasks = sorted({e["task"] for e in events if e.get("task")})
+    if not tasks:
+        return
+    row = {t: i for i, t in enumerate(tasks)}
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(tasks) + 1.5))
+    for e in events:
+        if e["event"] == "attempt_end":
+            t0 = starts.get((e["task"], e["attempt"]), e["t"])
+            color = "tab:green" if e.get("exit_code") == 0 else "tab:red"
+            ax.barh(row[e["task"]], e["t"] - t0, left=t0, color=color, height=0.6)
+        elif e["event"] == "fault_inject" and e.get("applied"):
+            ax.plot(e["t"], row[e["task"]], marker="v", color="black")
+    ax.set_yticks(range(len(tasks)), tasks)
+    ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(d / "timeline.png", dpi=80)
+    plt.close(fig)

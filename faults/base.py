@@ -1,0 +1,87 @@
+"""The fault protocol, the shared envelope (`FaultSpec`), receipts, and the catalog.
+
+A fault kind is one small class with `plan` (seeded choice of its parameters),
+`inject` (change the world), `clear` (heal it; always run before grading) and
+`receipt` (did it apply, and to what). Shared fields live in the envelope; the
+probability draw happens once, in the injector, never in a fault.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+APPLIED, NOT_APPLIED, UNKNOWN = "applied", "not_applied", "unknown"
+
+
+@dataclass
+class FaultSpec:
+    """The envelope every planned fault shares."""
+
+    fault_id: str
+    instance: str
+    task_id: str
+    trigger: str
+    at_s: float
+    window_s: float | None = None
+    probability: float = 1.0
+    seed: int = 0
+    params: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Receipt:
+    fault_id: str
+    instance: str
+    task_id: str
+    status: str
+    target: dict = field(default_factory=dict)
+    detail: str = ""
+    fired_at: float | None = None
+    cleared_at: float | None = None
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class FaultContext(Protocol):
+    """What the wave driver lets a fault touch."""
+
+    bucket: str
+
+    def task_prefix(self, task_id: str) -> str: ...
+
+    async def current_sandbox(self, task_id: str) -> tuple[Any, str] | None: ...
+
+    def proxy(self) -> Any: ...
+
+
+class Fault(Protocol):
+    id: str
+    family: str
+    description: str
+
+    def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec: ...
+
+    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict: ...
+
+    async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict: ...
+
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt: ...
+
+
+CATALOG: dict[str, Fault] = {}
+
+
+def register(fault_cls):
+    fault = fault_cls()
+    CATALOG[fault.id] = fault
+    return fault_cls
+
+
+def unknown_fault_message(fid: str) -> str:
+    return f"unknown fault id {fid!r}; valid fault ids: {', '.join(sorted(CATALOG))}"

@@ -1,0 +1,56 @@
+"""Storage faults (ST*), applied as rules in the S3 fault proxy."""
+from __future__ import annotations
+
+import random
+import time
+
+from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register
+
+
+@register
+class StoreOutage:
+    """ST1: every request of the task's prefix answers 503 ServiceUnavailable for a seeded window."""
+
+    id = "ST1"
+    family = "storage"
+    description = "storage outage: 503 ServiceUnavailable on the task's prefix for a seeded window"
+    default_at = (0.5, 1.5)
+    default_len = (1.0, 3.0)
+
+    def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
+        lo, hi = base.get("at_s", self.default_at)
+        wlo, whi = base.get("window_s", self.default_len)
+        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
+                         at_s=round(rng.uniform(lo, hi), 3), window_s=round(rng.uniform(wlo, whi), 3),
+                         seed=rng.randrange(2**31), params={"status": 503, "code": "ServiceUnavailable"})
+
+    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        rule = ctx.proxy().open_rule(rule_id=spec.instance, action="error", status=spec.params["status"],
+                                     code=spec.params["code"], bucket=ctx.bucket,
+                                     key_prefix=ctx.task_prefix(spec.task_id), seed=spec.seed, fault=self.id)
+        return {"applied": True, "at": time.time(), "rule": rule}
+
+    async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
+        if not injected.get("applied"):
+            return {}
+        try:
+            return {"rule": ctx.proxy().close_rule(spec.instance), "at": time.time()}
+        except RuntimeError as exc:
+            return {"error": str(exc), "at": time.time()}
+
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
+        rule = cleared.get("rule") or {}
+        hits = int(rule.get("hits", 0))
+        if not injected.get("applied"):
+            status, detail = NOT_APPLIED, injected.get("why", "window never opened")
+        elif "error" in cleared:
+            status, detail = "unknown", f"window could not be closed: {cleared['error']}"
+        elif hits == 0:
+            status, detail = NOT_APPLIED, "window opened but no request of the task arrived while it was open"
+        else:
+            status, detail = APPLIED, f"{hits} request(s) answered 503 ServiceUnavailable"
+        return Receipt(fault_id=self.id, instance=spec.instance, task_id=spec.task_id, status=status,
+                       target={"bucket": rule.get("bucket"), "key_prefix": rule.get("key_prefix")},
+                       detail=detail, fired_at=injected.get("at"), cleared_at=cleared.get("at"),
+                       evidence={"hits": hits, "matched": rule.get("matched", 0),
+                                 "first_hit_at": rule.get("first_hit_at"), "last_hit_at": rule.get("last_hit_at")})
