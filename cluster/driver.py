@@ -23,7 +23,7 @@ import orjson
 
 from cluster import grade, report
 from cluster.config import WaveConfig
-from cluster.raycluster import RaySession
+from cluster.raycluster import FleetSession
 from faults.base import APPLIED, CATALOG, NOT_APPLIED, UNKNOWN, FaultSpec, Receipt
 from faults.planner import derive, plan_faults, task_seed
 from fleet import workload
@@ -97,7 +97,8 @@ class FaultContextImpl:
 
 
 class WaveRun:
-    def __init__(self, cfg: WaveConfig, results_root: str | Path = "results", progress: bool = True):
+    def __init__(self, cfg: WaveConfig, results_root: str | Path = "results", progress: bool = True,
+                 fleet: FleetSession | None = None):
         self.cfg = cfg
         self.results_root = Path(results_root).resolve()
         self.wave_id = new_wave_id(cfg.seed)
@@ -109,7 +110,8 @@ class WaveRun:
         self.endpoint: StoreEndpoint | None = None
         self.proxy: ProxyProcess | None = None
         self.model: ModelEndpoint | None = None
-        self.ray = RaySession(cfg.address)
+        self.fleet = fleet
+        self.own_fleet = fleet is None
         self.ledger = None
         self.hosts: list = []
         self.runs: dict[str, TaskRun] = {}
@@ -120,6 +122,9 @@ class WaveRun:
 
     def task_prefix(self, task_id: str) -> str:
         return f"{self.wave_id}/{task_id}/"
+
+    def lease_key(self, task_id: str) -> str:
+        return f"{self.wave_id}/{task_id}"
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -144,14 +149,12 @@ class WaveRun:
         self.aws_config = self.creds.write_aws_config(self.private / "aws-config", self.endpoint.region)
         self.model = ModelEndpoint(think_ms=self.cfg.workload.think_ms).start()
         t = time.perf_counter()
-        self.ray.start()
-        self.figures["ray_init_s"] = round(time.perf_counter() - t, 3)
-        from fleet.host import start_host_actor
-        from fleet.ledger import start_ledger_actor
-        self.ledger = start_ledger_actor(str(self.private / "ledger.db"))
-        self.hosts = [start_host_actor("node-0", self.ledger)]
-        import ray
-        ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
+        if self.fleet is None:
+            self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"))
+            os.makedirs(self.fleet.state_dir)
+            self.fleet.start()
+        self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
+        self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
 
     def _runner_env(self, task: dict, attempt: int, fence: int) -> dict:
         env = {
@@ -235,7 +238,7 @@ class WaveRun:
                     final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
                     break
                 sandbox_id = f"{tid}-a{run.attempts + 1}"
-                lease = await self.ledger.acquire.remote(tid, "node-0", sandbox_id, self.cfg.lease_ttl_s)
+                lease = await self.ledger.acquire.remote(self.lease_key(tid), "node-0", sandbox_id, self.cfg.lease_ttl_s)
                 if lease is None:
                     tl("lease_busy", task=tid)
                     await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
@@ -266,7 +269,7 @@ class WaveRun:
                 finally:
                     run.current = None
                 code = result.get("exit_code")
-                await self.ledger.release.remote(tid, fence, None, f"exit {code}")
+                await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
                 tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
                    exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
                    started_at=result.get("started_at"), ended_at=result.get("ended_at"),
@@ -334,7 +337,8 @@ class WaveRun:
     def _sweep(self) -> dict:
         import ray
 
-        active = ray.get(self.ledger.active.remote(), timeout=60)
+        active = [l for l in ray.get(self.ledger.active.remote(), timeout=60)
+                  if l["task_id"].startswith(self.wave_id + "/")]
         live = [l["sandbox_id"] for l in active]
         reports = ray.get([h.sweep.remote(self.wave_id, live) for h in self.hosts], timeout=120)
         out = {"wave_id": self.wave_id, "active_leases": active, "nodes": reports,
@@ -379,17 +383,15 @@ class WaveRun:
             try:
                 dump = ray.get(self.ledger.dump.remote(), timeout=60)
                 with open(self.dir / "ledger.jsonl", "wb") as f:
+                    mine = self.wave_id + "/"
                     for row in dump["leases"]:
-                        f.write(orjson.dumps({"kind": "lease", **row}) + b"\n")
+                        if row["task_id"].startswith(mine):
+                            f.write(orjson.dumps({"kind": "lease", **row}) + b"\n")
                     for row in dump["history"]:
-                        f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
+                        if row["task_id"].startswith(mine):
+                            f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
-        for h in self.hosts:
-            try:
-                ray.get(h.shutdown.remote(1.0), timeout=30)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"host shutdown: {exc}")
         if self.model is not None:
             self._write_json("model-calls.json", self.model.stats.snapshot())
             self.model.stop()
@@ -399,10 +401,11 @@ class WaveRun:
                     part.stop()
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"stop {type(part).__name__}: {exc}")
-        try:
-            self.ray.stop()
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"ray stop: {exc}")
+        if self.own_fleet and self.fleet is not None:
+            try:
+                self.fleet.stop()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"fleet stop: {exc}")
         shutil.rmtree(self.private, ignore_errors=True)
         if errors:
             self.timeline("teardown_errors", errors=errors)

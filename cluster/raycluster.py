@@ -49,3 +49,48 @@ class RaySession:
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+class FleetSession:
+    """Ray plus the long-lived actors a wave uses: one lease ledger and one sandbox host per node.
+
+    A CLI wave makes its own and stops it at the end; a test session makes one and
+    lends it to every wave (ledger keys carry the wave id, hosts are wave-agnostic).
+    """
+
+    def __init__(self, address: str = "local", state_dir: str | None = None):
+        self.ray_session = RaySession(address)
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="sandfleet-fleet-", dir="/tmp")
+        self._own_state_dir = state_dir is None
+        self.ledger = None
+        self.hosts: list = []
+        self.node_ids: list[str] = []
+
+    def start(self) -> "FleetSession":
+        from fleet.host import start_host_actor
+        from fleet.ledger import start_ledger_actor
+
+        ray = self.ray_session.start()
+        os.chmod(self.state_dir, 0o700)
+        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"))
+        self.node_ids = ["node-0"]
+        self.hosts = [start_host_actor(n, self.ledger) for n in self.node_ids]
+        ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
+        return self
+
+    def stop(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            for h in self.hosts:
+                try:
+                    ray.get(h.shutdown.remote(1.0), timeout=30)
+                except Exception:  # noqa: BLE001
+                    pass
+                ray.kill(h)
+            if self.ledger is not None:
+                ray.kill(self.ledger)
+        self.hosts, self.ledger = [], None
+        self.ray_session.stop()
+        if self._own_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)

@@ -26,7 +26,7 @@ def write_summary(d: Path, result: dict) -> Path:
     fig = result.get("figures") or {}
     if fig.get("wave_wall_s") is not None:
         lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, "
-                  f"Ray init {fig.get('ray_init_s')} s).", ""]
+                  f"Ray and actors {fig.get('fleet_start_s')} s).", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
 

@@ -13,7 +13,7 @@ class SigkillSandbox:
     id = "PK1"
     family = "preemption"
     description = "SIGKILL the sandbox at a seeded time after launch"
-    default_window = (0.8, 2.5)
+    default_window = (0.6, 1.8)
 
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
         lo, hi = base.get("at_s", self.default_window)

@@ -14,8 +14,8 @@ class StoreOutage:
     id = "ST1"
     family = "storage"
     description = "storage outage: 503 ServiceUnavailable on the task's prefix for a seeded window"
-    default_at = (0.5, 1.5)
-    default_len = (1.0, 3.0)
+    default_at = (0.4, 1.2)
+    default_len = (1.0, 2.5)
 
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
         lo, hi = base.get("at_s", self.default_at)
