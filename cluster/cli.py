@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 
@@ -18,8 +17,12 @@ EXIT_OK, EXIT_FAIL, EXIT_HARNESS, EXIT_BAD_INPUT = 0, 1, 2, 254
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 wave_app = typer.Typer(no_args_is_help=True, help="Run waves.")
 app.add_typer(wave_app, name="wave")
-err = Console(stderr=True)
 out = Console()
+
+
+def _err(msg: str) -> None:
+    """Errors go to stderr unwrapped, so a long valid-choices list stays greppable."""
+    sys.stderr.write(msg.rstrip("\n") + "\n")
 
 
 @wave_app.command("run")
@@ -44,7 +47,7 @@ def wave_run(
     try:
         cfg = load_config(config, overrides)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        _err(f"error: {exc}")
         return EXIT_BAD_INPUT
     from cluster.driver import HarnessError, WaveRun
     from cluster.grade import exit_code
@@ -54,11 +57,11 @@ def wave_run(
     try:
         result = wave.run()
     except HarnessError as exc:
-        err.print(f"error: {exc}", highlight=False, markup=False)
+        _err(f"error: {exc}")
         return EXIT_HARNESS
     summary = wave.dir / "SUMMARY.md"
     for e in result.get("harness_errors", []):
-        err.print(f"harness error: {e}", highlight=False, markup=False)
+        _err(f"harness error: {e}")
     counts = {}
     for g in result["tasks"]:
         counts[g["verdict"]] = counts.get(g["verdict"], 0) + 1
@@ -75,8 +78,7 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     from cluster.report import write_summary
 
     if not (results_dir / "plan.json").is_file():
-        err.print(f"error: {results_dir} has no plan.json; pass a wave's results directory "
-                  f"(e.g. results/latest)", highlight=False, markup=False)
+        _err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
         return EXIT_BAD_INPUT
     result = grade_wave(results_dir)
     write_summary(results_dir, result)
@@ -98,13 +100,20 @@ def faults_cmd() -> int:
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = app(args=argv, standalone_mode=False)
-    except click.exceptions.UsageError as exc:
-        exc.show()
-        sys.exit(EXIT_BAD_INPUT)
-    except click.exceptions.Abort:
+    except typer.Abort:
         sys.exit(130)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - typer vendors click; its usage errors carry exit_code 2
+        if callable(getattr(exc, "show", None)) and getattr(exc, "exit_code", None) == 2:
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()
+                sys.exit(0)
+            _err(f"error: {exc.format_message() if hasattr(exc, 'format_message') else exc}")
+            if getattr(exc, "ctx", None) is not None:
+                _err(exc.ctx.get_usage())
+            sys.exit(EXIT_BAD_INPUT)
+        raise
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -34,6 +34,7 @@ class RaySession:
             self.tmpdir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
             os.environ["RAY_TMPDIR"] = self.tmpdir
             ray.init(address="local", _temp_dir=self.tmpdir, include_dashboard=False,
+                     _node_ip_address="127.0.0.1",
                      num_cpus=self.num_cpus or os.cpu_count(), log_to_driver=False,
                      configure_logging=False)
             self.owned = True

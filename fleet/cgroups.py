@@ -3,6 +3,7 @@ cgroup in each controller, at `<own>/sandfleet/<wave>/<sandbox>`. The path itsel
 the marker a sweep uses to find leftovers after a crash."""
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -104,12 +105,20 @@ class SandboxCgroup:
             time.sleep(0.01)
         return not self.pids()
 
-    def remove(self) -> None:
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """rmdir each controller's directory; a just-emptied cgroup can stay busy for a moment."""
+        deadline = time.monotonic() + timeout_s
         for d in self.dirs.values():
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise CgroupError(f"cannot remove {d}: {exc}; members: {self.pids()}") from exc
+                    time.sleep(0.02)
             for parent in (d.parent, d.parent.parent):  # wave dir, then sandfleet dir, if empty
                 try:
                     parent.rmdir()

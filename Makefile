@@ -1,0 +1,38 @@
+# sandfleet: `make wave` runs a real wave on the embedded defaults; `make test` runs the suite.
+# Both set everything up first (as root on a fresh Debian machine: apt + a local .venv).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.sandfleet-installed
+
+.PHONY: setup system wave test test-unit bench clean
+
+setup: system $(STAMP)
+
+# The process sandbox backend needs tini, unshare and mount (util-linux).
+system:
+	@if ! command -v tini >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1; then \
+		echo "installing system packages: tini util-linux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tini util-linux >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+wave: setup
+	$(BIN)/sandfleet wave run configs/quickstart.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+test-unit: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+bench: setup
+	$(BIN)/python -m tests.bench.run
+
+clean:
+	rm -rf $(VENV) results build *.egg-info

@@ -1,0 +1,64 @@
+"""Test set-up shared by every tier.
+
+One session-scoped Ray (private temp dir, usage stats off, an explicit auth
+token) with one ledger actor and one sandbox host actor, lent to every wave.
+The session ends by asserting that nothing it started is left: marked
+processes, sandbox cgroups, mounts, Ray processes, listening ports.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import pytest
+
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
+from tests import leftovers  # noqa: E402
+
+
+def _can_run_real_parts() -> str | None:
+    from fleet.sandbox import SandboxError, check_process_backend
+    from fleet.cgroups import CgroupError
+
+    try:
+        check_process_backend()
+    except (SandboxError, CgroupError) as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def baseline():
+    return {"snapshot": leftovers.snapshot(), "ports": leftovers.listening_ports()}
+
+
+@pytest.fixture(scope="session")
+def fleet(baseline):
+    why = _can_run_real_parts()
+    if why:
+        pytest.fail(f"integration tests need the real parts: {why}")
+    from cluster.raycluster import FleetSession
+
+    session = FleetSession("local").start()
+    tmpdir = session.ray_session.tmpdir
+    yield session
+    session.stop()
+    deadline = time.monotonic() + 20
+    while leftovers.ray_processes(tmpdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not leftovers.ray_processes(tmpdir), "Ray processes left after the session"
+    left = leftovers.wait_clean(baseline["snapshot"])
+    assert not left, f"left behind after the test session: {left}"
+    deadline = time.monotonic() + 20
+    while (leftovers.listening_ports() - baseline["ports"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (leftovers.listening_ports() - baseline["ports"]), "listening ports left after the session"
+
+
+@pytest.fixture
+def results_root(tmp_path):
+    return tmp_path / "results"

@@ -1,0 +1,44 @@
+"""Bad input: exit 254 with a message naming the field, the value and what is allowed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def sandfleet(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--faults", "PK1,PK9"], ["faults", "PK9", "PK1, ST1"]),
+    (["--runner", "clever"], ["runner", "clever", "durable, naive"]),
+    (["--tasks", "0"], ["tasks", "0", "greater than or equal to 1"]),
+])
+def test_bad_option_exits_254_naming_field_value_and_choices(tmp_path, args, needles):
+    r = sandfleet("wave", "run", "--results", str(tmp_path), *args)
+    assert r.returncode == 254, r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+    assert list(tmp_path.iterdir()) == [], "a rejected config must not start a wave"
+
+
+def test_unknown_config_field_exits_254(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("tasks: 2\nworkload:\n  stepz: 4\n")
+    r = sandfleet("wave", "run", str(cfg), "--results", str(tmp_path / "r"))
+    assert r.returncode == 254
+    assert "workload.stepz" in r.stderr and "steps" in r.stderr and "think_ms" in r.stderr
+
+
+def test_missing_config_file_and_bad_flag_exit_254(tmp_path):
+    assert sandfleet("wave", "run", str(tmp_path / "nope.yaml")).returncode == 254
+    r = sandfleet("wave", "run", "--no-such-flag")
+    assert r.returncode == 254 and "no-such-flag" in r.stderr
+
+
+def test_grade_of_a_non_wave_dir_exits_254(tmp_path):
+    r = sandfleet("grade", str(tmp_path))
+    assert r.returncode == 254 and "plan.json" in r.stderr

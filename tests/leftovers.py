@@ -1,0 +1,85 @@
+"""What a test run may leave behind, found by the project's own markers only."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from fleet import cgroups
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def marked_processes() -> list[str]:
+    """Processes that carry a sandfleet marker: sandboxes, the embedded store, the proxy."""
+    out = []
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        cmd = _cmdline(pid)
+        if not cmd:
+            continue
+        if (b"SANDFLEET_SANDBOX=" in _environ(pid) or "/tmp/sandfleet-" in cmd or "storage.proxy" in cmd
+                or "sandfleet-launch" in cmd or "sandfleet-init" in cmd):
+            out.append(f"{pid} {cmd[:160]}")
+    return out
+
+
+def ray_processes(tmpdir: str) -> list[str]:
+    return [f"{pid} {_cmdline(pid)[:160]}" for pid in os.listdir("/proc")
+            if pid.isdigit() and tmpdir in _cmdline(pid)]
+
+
+def sandbox_cgroups() -> list[str]:
+    found = []
+    for c in cgroups.CONTROLLERS:
+        base = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / cgroups.MARK
+        if base.exists():
+            found += [str(p) for p in base.rglob("*") if p.is_dir()] or [str(base)]
+    return found
+
+
+def sandfleet_mounts() -> list[str]:
+    return [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if "sandfleet" in l]
+
+
+def listening_ports() -> set[int]:
+    out = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+    ports = set()
+    for line in out.splitlines():
+        m = re.search(r":(\d+)\s", line.split(None, 4)[3] + " ")
+        if m:
+            ports.add(int(m.group(1)))
+    return ports
+
+
+def snapshot() -> dict:
+    return {"processes": marked_processes(), "cgroups": sandbox_cgroups(), "mounts": sandfleet_mounts(),
+            "private_dirs": sorted(str(p) for p in Path("/tmp").glob("sandfleet-w-*"))}
+
+
+def wait_clean(baseline: dict | None = None, timeout_s: float = 15.0) -> dict:
+    """Poll (bounded) until nothing beyond `baseline` is left; returns what is left."""
+    baseline = baseline or {k: [] for k in ("processes", "cgroups", "mounts", "private_dirs")}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = snapshot()
+        left = {k: [x for x in v if x not in baseline.get(k, [])] for k, v in now.items()}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return {k: v for k, v in left.items() if v}
+        time.sleep(0.2)
