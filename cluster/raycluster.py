@@ -23,6 +23,9 @@ class RaySession:
         # Ray reads these when it is imported and when its processes start: set them first.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if self.address == "local":
+            # A private Ray is one machine: make Ray take 127.0.0.1 as the node address instead
+            # of resolving "localhost" to the host's interface address.
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             os.environ["RAY_AUTH_MODE"] = "token"
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         import ray
