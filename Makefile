@@ -26,7 +26,7 @@ wave: setup
 	$(BIN)/sandfleet wave run configs/quickstart.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

@@ -101,7 +101,10 @@ class SandboxBackend:
             await self._start(sb)
         except Exception as exc:
             sb.life.to(SandboxState.FAILED, f"start failed: {exc}")
-            await self._cleanup(sb)
+            try:
+                await self.remove(sb)
+            finally:
+                self.sandboxes.pop(spec.sandbox_id, None)
             raise
         sb.start_ms = (time.perf_counter() - t0) * 1000
         sb.started_at = time.time()
@@ -112,8 +115,14 @@ class SandboxBackend:
         code = await self._wait(sb)
         sb.exit_code = code
         sb.ended_at = sb.ended_at or time.time()
-        if sb.state in (SandboxState.RUNNING, SandboxState.STOPPING):
-            sb.life.to(SandboxState.KILLED if sb.killed_by else SandboxState.EXITED, f"exit {code}")
+        if sb.state == SandboxState.STOPPING:
+            sb.life.to(SandboxState.KILLED, f"exit {code} ({sb.killed_by})")
+        elif sb.state in (SandboxState.RUNNING, SandboxState.FROZEN):
+            if sb.state == SandboxState.FROZEN:
+                sb.life.to(SandboxState.STOPPING, "died while frozen")
+                sb.life.to(SandboxState.KILLED, f"exit {code}")
+            else:
+                sb.life.to(SandboxState.EXITED, f"exit {code}")
         return code
 
     async def kill(self, sb: Sandbox, grace_s: float = 0.0, reason: str = "kill") -> bool:

@@ -1,0 +1,79 @@
+"""The real SandboxHost and LeaseLedger against a fake backend."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleet.host import SandboxHost
+from fleet.ledger import LeaseLedger
+from tests.harness.fakes import FakeBackend, LocalLedger, wait_for
+
+
+def spec(sid: str) -> dict:
+    return {"wave_id": "w", "sandbox_id": sid, "task_id": "t0", "attempt": 1, "argv": ["x"], "env": {},
+            "state_dir": "/nonexistent"}
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_preempted_attempt_reports_the_kill_and_next_attempt_gets_next_fence(tmp_path):
+    async def main():
+        led = LeaseLedger(str(tmp_path / "l.db"))
+        be = FakeBackend()
+        host = SandboxHost("n0", be, LocalLedger(led))
+        lease = led.acquire("w/t0", "n0", "s1", 30)
+        run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 30))
+        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        be.preempt("s1")
+        out = await run
+        assert out["exit_code"] == -9 and out["state"] == "removed"
+        assert [h[2] for h in out["history"]] == ["running", "removed"] or out["killed_by"] == "preempt"
+        led.release("w/t0", lease["fence"])
+        nxt = led.acquire("w/t0", "n0", "s2", 30)
+        assert nxt["fence"] == lease["fence"] + 1
+    asyncio.run(main())
+
+
+def test_kill_of_a_finished_sandbox_is_not_applied(tmp_path):
+    async def main():
+        be = FakeBackend()
+        host = SandboxHost("n0", be, None)
+        run = asyncio.create_task(host.run_attempt(spec("s1"), {}, 30))
+        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        be.finish("s1", 0)
+        await run
+        res = await host.kill("s1", 0.0, "PK1")
+        assert res["applied"] is False and "not running" in res["why"]
+    asyncio.run(main())
+
+
+def test_fenced_attempt_is_killed_when_renewal_is_refused(tmp_path):
+    async def main():
+        clock = Clock()
+        led = LeaseLedger(str(tmp_path / "l.db"), clock=clock)
+        be = FakeBackend()
+        host = SandboxHost("n0", be, LocalLedger(led))
+        lease = led.acquire("w/t0", "n0", "s1", 0.6)
+        run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 0.6))
+        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        clock.t += 5  # the lease expired while the holder was away (e.g. frozen)
+        out = await asyncio.wait_for(run, 5)
+        assert out["killed_by"].startswith("fenced")
+    asyncio.run(main())
+
+
+def test_failed_start_leaves_no_sandbox(tmp_path):
+    async def main():
+        be = FakeBackend()
+        be.fail_next()
+        host = SandboxHost("n0", be, None)
+        with pytest.raises(RuntimeError, match="fake start failure"):
+            await host.run_attempt(spec("s1"), {}, 30)
+        assert await host.running() == []
+    asyncio.run(main())

@@ -1,0 +1,40 @@
+import pytest
+
+from cluster.config import ConfigError, build_config, load_config
+
+
+def test_defaults_are_valid():
+    cfg = build_config({})
+    assert cfg.runner == "durable" and cfg.faults == []
+
+
+def test_unknown_fault_names_field_value_and_choices():
+    with pytest.raises(ConfigError) as e:
+        build_config({"faults": ["PK1", "XX9"]})
+    msg = str(e.value)
+    assert "`faults`" in msg and "XX9" in msg and "PK1, ST1" in msg
+
+
+def test_unknown_field_lists_the_allowed_ones():
+    with pytest.raises(ConfigError) as e:
+        build_config({"sandbox": {"backnd": "process"}})
+    assert "sandbox.backnd" in str(e.value) and "backend" in str(e.value)
+
+
+def test_out_of_range_value():
+    with pytest.raises(ConfigError, match="concurrency"):
+        build_config({"concurrency": 0})
+
+
+def test_faults_as_comma_string_and_overrides():
+    cfg = build_config({"faults": "PK1, ST1"}, {"runner": "naive", "tasks": None})
+    assert cfg.faults == ["PK1", "ST1"] and cfg.runner == "naive" and cfg.tasks == 4
+
+
+def test_yaml_file_errors(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")

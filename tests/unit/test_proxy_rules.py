@@ -1,0 +1,54 @@
+import pytest
+
+from storage.proxy import FaultProxy, Rule, S3Request, error_response
+
+
+def test_parse_path_style_requests():
+    r = S3Request.parse("PUT", "/bkt/w1/t000/journal/0001.json?partNumber=3&uploadId=abc")
+    assert (r.bucket, r.key, r.part, r.upload_id) == ("bkt", "w1/t000/journal/0001.json", 3, "abc")
+    r = S3Request.parse("GET", "/bkt?list-type=2&prefix=x")
+    assert (r.bucket, r.key, r.part) == ("bkt", "", None)
+
+
+def test_rule_matches_on_bucket_prefix_method_and_part():
+    rule = Rule(rule_id="r", bucket="bkt", key_prefix="w1/t000/", methods=["PUT"])
+    assert rule.matches(S3Request.parse("PUT", "/bkt/w1/t000/a"))
+    assert not rule.matches(S3Request.parse("GET", "/bkt/w1/t000/a"))
+    assert not rule.matches(S3Request.parse("PUT", "/bkt/w1/t001/a"))
+    assert not rule.matches(S3Request.parse("PUT", "/other/w1/t000/a"))
+    assert Rule(rule_id="p", part=2).matches(S3Request.parse("PUT", "/b/k?partNumber=2&uploadId=u"))
+
+
+def test_ratio_draw_is_seeded():
+    a = Rule(rule_id="a", ratio=0.5, seed=3)
+    b = Rule(rule_id="b", ratio=0.5, seed=3)
+    assert [a.draw() for _ in range(50)] == [b.draw() for _ in range(50)]
+    assert 0 < a.hits < 50
+
+
+def test_bad_rule_names_field_and_allowed():
+    with pytest.raises(ValueError, match="rule.action='explode'"):
+        Rule(rule_id="x", action="explode")
+    with pytest.raises(ValueError, match="rule.ratio"):
+        Rule(rule_id="x", ratio=2)
+
+
+def test_st1_answer_is_s3_xml_503():
+    req = S3Request.parse("PUT", "/bkt/k")
+    raw = error_response(Rule(rule_id="r1"), req, close=False).decode()
+    head, body = raw.split("\r\n\r\n", 1)
+    assert head.startswith("HTTP/1.1 503 Service Unavailable")
+    assert f"Content-Length: {len(body)}" in head
+    assert "<Code>ServiceUnavailable</Code>" in body and "<Resource>/bkt/k</Resource>" in body
+
+
+def test_control_api_open_close_and_counts():
+    p = FaultProxy("127.0.0.1", 1, None)
+    status, rule = p.dispatch("POST", "/rules", b'{"rule_id": "r1", "key_prefix": "a/"}')
+    assert status == 201 and rule["rule_id"] == "r1"
+    assert p.dispatch("POST", "/rules", b'{"rule_id": "r1"}')[0] == 409
+    assert p.match(S3Request.parse("GET", "/b/a/x")) is not None
+    assert p.match(S3Request.parse("GET", "/b/z")) is None
+    status, closed = p.dispatch("DELETE", "/rules/r1", b"")
+    assert status == 200 and closed["hits"] == 1 and closed["matched"] == 1
+    assert p.dispatch("DELETE", "/rules/r1", b"")[0] == 404
