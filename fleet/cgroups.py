@@ -73,12 +73,15 @@ class SandboxCgroup:
 
     def freeze(self, timeout_s: float = 5.0) -> bool:
         state = self.dirs["freezer"] / "freezer.state"
-        state.write_text("FROZEN")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if state.read_text().strip() == "FROZEN":
-                return True
-            time.sleep(0.005)
+        try:
+            state.write_text("FROZEN")
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if state.read_text().strip() == "FROZEN":
+                    return True
+                time.sleep(0.005)
+        except FileNotFoundError:  # removed meanwhile: the sandbox already ended
+            pass
         return False
 
     def thaw(self) -> None:
@@ -92,7 +95,7 @@ class SandboxCgroup:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             pids = self.pids()
-            if not pids:
+            if not pids or not self.exists():
                 return True
             frozen = self.freeze(1.0)
             for pid in self.pids():

@@ -58,8 +58,19 @@ class SandboxHost:
         before = sb.state.value
         t = time.time()
         killed = await self.backend.kill(sb, grace_s, reason=reason)
+        # Applied only if the sandbox then ended by this kill, not by finishing on its own meanwhile.
+        deadline = time.monotonic() + grace_s + 10
+        while sb.exit_code is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        why = ""
+        if not killed:
+            why = f"sandbox was {before}"
+        elif sb.exit_code == 0:
+            killed, why = False, "the runner exited 0 before the kill landed"
+        elif sb.exit_code is None:
+            why = "kill sent; the sandbox had not ended 10 s later"
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
-                "why": "" if killed else f"sandbox was {before}"}
+                "exit_code": sb.exit_code, "why": why}
 
     async def running(self) -> list[str]:
         return sorted(self.backend.sandboxes)

@@ -23,8 +23,11 @@ from pathlib import Path
 from fleet import cgroups
 from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 
+# The parent writes the launcher's pid into every sandbox cgroup, then sends "go" on stdin:
+# nothing of the sandbox runs before it is fully inside its cgroups.
 LAUNCH = r"""
-for f in $SF_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done
+read -r go || exit 97
+exec </dev/null
 exec unshare --mount --pid --fork --kill-child --mount-proc --propagation private \
   /bin/sh -c 'mount -t tmpfs -o size="$SF_WS_BYTES",mode=0755 sandfleet-ws "$SANDFLEET_WORKSPACE" || exit 98
 cd "$SANDFLEET_WORKSPACE" && exec tini -s -g -- "$@"' sandfleet-init "$@"
@@ -205,7 +208,6 @@ class ProcessBackend(SandboxBackend):
         self._cgroups[spec.sandbox_id] = cg
         env = dict(spec.env)
         env.update(
-            SF_CGROUP_PROCS=" ".join(cg.procs_files()),
             SF_WS_BYTES=str(spec.workspace_mb * 1024 * 1024),
             SANDFLEET_WORKSPACE=spec.workspace,
             SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
@@ -216,11 +218,21 @@ class ProcessBackend(SandboxBackend):
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *spec.argv],
                                     env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=spec.state_dir)
+                                    stdin=subprocess.PIPE, cwd=spec.state_dir)
         finally:
             log.close()
         self._procs[spec.sandbox_id] = proc
         sb.pid = proc.pid
+        try:
+            for f in cg.procs_files():
+                with open(f, "w") as fh:
+                    fh.write(str(proc.pid))
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+        except OSError as exc:
+            proc.kill()
+            proc.wait(5)
+            raise SandboxError(f"could not place sandbox {spec.sandbox_id} in its cgroups: {exc}") from exc
 
     async def _wait(self, sb: Sandbox) -> int:
         proc = self._procs[sb.spec.sandbox_id]
