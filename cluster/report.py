@@ -106,8 +106,12 @@ def _timeline_png(d: Path) -> None:
             ax.barh(row[e["task"]], e["t"] - t0, left=t0, color=color, height=0.6)
         elif e["event"] == "fault_inject" and e.get("applied"):
             ax.plot(e["t"], row[e["task"]], marker="v", color="black")
+            end = next((c["t"] for c in events if c["event"] == "fault_clear"
+                        and c.get("instance") == e.get("instance")), None)
+            if end is not None and end - e["t"] > 0.05:  # a window fault: show how long it was open
+                ax.hlines(row[e["task"]] - 0.38, e["t"], end, color="black", linewidth=3)
     ax.set_yticks(range(len(tasks)), tasks)
-    ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault)")
+    ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault, ▬ fault window)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(d / "timeline.png", dpi=80)

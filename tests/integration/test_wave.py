@@ -138,3 +138,23 @@ def test_wave_results_layout(durable_wave):
 def test_wave_leaves_nothing_behind(durable_wave, naive_wave):
     left = leftovers.wait_clean()
     assert not left, left
+
+
+def test_wave_on_an_existing_s3_endpoint(run_wave, tmp_path):
+    """store.url: the wave uses a store it did not start (here a second weed mini) and stops nothing of it."""
+    from storage.store import EmbeddedStore
+
+    other = EmbeddedStore(tmp_path / "external")
+    ep = other.start()
+    try:
+        result, d = run_wave(runner="durable", tasks=2, concurrency=2, faults=["ST1"], seed=8,
+                             workload={"steps": 8, "think_ms": 150},
+                             fault_timing={"ST1": {"at_s": [0.3, 0.6], "window_s": [1.0, 1.5]}},
+                             store={"url": ep.url, "access_key": ep.creds.access_key,
+                                    "secret_key": ep.creds.secret_key})
+        assert result["verdict"] == "pass", [g["checks"] for g in result["tasks"]]
+        assert other.proc.poll() is None, "the wave must not stop a store it did not start"
+        keys = ep.client().list_objects_v2(Bucket=orjson.loads((d / "store-audit.json").read_bytes())["bucket"])
+        assert keys["KeyCount"] > 0
+    finally:
+        other.stop()
