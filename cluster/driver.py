@@ -24,17 +24,16 @@ import orjson
 from cluster import grade, report
 from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
-from faults.base import APPLIED, CATALOG, NOT_APPLIED, UNKNOWN, FaultSpec, Receipt
+from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import derive, plan_faults, task_seed
-from fleet import workload
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet.model_endpoint import ModelEndpoint
 from fleet.runners import runner_argv
 from fleet.sandbox import check_process_backend
 from storage.credentials import CredentialSource
 from storage.proxy import ProxyProcess
-from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
 from storage.credentials import Credentials
+from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
 
 
 class HarnessError(RuntimeError):
@@ -229,7 +228,6 @@ class WaveRun:
 
     # ------------------------------------------------------------------ tasks
     async def _run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
-        import ray
         from ray.exceptions import RayActorError
 
         task = run.plan

@@ -445,17 +445,12 @@ class ProxyProcess:
         return ProxyControl(self.control_port)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        import subprocess
+        from storage.errors import stop_process
+
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc, grace_s)
         for f in (proc.stdout, proc.stderr):
             if f:
                 f.close()

@@ -24,7 +24,7 @@ import orjson
 from botocore.config import Config
 
 from storage.credentials import Credentials
-from storage.errors import StoreError
+from storage.errors import StoreError, stop_process
 
 READY_TIMEOUT_S = 30.0
 # weed mini listens on each of these and on port + 10000 (gRPC).
@@ -192,13 +192,7 @@ class EmbeddedStore:
 
     def stop(self, grace_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc, grace_s)
         # weed names some unix sockets after its ports in /tmp; remove only ours.
         for port in self.ports.values():
             for sock in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):

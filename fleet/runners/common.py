@@ -104,6 +104,18 @@ def write_workspace(env: RunnerEnv, files: dict[str, str]) -> None:
             f.write(text)
 
 
+def write_artifact(env: RunnerEnv, put, files: dict[str, str]) -> None:
+    """Every artifact file, then the manifest last: the manifest marks the artifact complete."""
+    from fleet import workload
+
+    for path, text in sorted(files.items()):
+        put(f"{env.prefix}artifact/{path}", text.encode())
+    manifest = {"files": sorted(files), "fingerprint": workload.fingerprint(files), "fence": env.fence,
+                "attempt": env.attempt}
+    put(f"{env.prefix}artifact.manifest.json", json.dumps(manifest).encode())
+    log("done")
+
+
 def is_missing(exc: BaseException) -> bool:
     return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("NoSuchKey", "404", "NotFound")
 

@@ -11,8 +11,8 @@ import hashlib
 import json
 
 from fleet import workload
-from fleet.runners.common import (RunnerEnv, announce, ask_model, error_code, is_missing, log, main_guard, s3,
-                                  transient, write_workspace)
+from fleet.runners.common import (RunnerEnv, announce, ask_model, error_code, log, main_guard, s3,
+                                  transient, write_artifact, write_workspace)
 
 
 def run() -> None:
@@ -80,12 +80,7 @@ def run() -> None:
         announce(env, f"after-commit:{step}")
 
     announce(env, "before-artifact")
-    for path, text in sorted(files.items()):
-        put(f"{env.prefix}artifact/{path}", text.encode())
-    manifest = {"files": sorted(files), "fingerprint": workload.fingerprint(files), "fence": env.fence,
-                "attempt": env.attempt}
-    put(f"{env.prefix}artifact.manifest.json", json.dumps(manifest).encode())
-    log("done")
+    write_artifact(env, put, files)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import json
 
 from fleet import workload
 from fleet.runners.common import RunnerEnv, announce, ask_model, is_missing, log, main_guard, s3, transient, \
-    write_workspace
+    write_artifact, write_workspace
 
 CHECKPOINT_EVERY = 3
 
@@ -50,12 +50,7 @@ def run() -> None:
         if (step + 1) % CHECKPOINT_EVERY == 0:
             put(f"{env.prefix}naive/progress.json", json.dumps({"done": step + 1}).encode())
             log(f"progress saved at {step + 1}")
-    for path, text in sorted(files.items()):
-        put(f"{env.prefix}artifact/{path}", text.encode())
-    manifest = {"files": sorted(files), "fingerprint": workload.fingerprint(files), "fence": env.fence,
-                "attempt": env.attempt}
-    put(f"{env.prefix}artifact.manifest.json", json.dumps(manifest).encode())
-    log("done")
+    write_artifact(env, put, files)
 
 
 def main() -> None:

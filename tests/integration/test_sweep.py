@@ -1,7 +1,6 @@
 """The sweep reaps sandboxes that carry a wave's marker but hold no active lease."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
