@@ -207,8 +207,8 @@ class WaveRun:
             injected = await fault.inject(spec, ctx)
             tl("fault_inject", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
                applied=bool(injected.get("applied")), why=injected.get("why", ""))
-            if spec.window_s and injected.get("applied"):
-                await asyncio.sleep(spec.window_s)
+            if injected.get("applied"):
+                await fault.settle(spec, ctx, injected)
         except asyncio.CancelledError:
             if not injected:
                 injected = {"applied": False, "why": "the task ended before the planned time"}

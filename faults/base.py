@@ -1,7 +1,7 @@
 """The fault protocol, the shared envelope (`FaultSpec`), receipts, and the catalog.
 
 A fault kind is one small class with `plan` (seeded choice of its parameters),
-`inject` (change the world), `clear` (heal it; always run before grading) and
+`inject` (change the world), `settle` (wait until its effect is over), `clear` (heal it; always run before grading) and
 `receipt` (did it apply, and to what). Shared fields live in the envelope; the
 probability draw happens once, in the injector, never in a fault.
 """
@@ -68,6 +68,9 @@ class Fault(Protocol):
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec: ...
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict: ...
+
+    async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
+        """Return when the fault's effect is over (at once for a kill, after the window for an outage)."""
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict: ...
 

@@ -29,6 +29,9 @@ class SigkillSandbox:
         out["sandbox_id"] = sandbox_id
         return out
 
+    async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
+        return None  # a kill is over once sent
+
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         return {}  # a kill has nothing to heal: the driver starts the next attempt
 

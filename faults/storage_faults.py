@@ -1,6 +1,7 @@
 """Storage faults (ST*), applied as rules in the S3 fault proxy."""
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
@@ -9,7 +10,12 @@ from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, 
 
 @register
 class StoreOutage:
-    """ST1: every request of the task's prefix answers 503 ServiceUnavailable for a seeded window."""
+    """ST1: every request of the task's prefix answers 503 ServiceUnavailable for a seeded window.
+
+    The rule is armed at the planned time; the window opens at the task's first storage request
+    after that (a matching-request trigger) and lasts `window_s`, so an outage that was armed
+    always meets the runner unless the task ends first.
+    """
 
     id = "ST1"
     family = "storage"
@@ -27,8 +33,23 @@ class StoreOutage:
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         rule = ctx.proxy().open_rule(rule_id=spec.instance, action="error", status=spec.params["status"],
                                      code=spec.params["code"], bucket=ctx.bucket,
-                                     key_prefix=ctx.task_prefix(spec.task_id), seed=spec.seed, fault=self.id)
+                                     key_prefix=ctx.task_prefix(spec.task_id), seed=spec.seed, fault=self.id,
+                                     duration_s=spec.window_s)
         return {"applied": True, "at": time.time(), "rule": rule}
+
+    async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
+        """Wait until the window has opened and run its length (cancelled when the task ends)."""
+        if not injected.get("applied"):
+            return
+        while True:
+            rules = await asyncio.to_thread(ctx.proxy().rules)
+            rule = next((r for r in rules["rules"] if r["rule_id"] == spec.instance), None)
+            if rule is None or rule["expired"]:
+                return
+            if rule["first_hit_at"] is not None:
+                await asyncio.sleep(max(0.0, rule["first_hit_at"] + spec.window_s - time.time()) + 0.01)
+            else:
+                await asyncio.sleep(0.1)
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         if not injected.get("applied"):
@@ -48,9 +69,12 @@ class StoreOutage:
         elif hits == 0:
             status, detail = NOT_APPLIED, "window opened but no request of the task arrived while it was open"
         else:
-            status, detail = APPLIED, f"{hits} request(s) answered 503 ServiceUnavailable"
+            opened = rule.get("first_hit_at")
+            status, detail = APPLIED, (f"{hits} request(s) answered 503 ServiceUnavailable; window opened "
+                                       f"{opened - (injected.get('at') or opened):.2f}s after arming")
         return Receipt(fault_id=self.id, instance=spec.instance, task_id=spec.task_id, status=status,
-                       target={"bucket": rule.get("bucket"), "key_prefix": rule.get("key_prefix")},
+                       target={"bucket": rule.get("bucket"), "key_prefix": rule.get("key_prefix"),
+                               "window_s": spec.window_s},
                        detail=detail, fired_at=injected.get("at"), cleared_at=cleared.get("at"),
                        evidence={"hits": hits, "matched": rule.get("matched", 0),
                                  "first_hit_at": rule.get("first_hit_at"), "last_hit_at": rule.get("last_hit_at")})

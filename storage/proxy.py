@@ -72,6 +72,7 @@ class Rule:
     part: int | None = None
     ratio: float = 1.0
     seed: int = 0
+    duration_s: float | None = None  # window opens at the first matching request and lasts this long
     fault: str | None = None
     opened_at: float = field(default_factory=time.time)
     matched: int = 0
@@ -84,6 +85,8 @@ class Rule:
             raise ValueError(f"rule.action={self.action!r} is not one of {sorted(ACTIONS)}")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"rule.ratio={self.ratio!r} must be within [0, 1]")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"rule.duration_s={self.duration_s!r} must be > 0 or null")
         self._rng = random.Random(self.seed)
 
     def matches(self, req: S3Request) -> bool:
@@ -97,9 +100,15 @@ class Rule:
             return False
         return True
 
+    def expired(self, now: float | None = None) -> bool:
+        return (self.duration_s is not None and self.first_hit_at is not None
+                and (now or time.time()) >= self.first_hit_at + self.duration_s)
+
     def draw(self) -> bool:
         """Count the match and decide (seeded) whether this request is hit."""
         self.matched += 1
+        if self.expired():
+            return False
         hit = self.ratio >= 1.0 or self._rng.random() < self.ratio
         if hit:
             now = time.time()
@@ -109,7 +118,9 @@ class Rule:
         return hit
 
     def public(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out["expired"] = self.expired()
+        return out
 
 
 def _error_body(rule: Rule, req: S3Request) -> bytes:

@@ -26,6 +26,9 @@ class WindowFault:
             raise RuntimeError("injector blew up")
         return {"applied": True, "at": 1.0}
 
+    async def settle(self, spec, ctx, injected):
+        await asyncio.sleep(spec.window_s or 0)
+
     async def clear(self, spec, ctx, injected):
         self.calls.append("clear")
         return {"at": 2.0}

@@ -58,6 +58,12 @@ def test_durable_runner_survives_pk1_and_st1(durable_wave):
     # the proxy really answered 503 to those tasks' requests
     faulted = [r for r in _lines(d / "proxy-requests.jsonl") if r["fault"] == "ST1"]
     assert faulted and all(r["status"] == 503 for r in faulted)
+    # each outage lasted its seeded length, counted from the task's first request after arming
+    for r in st1:
+        times = [q["t"] for q in faulted if q["rule"] == r["instance"]]
+        opened = r["evidence"]["first_hit_at"]
+        assert len(times) == r["evidence"]["hits"]
+        assert min(times) >= opened - 0.01 and max(times) <= opened + r["target"]["window_s"] + 0.05
 
 
 def test_durable_resumes_without_reasking_recorded_steps(durable_wave):

@@ -52,3 +52,12 @@ def test_control_api_open_close_and_counts():
     status, closed = p.dispatch("DELETE", "/rules/r1", b"")
     assert status == 200 and closed["hits"] == 1 and closed["matched"] == 1
     assert p.dispatch("DELETE", "/rules/r1", b"")[0] == 404
+
+
+def test_duration_window_opens_at_first_match_and_expires():
+    rule = Rule(rule_id="w", duration_s=0.2)
+    assert not rule.expired()
+    assert rule.draw() and rule.first_hit_at is not None
+    rule.first_hit_at -= 0.5  # the window opened 0.5 s ago
+    assert rule.expired() and rule.draw() is False
+    assert rule.hits == 1 and rule.matched == 2 and rule.public()["expired"] is True
