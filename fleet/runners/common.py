@@ -104,16 +104,55 @@ def write_workspace(env: RunnerEnv, files: dict[str, str]) -> None:
             f.write(text)
 
 
-def write_artifact(env: RunnerEnv, put, files: dict[str, str]) -> None:
-    """Every artifact file, then the manifest last: the manifest marks the artifact complete."""
-    from fleet import workload
+class TaskStore:
+    """The task's prefix in the bucket, with transient errors retried on every call."""
 
-    for path, text in sorted(files.items()):
-        put(f"{env.prefix}artifact/{path}", text.encode())
-    manifest = {"files": sorted(files), "fingerprint": workload.fingerprint(files), "fence": env.fence,
-                "attempt": env.attempt}
-    put(f"{env.prefix}artifact.manifest.json", json.dumps(manifest).encode())
-    log("done")
+    def __init__(self, env: RunnerEnv):
+        self.env = env
+        self.client = s3(env)
+
+    @transient
+    def keys(self, under: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.env.bucket, Prefix=self.env.prefix + under)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    @transient
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            return self.client.get_object(Bucket=self.env.bucket, Key=key)["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            if is_missing(exc):
+                return None
+            raise
+
+    @transient
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body)
+
+    @transient
+    def put_new(self, key: str, body: bytes) -> bool:
+        """Conditional create (`IfNoneMatch="*"`); False when the key already exists."""
+        try:
+            self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body, IfNoneMatch="*")
+            return True
+        except Exception as exc:  # noqa: BLE001
+            if error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def write_artifact(self, files: dict[str, str]) -> None:
+        """Every artifact file, then the manifest last: the manifest marks the artifact complete."""
+        from fleet import workload
+
+        env = self.env
+        for path, text in sorted(files.items()):
+            self.put(f"{env.prefix}artifact/{path}", text.encode())
+        manifest = {"files": sorted(files), "fingerprint": workload.fingerprint(files), "fence": env.fence,
+                    "attempt": env.attempt}
+        self.put(f"{env.prefix}artifact.manifest.json", json.dumps(manifest).encode())
+        log("done")
 
 
 def is_missing(exc: BaseException) -> bool:

@@ -11,52 +11,25 @@ import hashlib
 import json
 
 from fleet import workload
-from fleet.runners.common import (RunnerEnv, announce, ask_model, error_code, log, main_guard, s3,
-                                  transient, write_artifact, write_workspace)
+from fleet.runners.common import RunnerEnv, TaskStore, announce, ask_model, log, main_guard, write_workspace
 
 
 def run() -> None:
     env = RunnerEnv.from_environ()
-    client = s3(env)
+    store = TaskStore(env)
     jprefix = f"{env.prefix}journal/"
 
-    @transient
-    def list_journal() -> list[str]:
-        keys, token = [], None
-        while True:
-            kw = {"Bucket": env.bucket, "Prefix": jprefix}
-            if token:
-                kw["ContinuationToken"] = token
-            page = client.list_objects_v2(**kw)
-            keys += [o["Key"] for o in page.get("Contents", [])]
-            if not page.get("IsTruncated"):
-                return sorted(keys)
-            token = page["NextContinuationToken"]
-
-    @transient
-    def get(key: str) -> dict:
-        return json.loads(client.get_object(Bucket=env.bucket, Key=key)["Body"].read())
-
-    @transient
     def commit(key: str, record: dict) -> dict:
         """One conditional commit; on 412 the record already there wins."""
-        try:
-            client.put_object(Bucket=env.bucket, Key=key, Body=json.dumps(record).encode(), IfNoneMatch="*")
+        if store.put_new(key, json.dumps(record).encode()):
             return record
-        except Exception as exc:  # noqa: BLE001
-            if error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                log(f"commit {key} lost the race; adopting the committed record")
-                return get(key)
-            raise
-
-    @transient
-    def put(key: str, body: bytes) -> None:
-        client.put_object(Bucket=env.bucket, Key=key, Body=body)
+        log(f"commit {key} lost the race; adopting the committed record")
+        return json.loads(store.get(key))
 
     files = workload.fixture(env.seed)
     done = 0
-    for key in list_journal():
-        rec = get(key)
+    for key in store.keys("journal/"):
+        rec = json.loads(store.get(key))
         if rec["step"] != done:
             raise RuntimeError(f"journal gap: expected step {done}, found {rec['step']} at {key}")
         files = workload.apply(files, rec["decision"])
@@ -80,7 +53,7 @@ def run() -> None:
         announce(env, f"after-commit:{step}")
 
     announce(env, "before-artifact")
-    write_artifact(env, put, files)
+    store.write_artifact(files)
 
 
 def main() -> None:

@@ -7,28 +7,18 @@ from __future__ import annotations
 import json
 
 from fleet import workload
-from fleet.runners.common import RunnerEnv, announce, ask_model, is_missing, log, main_guard, s3, transient, \
-    write_artifact, write_workspace
+from fleet.runners.common import RunnerEnv, TaskStore, announce, ask_model, log, main_guard, write_workspace
 
 CHECKPOINT_EVERY = 3
 
 
 def run() -> None:
     env = RunnerEnv.from_environ()
-    client = s3(env)
+    store = TaskStore(env)
 
-    @transient
     def get_text(key: str) -> str | None:
-        try:
-            return client.get_object(Bucket=env.bucket, Key=key)["Body"].read().decode()
-        except Exception as exc:  # noqa: BLE001
-            if is_missing(exc):
-                return None
-            raise
-
-    @transient
-    def put(key: str, body: bytes) -> None:
-        client.put_object(Bucket=env.bucket, Key=key, Body=body)
+        body = store.get(key)
+        return None if body is None else body.decode()
 
     progress = json.loads(get_text(f"{env.prefix}naive/progress.json") or '{"done": 0}')
     done = progress["done"]
@@ -44,13 +34,13 @@ def run() -> None:
         answer = ask_model(env, step)
         files = workload.apply(files, answer["decision"])
         path = answer["decision"]["file"]
-        put(f"{env.prefix}artifact/{path}", files[path].encode())
+        store.put(f"{env.prefix}artifact/{path}", files[path].encode())
         write_workspace(env, files)
         log(f"step {step} applied in place")
         if (step + 1) % CHECKPOINT_EVERY == 0:
-            put(f"{env.prefix}naive/progress.json", json.dumps({"done": step + 1}).encode())
+            store.put(f"{env.prefix}naive/progress.json", json.dumps({"done": step + 1}).encode())
             log(f"progress saved at {step + 1}")
-    write_artifact(env, put, files)
+    store.write_artifact(files)
 
 
 def main() -> None:
