@@ -25,8 +25,9 @@ def write_summary(d: Path, result: dict) -> Path:
              f"{cfg['workload']['steps']} steps per task", ""]
     fig = result.get("figures") or {}
     if fig.get("wave_wall_s") is not None:
-        lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, "
-                  f"Ray and actors {fig.get('fleet_start_s')} s).", ""]
+        fleet = (f"Ray and actors {fig['fleet_start_s']} s" if "fleet_start_s" in fig
+                 else "Ray and actors lent, already running")
+        lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, {fleet}).", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register
+from faults.base import APPLIED, NOT_APPLIED, UNKNOWN, FaultContext, FaultSpec, Receipt, register
 
 
 @register
@@ -36,9 +36,10 @@ class SigkillSandbox:
         return {}  # a kill has nothing to heal: the driver starts the next attempt
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
-        ok = bool(injected.get("applied"))
+        applied = injected.get("applied")
+        ok = applied is True
         return Receipt(fault_id=self.id, instance=spec.instance, task_id=spec.task_id,
-                       status=APPLIED if ok else NOT_APPLIED,
+                       status=APPLIED if ok else (UNKNOWN if applied is None else NOT_APPLIED),
                        target={"sandbox_id": injected.get("sandbox_id"), "pid": injected.get("pid"),
                                "node": injected.get("node")},
                        detail="SIGKILL to every process of the sandbox" if ok else injected.get("why", ""),

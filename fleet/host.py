@@ -68,7 +68,8 @@ class SandboxHost:
         elif sb.exit_code == 0:
             killed, why = False, "the runner exited 0 before the kill landed"
         elif sb.exit_code is None:
-            why = "kill sent; the sandbox had not ended 10 s later"
+            killed, why = None, "kill sent; the sandbox had not ended 10 s later"
+        # applied: True, False, or None when it is not known
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
                 "exit_code": sb.exit_code, "why": why}
 
@@ -109,8 +110,7 @@ def start_host_actor(node_id: str, ledger, resources: dict | None = None):
 
     if not node_id:
         raise ValueError("node_id must be a non-empty string")
-    opts = {"num_cpus": 0, "max_concurrency": 1000, "name": None}
-    opts.pop("name")
+    opts = {"num_cpus": 0, "max_concurrency": 1000}
     if resources:
         opts["resources"] = resources
     return ray.remote(SandboxHost).options(**opts).remote(node_id, None, ledger)

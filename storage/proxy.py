@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import select
 import signal
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -27,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import orjson
+
+from storage.process import stop_process
 
 CHUNK = 256 * 1024
 MAX_HEAD = 64 * 1024
@@ -436,11 +440,11 @@ class ProxyProcess:
         self.control_port = 0
 
     def start(self, timeout_s: float = 20.0) -> "ProxyProcess":
-        import subprocess
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        line = self.proc.stdout.readline().decode().split()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline().decode().split() if ready else ["(no READY line after", f"{timeout_s}s)"]
         if len(line) != 3 or line[0] != "READY":
             err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.poll() is not None else ""
             self.stop()
@@ -456,8 +460,6 @@ class ProxyProcess:
         return ProxyControl(self.control_port)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        from storage.errors import stop_process
-
         proc, self.proc = self.proc, None
         if proc is None:
             return

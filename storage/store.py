@@ -24,7 +24,8 @@ import orjson
 from botocore.config import Config
 
 from storage.credentials import Credentials
-from storage.errors import StoreError, stop_process
+from storage.errors import StoreError
+from storage.process import stop_process
 
 READY_TIMEOUT_S = 30.0
 # weed mini listens on each of these and on port + 10000 (gRPC).

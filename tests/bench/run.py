@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,6 +87,7 @@ def bench_store(rows: list) -> None:
     finally:
         proxy.stop()
         store.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def bench_sandboxes(rows: list, n: int = 20) -> None:
@@ -111,6 +113,7 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
             await be.wait(sb)
             await be.remove(sb)
             kills.append((time.perf_counter() - t) * 1000)
+        shutil.rmtree(d, ignore_errors=True)
         return starts, ready, kills
 
     starts, ready, kills = asyncio.run(main())
@@ -144,6 +147,7 @@ def bench_waves(rows: list) -> None:
                          f"{wall:.1f} s", "", f"verdict {r['verdict']}, {attempts} attempts"))
     finally:
         fleet.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:

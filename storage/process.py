@@ -1,0 +1,16 @@
+"""Ending the child processes the storage room starts (the store, the proxy), by PID."""
+from __future__ import annotations
+
+import subprocess
+
+
+def stop_process(proc, grace_s: float = 5.0) -> None:
+    """SIGTERM a child we started, wait `grace_s`, then SIGKILL; always reaps it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
