@@ -33,7 +33,11 @@ def wave_run(
     seed: Optional[int] = typer.Option(None, "--seed", help="wave seed (plans every random choice)"),
     faults: Optional[str] = typer.Option(None, "--faults", help="comma-separated fault ids, e.g. PK1,ST1; "
                                                                  "'none' for no faults"),
-    runner: Optional[str] = typer.Option(None, "--runner", help="durable | naive"),
+    runner: Optional[str] = typer.Option(None, "--runner", help="built-in runner: durable | naive"),
+    runner_cmd: Optional[str] = typer.Option(None, "--runner-cmd",
+                                             help="any command as the runner, e.g. \"python agent.py\""),
+    runner_workdir: Optional[Path] = typer.Option(None, "--runner-workdir",
+                                                  help="directory of the runner's code (with --runner-cmd)"),
     results: Path = typer.Option(Path("results"), "--results", help="results root"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
@@ -41,6 +45,14 @@ def wave_run(
     """Run a wave and grade it; prints where SUMMARY.md is."""
     from cluster.config import ConfigError, load_config
 
+    if runner and runner_cmd:
+        _err("error: option --runner and --runner-cmd: give one of them (a built-in name, or a command)")
+        return EXIT_BAD_INPUT
+    if runner_workdir is not None and not runner_cmd:
+        _err("error: option --runner-workdir: only valid with --runner-cmd")
+        return EXIT_BAD_INPUT
+    if runner_cmd is not None:
+        runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address}
     if faults is not None:
         overrides["faults"] = [] if faults.strip().lower() in ("", "none") else faults

@@ -5,6 +5,8 @@ what is allowed; the CLI turns it into exit code 254.
 """
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Literal
 
@@ -12,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from faults.base import CATALOG
-from fleet.runners import RUNNERS
+from fleet.runners import BUILTIN, builtin_command
+from fleet.workloads import WORKLOADS
 
 
 class ConfigError(ValueError):
@@ -24,8 +27,65 @@ class Strict(BaseModel):
 
 
 class WorkloadConfig(Strict):
+    name: str = Field("patch-repo", description="the workload the model endpoint scripts")
     steps: int = Field(8, ge=1, le=500, description="patch steps per task")
     think_ms: int = Field(150, ge=0, le=60000, description="model endpoint think time per call")
+
+
+class RunnerSpec(Strict):
+    """A runner is any command: it follows docs/runner-contract.md and never imports sandfleet."""
+
+    name: str | None = Field(None, description="shown in reports; defaults to the command's file name")
+    command: list[str] | str = Field(..., description="argv list, or one shell-quoted string")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    workdir: str | None = Field(None, description="directory of the runner's code (read-only for the runner)")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if isinstance(v, str):
+            try:
+                v = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"command is not a valid shell-quoted string: {exc}") from None
+        if not v or not all(isinstance(a, str) and a for a in v):
+            raise ValueError("command must be a non-empty list of non-empty strings")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict):
+        bad = [k for k in v if k.startswith("SANDFLEET_") or k in CONTRACT_VARS or not k or "=" in k]
+        if bad:
+            raise ValueError(f"env may not set {bad[0]!r}: the harness sets the contract's variables "
+                             f"(SANDFLEET_*, {', '.join(sorted(CONTRACT_VARS))})")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v):
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"workdir {v!r} is not a directory")
+        return None if v is None else str(Path(v).resolve())
+
+    def resolved(self) -> dict:
+        """The spec as the plan records it: relative paths of files in workdir made absolute."""
+        argv = list(self.command)
+        if self.workdir:
+            argv = [str(Path(self.workdir) / a) if not os.path.isabs(a) and (Path(self.workdir) / a).exists()
+                    else a for a in argv]
+        name = self.name or os.path.basename(self.workdir or "") or os.path.basename(argv[-1])
+        return {"name": name, "command": argv, "env": dict(self.env), "workdir": self.workdir, "builtin": None}
+
+
+CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+                 "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+
+def resolve_runner(runner: "str | RunnerSpec") -> dict:
+    if isinstance(runner, str):
+        return {"name": runner, "command": builtin_command(runner), "env": {}, "workdir": None, "builtin": runner}
+    return runner.resolved()
 
 
 class SandboxConfig(Strict):
@@ -51,7 +111,7 @@ class WaveConfig(Strict):
     tasks: int = Field(4, ge=1, le=100000)
     concurrency: int = Field(4, ge=1, le=4096)
     seed: int = Field(1, ge=0)
-    runner: str = "durable"
+    runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
     faults: list[str] = Field(default_factory=list)
     fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
@@ -62,12 +122,18 @@ class WaveConfig(Strict):
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
     address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
 
-    @field_validator("runner")
+    @field_validator("runner", mode="before")
     @classmethod
-    def _runner(cls, v: str) -> str:
-        if v not in RUNNERS:
-            raise ValueError(f"unknown runner {v!r}; valid runners: {', '.join(sorted(RUNNERS))}")
+    def _runner(cls, v):
+        if isinstance(v, str) and v not in BUILTIN:
+            raise ValueError(f"unknown runner {v!r}; valid built-in runners: {', '.join(sorted(BUILTIN))} "
+                             "(or a mapping with `command`, or --runner-cmd)")
+        if not isinstance(v, (str, dict, RunnerSpec)):
+            raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
         return v
+
+    def runner_spec(self) -> dict:
+        return resolve_runner(self.runner)
 
     @field_validator("faults", mode="before")
     @classmethod
@@ -79,6 +145,13 @@ class WaveConfig(Strict):
         bad = [f for f in v if f not in CATALOG]
         if bad:
             raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+        return v
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: WorkloadConfig):
+        if v.name not in WORKLOADS:
+            raise ValueError(f"unknown workload {v.name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}")
         return v
 
     @field_validator("fault_timing")

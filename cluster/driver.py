@@ -22,17 +22,23 @@ from pathlib import Path
 import orjson
 
 from cluster import grade, report
+from cluster.artifacts import ReferenceCache, reference_key, write_artifact
 from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
 from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import derive, plan_faults, task_seed
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
-from fleet.model_endpoint import ModelEndpoint
-from fleet.runners import runner_argv
+from fleet import workloads
+from fleet.effects import EffectsService
+from fleet.model_endpoint import MODEL_ID, ModelEndpoint
 from fleet.sandbox import check_process_backend
+from fleet.services import TaskRegistry
 from storage.credentials import Credentials, CredentialSource
 from storage.proxy import ProxyProcess
 from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
+
+
+CONTRACT_VERSION = "1"
 
 
 class HarnessError(RuntimeError):
@@ -44,16 +50,31 @@ def new_wave_id(seed: int) -> str:
     return f"w-{ts}-s{seed}-{secrets.token_hex(2)}"
 
 
-def build_plan(cfg: WaveConfig, wave_id: str) -> dict:
+REF = "ref-"
+
+
+def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = None) -> dict:
+    """Every task, its seed and faults, and the reference run (positive control) of each seed.
+
+    A reference is an uninterrupted, fault-free run of the same runner on the same seed; one found
+    in the cache (same runner code, workload and seed) is reused instead of run again.
+    """
+    runner = cfg.runner_spec()
     task_ids = [f"t{i:03d}" for i in range(cfg.tasks)]
     faults = plan_faults(cfg.seed, task_ids, cfg.faults, cfg.fault_params())
-    tasks = []
+    tasks, refs = [], []
     for i, tid in enumerate(task_ids):
-        tasks.append({"task_id": tid, "seed": task_seed(cfg.seed, i), "runner": cfg.runner,
-                      "workload": "patch-repo", "steps": cfg.workload.steps,
-                      "faults": [f.to_dict() for f in faults[tid]]})
+        seed = task_seed(cfg.seed, i)
+        key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
+        cached = cache.get(key) is not None if cache is not None else False
+        base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
+        tasks.append({"task_id": tid, "role": "task", **base, "faults": [f.to_dict() for f in faults[tid]],
+                      "reference": {"task_id": REF + tid, "key": key, "cached": cached}})
+        if not cached:
+            refs.append({"task_id": REF + tid, "role": "reference", "reference_of": tid, **base, "faults": [],
+                         "reference": {"task_id": REF + tid, "key": key, "cached": False}})
     return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
-            "tasks": tasks}
+            "runner": runner, "tasks": tasks, "references": refs}
 
 
 def preflight(cfg: WaveConfig) -> None:
@@ -124,6 +145,9 @@ class WaveRun:
         self.endpoint: StoreEndpoint | None = None
         self.proxy: ProxyProcess | None = None
         self.model: ModelEndpoint | None = None
+        self.effects: EffectsService | None = None
+        self.registry = TaskRegistry()
+        self.cache = ReferenceCache(self.results_root)
         self.fleet = fleet
         self.own_fleet = fleet is None
         self.ledger = None
@@ -160,7 +184,11 @@ class WaveRun:
         self.creds = CredentialSource(self.private / "credentials.json")
         self.creds.publish(self.endpoint.creds)
         self.aws_config = self.creds.write_aws_config(self.private / "aws-config", self.endpoint.region)
-        self.model = ModelEndpoint(think_ms=self.cfg.workload.think_ms).start()
+        self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
+                                   log_path=self.dir / "model-calls.jsonl").start()
+        self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
+        for t in self.plan["tasks"] + self.plan["references"]:
+            self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
         if self.fleet is None:  # a lent fleet is already running: nothing to time
             t = time.perf_counter()
             self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"))
@@ -169,26 +197,37 @@ class WaveRun:
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
         self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
 
-    def _runner_env(self, task: dict, attempt: int, fence: int) -> dict:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-            "PYTHONUNBUFFERED": "1",
-            "HOME": "/root",
+    def _runner_env(self, task: dict, attempt: int, fence: int, workspace: str) -> dict:
+        """The runner contract's environment (docs/runner-contract.md): everything a runner needs."""
+        runner = self.plan["runner"]
+        key = self.registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **runner["env"]}
+        env.update({
+            "HOME": workspace,
+            "TMPDIR": workspace,
             "AWS_CONFIG_FILE": str(self.aws_config),
             "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
             "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ENDPOINT_URL_S3": self.proxy.url,
+            "AWS_DEFAULT_REGION": self.endpoint.region,
+            "OPENAI_BASE_URL": self.model.base_url,
+            "OPENAI_API_KEY": key,
+            "OPENAI_MODEL": MODEL_ID,
+            "SANDFLEET_CONTRACT": CONTRACT_VERSION,
             "SANDFLEET_TASK_ID": task["task_id"],
             "SANDFLEET_ATTEMPT": str(attempt),
             "SANDFLEET_FENCE": str(fence),
+            "SANDFLEET_REPO": os.path.join(workspace, "repo"),
             "SANDFLEET_S3_ENDPOINT": self.proxy.url,
             "SANDFLEET_S3_BUCKET": self.bucket,
             "SANDFLEET_S3_PREFIX": self.task_prefix(task["task_id"]),
-            "SANDFLEET_MODEL_URL": self.model.url,
-            "SANDFLEET_SEED": str(task["seed"]),
-            "SANDFLEET_STEPS": str(task["steps"]),
-            "SANDFLEET_WAVE": self.wave_id,
-        }
+            "SANDFLEET_EFFECTS_URL": self.effects.url + "/v1",
+            "SANDFLEET_EFFECTS_KEY": key,
+            "SANDFLEET_GRACE_S": "1.0",
+        })
+        if runner.get("workdir"):
+            env["SANDFLEET_RUNNER_DIR"] = runner["workdir"]
         return env
 
     # ------------------------------------------------------------------ faults
@@ -259,13 +298,17 @@ class WaveRun:
                 attempt, fence = lease["attempt"], lease["fence"]
                 sdir = self.dir / "sandboxes" / sandbox_id
                 sdir.mkdir(parents=True, exist_ok=True)
+                ws = str(self.private / "ws" / sandbox_id)
+                fixture = workloads.get(task["workload"]).fixture(task["seed"])
                 spec = {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": tid, "attempt": attempt,
-                        "argv": runner_argv(task["runner"]), "env": self._runner_env(task, attempt, fence),
+                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence, ws),
                         "state_dir": str(sdir), "workspace_mb": self.cfg.sandbox.workspace_mb,
-                        "memory_mb": self.cfg.sandbox.memory_mb, "pids_max": self.cfg.sandbox.pids_max}
+                        "memory_mb": self.cfg.sandbox.memory_mb, "pids_max": self.cfg.sandbox.pids_max,
+                        "workspace_dir": ws, "files": {f"repo/{p}": text for p, text in fixture.items()}}
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0")
                 run.current = (host, sandbox_id)
-                ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s)
+                self.registry.set_attempt(tid, attempt)
+                ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")
                 result: dict = {}
                 try:
                     result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ref.future())),
@@ -280,13 +323,20 @@ class WaveRun:
                     result = {"exit_code": None, "error": f"host lost: {exc}"}
                 finally:
                     run.current = None
+                    self.registry.set_attempt(tid, None)
                 code = result.get("exit_code")
                 await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
+                captured = None
+                if "artifact" in result:
+                    captured = self._store_artifact(tid, attempt, result["artifact"])
                 tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
                    exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
                    started_at=result.get("started_at"), ended_at=result.get("ended_at"),
-                   error=result.get("error"))
+                   error=result.get("error"), start_error=result.get("start_error"), artifact=captured)
                 on_change()
+                if result.get("start_error"):
+                    final, why = TaskState.FAILED, result["start_error"]
+                    break
                 if code == 0:
                     final, why = TaskState.DONE, "runner exited 0"
                     break
@@ -304,9 +354,38 @@ class WaveRun:
                duration_s=round(loop.time() - launched, 3))
             on_change()
 
+    def _store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:
+        """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""
+        if captured.get("files") is None:
+            return {"captured": False, "why": captured.get("why", "nothing captured")}
+        m = write_artifact(self.dir / "artifacts" / tid, captured["files"],
+                           {"task_id": tid, "attempt": attempt, "skipped": captured.get("skipped", [])})
+        return {"captured": True, "digest": m["digest"], "files": len(m["files"]), "skipped": m["skipped"]}
+
+    def _seed_cached_references(self) -> None:
+        for t in self.plan["tasks"]:
+            ref = t["reference"]
+            if ref["cached"]:
+                files, manifest = self.cache.get(ref["key"])
+                write_artifact(self.dir / "artifacts" / ref["task_id"], files,
+                               {"task_id": ref["task_id"], "attempt": manifest.get("attempt"), "skipped": [],
+                                "from_cache": ref["key"]})
+
+    def _cache_references(self, result: dict) -> None:
+        from cluster.artifacts import read_artifact
+
+        for g in result.get("references", []):
+            if g["checks"]["completed"]["verdict"] != grade.PASS:
+                continue
+            got = read_artifact(self.dir / "artifacts" / g["task_id"])
+            if got is not None:
+                self.cache.put(g["reference_key"], got[0], {"task_id": g["task_id"], "wave_id": self.wave_id,
+                                                            "attempt": got[1].get("attempt")})
+
     async def _run_all(self) -> None:
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        self.runs = {t["task_id"]: TaskRun(plan=t) for t in self.plan["tasks"]}
+        # references first: they are the positive control every task is compared with
+        self.runs = {t["task_id"]: TaskRun(plan=t) for t in self.plan["references"] + self.plan["tasks"]}
         progress = None
         if self.show_progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -359,7 +438,7 @@ class WaveRun:
         return out
 
     def _snapshot_store(self) -> None:
-        """Copy what grading needs out of the store: object listing, leaked uploads, artifacts."""
+        """Record what the store holds per task and the incomplete multipart uploads."""
         client = self.endpoint.client()
         audit = {"bucket": self.bucket, "tasks": {}, "incomplete_uploads": []}
         for tid in self.runs:
@@ -368,12 +447,6 @@ class WaveRun:
             objs = [{"key": o["Key"][len(prefix):], "size": o["Size"], "etag": o["ETag"].strip('"')}
                     for page in pages for o in page.get("Contents", [])]
             audit["tasks"][tid] = objs
-            adir = self.dir / "artifacts" / tid
-            for o in objs:
-                if o["key"].startswith("artifact/") or o["key"] == "artifact.manifest.json":
-                    dest = adir / o["key"]
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_bytes(client.get_object(Bucket=self.bucket, Key=prefix + o["key"])["Body"].read())
         ups = client.list_multipart_uploads(Bucket=self.bucket)
         audit["incomplete_uploads"] = [{"key": u["Key"], "upload_id": u["UploadId"]} for u in ups.get("Uploads", [])]
         (self.dir / "store-audit.json").write_bytes(orjson.dumps(audit, option=orjson.OPT_INDENT_2))
@@ -398,9 +471,9 @@ class WaveRun:
                             f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
-        if self.model is not None:
-            self._write_json("model-calls.json", self.model.stats.snapshot())
-            self.model.stop()
+        for svc in (self.model, self.effects):
+            if svc is not None:
+                svc.stop()
         for part in (self.proxy, self.store):
             if part is not None:
                 try:
@@ -425,16 +498,18 @@ class WaveRun:
             tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
             tmp.symlink_to(self.wave_id)
             os.replace(tmp, latest)
-        self.plan = build_plan(self.cfg, self.wave_id)
+        self.plan = build_plan(self.cfg, self.wave_id, self.cache)
         self._write_json("plan.json", self.plan)
+        self._seed_cached_references()
         self.timeline = Timeline(self.dir / "timeline.jsonl")
         harness_error = None
         t_wave = time.perf_counter()
         try:
-            self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.cfg.runner,
+            self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.plan["runner"]["name"],
                           faults=self.cfg.faults, seed=self.cfg.seed)
             self._setup()
             self.timeline("parts_ready", store=self.endpoint.url, proxy=self.proxy.url, model=self.model.url,
+                          effects=self.effects.url,
                           **self.figures)
             asyncio.run(self._run_all())
         except Exception as exc:  # noqa: BLE001
@@ -462,6 +537,10 @@ class WaveRun:
                 self.timeline.close()
         result = grade.grade_wave(self.dir)
         report.write_summary(self.dir, result)
+        try:
+            self._cache_references(result)
+        except OSError as exc:
+            result.setdefault("notes", []).append(f"reference cache not written: {exc}")
         if harness_error:
             result["harness_error"] = harness_error
         return result

@@ -2,27 +2,40 @@
 a verdict. Checks have three outcomes plus `not_applied`; a check that crashes is
 `unknown`, never `pass`. Merge order: fail > unknown > not_applied > pass.
 
+Nothing here imports a runner: the inputs are the artifact the harness captured
+from the workspace, the reference (an uninterrupted run of the same runner on the
+same seed), the model endpoint's and effects service's logs, the proxy's request
+log and the driver's timeline. The workload (the test's world) says which steps
+leave a marker in the artifact and which effect belongs to which step.
+
 Checks per task:
-- completed: the last attempt exited 0 and the artifact manifest is in the store.
-- resume_equivalent: the artifact's fingerprint (computed here, never taken from
-  the runner) equals the reference of an uninterrupted run of the same seed.
-- no_double_apply: no step's marker appears more than once in the artifact.
-- no_model_recall: extra model calls (calls beyond one per step) are at most the
-  number of interrupted attempts (a kill may lose the one answer in flight; a
-  runner that re-asks for recorded steps exceeds that).
+- completed: the last attempt exited 0, the harness captured `repo/`, every
+  workspace step's marker and every external effect of the script is there.
+- resume_equivalent: the artifact's digest equals the reference's. If two
+  uninterrupted runs of one seed differ, `unknown` (the runner is not
+  deterministic under a fixed model), never pass or fail.
+- no_double_apply: no step's marker twice in the artifact, and no effect applied
+  twice in the effects log (a repeated Idempotency-Key is a deduplicated retry).
+- no_model_recall: asking again for a step whose result had been recorded is a
+  recall. Only the answer that was in flight when its attempt ended is forgiven:
+  not delivered, or delivered to an attempt that then ended with no later model
+  call, no effect of that step and no store write.
 - fault_applied: every planned fault's receipt says applied.
 """
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
-from fleet import workload
+from cluster.artifacts import read_artifact
+from fleet import workloads
 
 PASS, FAIL, UNKNOWN, NOT_APPLIED = "pass", "fail", "unknown", "not_applied"
 RANK = {PASS: 0, NOT_APPLIED: 1, UNKNOWN: 2, FAIL: 3}
+WRITE_METHODS = {"PUT", "POST", "DELETE"}
 
 
 def merge(verdicts) -> str:
@@ -42,85 +55,190 @@ def _load(path: Path, default=None):
 
 def _lines(path: Path) -> list[dict]:
     try:
-        return [orjson.loads(l) for l in path.read_bytes().splitlines() if l.strip()]
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
+    out = []
+    for line in data.splitlines():
+        if line.strip():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                if line is not data.splitlines()[-1]:  # only a torn last line is tolerated
+                    raise
+    return out
 
 
-def read_artifact(adir: Path) -> dict[str, str] | None:
-    manifest = _load(adir / "artifact.manifest.json")
-    if manifest is None:
-        return None
-    files = {}
-    for path in manifest["files"]:
-        p = adir / "artifact" / path
-        files[path] = p.read_text() if p.exists() else ""
-    return files
+@dataclass
+class TaskHistory:
+    """Everything stored about one task, as the grader sees it."""
+
+    task: dict
+    events: list[dict] = field(default_factory=list)
+    receipts: list[dict] = field(default_factory=list)
+    calls: list[dict] | None = None
+    effects: list[dict] | None = None
+    writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
+    artifact: dict[str, bytes] | None = None
+    reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
 
 
-def _check(fn, *args) -> dict:
+def _check(fn) -> dict:
     try:
-        return fn(*args)
+        return fn()
     except Exception as exc:  # noqa: BLE001 - a crashed check is unknown
         return {"verdict": UNKNOWN, "detail": f"check crashed: {type(exc).__name__}: {exc}",
                 "trace": traceback.format_exc(limit=3)}
 
 
-def grade_task(task: dict, events: list[dict], receipts: list[dict], calls: dict | None,
-               artifact: dict[str, str] | None) -> dict:
+def _attempt_windows(events: list[dict]) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for e in events:
+        if e["event"] == "attempt_start":
+            out.setdefault(e["attempt"], {})["start"] = e.get("wall")
+        elif e["event"] == "attempt_end":
+            w = out.setdefault(e["attempt"], {})
+            w["end"] = e.get("ended_at") or e.get("wall")
+            w["exit_code"] = e.get("exit_code")
+    return out
+
+
+def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], events: list[dict]) -> dict:
+    """Which repeated model calls were recalls of recorded steps, and which were forgiven in-flight answers."""
+    windows = _attempt_windows(events)
+    calls = sorted(calls, key=lambda c: c["t"])
+    by_step: dict[int, list[dict]] = {}
+    recalls, forgiven = [], []
+    for c in calls:
+        prev = by_step.setdefault(c["step"], [])
+        if prev:
+            p = prev[-1]
+            reasons = []
+            if p.get("delivered", True):
+                if p.get("attempt") == c.get("attempt"):
+                    reasons.append("the same attempt asked again after the answer was delivered")
+                later = [x for x in calls if x.get("attempt") == p.get("attempt") and p["t"] < x["t"] < c["t"]
+                         and x is not p]
+                if later:
+                    reasons.append(f"attempt {p.get('attempt')} had already moved on to step {later[0]['step']}")
+                fx = [e for e in effects if e.get("step") == c["step"] and e["t"] < c["t"]]
+                if fx:
+                    reasons.append(f"the step's effect {fx[0]['effect_id']} was recorded at {fx[0]['t']:.3f}")
+                end = (windows.get(p.get("attempt")) or {}).get("end") or c["t"]
+                w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])]
+                if w:
+                    reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
+                if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:
+                    reasons.append(f"attempt {p.get('attempt')} exited 0")
+            entry = {"step": c["step"], "t": c["t"], "attempt": c.get("attempt"), "tokens": c.get("tokens", 0),
+                     "previous_attempt": p.get("attempt")}
+            (recalls if reasons else forgiven).append({**entry, "why": "; ".join(reasons) or
+                                                       "the previous answer was in flight when its attempt ended"})
+        prev.append(c)
+    return {"recalls": recalls, "forgiven": forgiven}
+
+
+def grade_task(h: TaskHistory) -> dict:
+    task = h.task
     tid = task["task_id"]
-    attempts = [e for e in events if e["event"] == "attempt_end"]
-    end = next((e for e in events if e["event"] == "task_end"), None)
+    wl = workloads.get(task.get("workload", "patch-repo"))
+    script = wl.script(task["seed"], task["steps"])
+    attempts = [e for e in h.events if e["event"] == "attempt_end"]
+    end = next((e for e in h.events if e["event"] == "task_end"), None)
     interrupted = [a for a in attempts if a.get("exit_code") != 0]
+    is_ref = task.get("role") == "reference"
     checks: dict[str, dict] = {}
 
     def completed():
         if end is None:
             return {"verdict": UNKNOWN, "detail": "no task_end in the timeline"}
-        ok = end["state"] == "done" and artifact is not None
-        detail = f"state={end['state']} ({end.get('why', '')}); manifest {'found' if artifact is not None else 'missing'}"
-        return {"verdict": PASS if ok else FAIL, "detail": detail}
+        start_error = next((a["start_error"] for a in attempts if a.get("start_error")), None)
+        if start_error:
+            return {"verdict": FAIL, "detail": start_error}
+        if end["state"] != "done":
+            return {"verdict": FAIL, "detail": f"state={end['state']} ({end.get('why', '')})"}
+        last = attempts[-1] if attempts else {}
+        if h.artifact is None:
+            why = (last.get("artifact") or {}).get("why", "no artifact was captured")
+            return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
+        counts = wl.step_counts(h.artifact)
+        missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts]
+        applied_fx = {e["effect_id"] for e in (h.effects or [])}
+        missing_fx = [s.step for s in script if s.kind == "effect" and s.arguments["effect_id"] not in applied_fx]
+        if missing or missing_fx:
+            return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
+                    "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
+                              f"effects missing for steps {missing_fx}"}
+        return {"verdict": PASS, "detail": "exited 0; every step's change and effect is there"}
 
     def resume_equivalent():
-        if artifact is None:
-            return {"verdict": FAIL, "detail": "no artifact in the store"}
-        ref = workload.fingerprint(workload.reference(task["seed"], task["steps"]))
-        got = workload.fingerprint(artifact)
-        return {"verdict": PASS if got == ref else FAIL, "expected": ref, "got": got,
-                "detail": "same artifact as an uninterrupted run" if got == ref else "artifact diverges from the reference"}
+        if h.artifact is None:
+            return {"verdict": FAIL, "detail": "no artifact was captured"}
+        ref = h.reference or {}
+        if "digest" not in ref:
+            return {"verdict": UNKNOWN, "detail": f"no reference to compare with: {ref.get('why', 'none')}"}
+        from fleet.workloads.base import tree_digest
+
+        got = tree_digest(h.artifact)
+        uninterrupted = set(ref.get("uninterrupted_digests", ())) | {ref["digest"]}
+        if not interrupted:
+            uninterrupted.add(got)
+        if len(uninterrupted) > 1:
+            return {"verdict": UNKNOWN, "expected": ref["digest"], "got": got,
+                    "detail": "the runner is not deterministic under a fixed model: two uninterrupted runs of "
+                              "this seed left different artifacts"}
+        same = got == ref["digest"]
+        return {"verdict": PASS if same else FAIL, "expected": ref["digest"], "got": got,
+                "detail": "same artifact as an uninterrupted run" if same else
+                "artifact differs from an uninterrupted run of the same runner and seed"}
 
     def no_double_apply():
-        if artifact is None:
-            return {"verdict": UNKNOWN, "detail": "no artifact to inspect"}
-        counts = workload.step_counts(artifact)
-        twice = sorted(s for s, n in counts.items() if n > 1)
-        missing = sorted(set(range(task["steps"])) - set(counts))
-        return {"verdict": FAIL if twice else PASS, "applied_twice": twice, "missing_steps": missing,
-                "detail": f"steps applied more than once: {twice}" if twice else "every step applied at most once"}
+        twice, fx_twice = [], []
+        if h.artifact is not None:
+            counts = wl.step_counts(h.artifact)
+            twice = sorted(s for s, n in counts.items() if n > 1)
+        if h.effects is None:
+            return {"verdict": UNKNOWN, "detail": "no effects log"}
+        applied: dict[str, list] = {}
+        for e in h.effects:
+            if not e.get("deduped"):
+                applied.setdefault(e["effect_id"], []).append(e)
+        fx_twice = sorted(eid for eid, recs in applied.items() if len(recs) > 1)
+        deduped = sum(1 for e in h.effects if e.get("deduped"))
+        if h.artifact is None and not fx_twice:
+            return {"verdict": UNKNOWN, "detail": "no artifact to inspect; no effect applied twice",
+                    "effects_applied_twice": []}
+        bad = twice or fx_twice
+        parts = []
+        if twice:
+            parts.append(f"steps applied more than once in the workspace: {twice}")
+        if fx_twice:
+            steps = sorted({applied[e][0].get("step") for e in fx_twice}, key=lambda x: (x is None, x))
+            parts.append(f"external effects applied more than once: {fx_twice} (steps {steps})")
+        return {"verdict": FAIL if bad else PASS, "applied_twice": twice, "effects_applied_twice": fx_twice,
+                "deduplicated_retries": deduped,
+                "detail": "; ".join(parts) or f"every step and effect applied once ({deduped} deduplicated retries)"}
 
     def no_model_recall():
-        if calls is None:
-            return {"verdict": UNKNOWN, "detail": "no model call record for the task"}
-        steps = calls.get("steps", {})
-        recalls = sum(n - 1 for n in steps.values() if n > 1)
-        extra_tokens = 0
-        seen: set = set()
-        for c in calls.get("log", []):
-            if c["step"] in seen:
-                extra_tokens += c["tokens"]
-            seen.add(c["step"])
-        allowed = len(interrupted)
-        ok = recalls <= allowed
-        return {"verdict": PASS if ok else FAIL, "model_recalls": recalls, "allowed": allowed,
-                "extra_tokens": extra_tokens, "calls": calls.get("calls", 0),
-                "detail": f"{recalls} extra model call(s), {allowed} allowed (one per interrupted attempt)"}
+        if h.calls is None:
+            return {"verdict": UNKNOWN, "detail": "no model call log"}
+        a = recall_analysis(h.calls, h.effects or [], h.writes or [], h.events)
+        wasted = a["recalls"] + a["forgiven"]
+        out = {"model_recalls": len(a["recalls"]), "forgiven_in_flight": len(a["forgiven"]),
+               "wasted_calls": len(wasted), "wasted_tokens": sum(w["tokens"] for w in wasted),
+               "calls": len(h.calls), "recalls": a["recalls"][:20]}
+        if a["recalls"]:
+            r = a["recalls"][0]
+            return {"verdict": FAIL, **out, "detail": f"{len(a['recalls'])} recall(s) of recorded steps; first: step "
+                                                     f"{r['step']} asked again by attempt {r['attempt']}: {r['why']}"}
+        return {"verdict": PASS, **out, "detail": f"no recorded step asked again; {len(a['forgiven'])} in-flight "
+                                                 "answer(s) lost to interruptions"}
 
     def fault_applied():
         if not task["faults"]:
             return {"verdict": PASS, "detail": "no fault planned"}
-        mine = {r["instance"]: r for r in receipts if r["task_id"] == tid}
-        verdicts = []
-        details = []
+        mine = {r["instance"]: r for r in h.receipts if r["task_id"] == tid}
+        verdicts, details = [], []
         for f in task["faults"]:
             r = mine.get(f["instance"])
             if r is None:
@@ -131,64 +249,114 @@ def grade_task(task: dict, events: list[dict], receipts: list[dict], calls: dict
             details.append(f"{f['instance']}: {r['status']} ({r['detail']})")
         return {"verdict": merge(verdicts), "detail": "; ".join(details)}
 
-    if end is None:
-        # The task never reached an end (e.g. the harness failed first): nothing can be judged.
-        why = {"verdict": UNKNOWN, "detail": "the task has no task_end in the timeline (it did not run to an end)"}
-        for name in ("completed", "resume_equivalent", "no_double_apply", "no_model_recall", "fault_applied"):
-            checks[name] = dict(why)
-    for name, fn in () if end is None else (("completed", completed), ("resume_equivalent", resume_equivalent),
-                     ("no_double_apply", no_double_apply), ("no_model_recall", no_model_recall),
-                     ("fault_applied", fault_applied)):
-        checks[name] = _check(fn)
+    names = [("completed", completed)]
+    if not is_ref:
+        names.append(("resume_equivalent", resume_equivalent))
+    names += [("no_double_apply", no_double_apply), ("no_model_recall", no_model_recall)]
+    if not is_ref:
+        names.append(("fault_applied", fault_applied))
+    for name, fn in names:
+        if end is None:
+            checks[name] = {"verdict": UNKNOWN, "detail": "the task has no task_end in the timeline "
+                                                          "(it did not run to an end)"}
+        else:
+            checks[name] = _check(fn)
     verdict = merge(c["verdict"] for c in checks.values())
     signature = "+".join(sorted(k for k, c in checks.items() if c["verdict"] == FAIL)) or None
-    return {"task_id": tid, "seed": task["seed"], "runner": task["runner"],
-            "faults": [f["fault_id"] for f in task["faults"]], "verdict": verdict, "signature": signature,
-            "attempts": len(attempts), "interrupted": bool(interrupted),
-            "model_recalls": checks["no_model_recall"].get("model_recalls"),
-            "extra_tokens": checks["no_model_recall"].get("extra_tokens"), "checks": checks}
+    recall = checks["no_model_recall"]
+    return {"task_id": tid, "role": task.get("role", "task"), "seed": task["seed"], "runner": task["runner"],
+            "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
+            "verdict": verdict, "signature": signature, "attempts": len(attempts),
+            "interrupted": bool(interrupted), "model_recalls": recall.get("model_recalls"),
+            "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
+            "reference_key": (task.get("reference") or {}).get("key"), "checks": checks}
+
+
+def _read_artifact_safe(adir: Path):
+    try:
+        got = read_artifact(adir)
+    except Exception as exc:  # noqa: BLE001 - a damaged capture is unreadable, not a runner's fault
+        return None, f"unreadable: {exc}"
+    return (got[0], None) if got else (None, "no artifact captured")
 
 
 def grade_wave(results_dir: str | Path) -> dict:
     """Grade every task of a stored wave and write `<task>.grade.json`; returns the wave result."""
+    from fleet.workloads.base import tree_digest
+
     d = Path(results_dir)
     plan = _load(d / "plan.json")
     if plan is None:
         raise FileNotFoundError(f"{d}/plan.json not found: not a wave results directory")
     timeline = _lines(d / "timeline.jsonl")
     receipts = _load(d / "faults.json", []) or []
-    calls = (_load(d / "model-calls.json", {}) or {}).get("tasks", {})
+    have_calls = (d / "model-calls.jsonl").exists()
+    have_fx = (d / "effects.jsonl").exists()
+    calls = _lines(d / "model-calls.jsonl")
+    effects = _lines(d / "effects.jsonl")
+    proxy = _lines(d / "proxy-requests.jsonl")
     sweep = _load(d / "sandbox-sweep.json")
     audit = _load(d / "store-audit.json")
     harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
+    wave_id = plan["wave_id"]
+
+    def history(task: dict) -> TaskHistory:
+        tid = task["task_id"]
+        prefix = f"{wave_id}/{tid}/"
+        art, _ = _read_artifact_safe(d / "artifacts" / tid)
+        return TaskHistory(
+            task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
+            calls=[c for c in calls if c["task"] == tid] if have_calls else None,
+            effects=[e for e in effects if e["task"] == tid] if have_fx else None,
+            writes=[r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+                    and 200 <= (r.get("status") or 0) < 300],
+            artifact=art)
+
+    refs = {t["task_id"]: t for t in plan.get("references", [])}
+    ref_grades = []
+    for t in refs.values():
+        g = grade_task(history(t))
+        ref_grades.append(g)
+    ref_verdict = {g["task_id"]: g for g in ref_grades}
     grades = []
     for task in plan["tasks"]:
-        tid = task["task_id"]
-        events = [e for e in timeline if e.get("task") == tid]
-        try:
-            artifact = read_artifact(d / "artifacts" / tid)
-        except Exception:  # noqa: BLE001
-            artifact = None
-        g = grade_task(task, events, receipts, calls.get(tid, {"calls": 0, "tokens": 0, "steps": {}, "log": []})
-                       if d.joinpath("model-calls.json").exists() else None, artifact)
+        h = history(task)
+        r = task.get("reference") or {}
+        rtid = r.get("task_id")
+        rart, why = _read_artifact_safe(d / "artifacts" / rtid) if rtid else (None, "no reference planned")
+        rg = ref_verdict.get(rtid)
+        if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:
+            h.reference = {"why": f"the reference run {rtid} did not complete: "
+                                  f"{rg['checks']['completed']['detail']}"}
+        elif rart is None:
+            h.reference = {"why": f"reference {rtid}: {why}"}
+        else:
+            h.reference = {"digest": tree_digest(rart)}
+        g = grade_task(h)
         if g["verdict"] != PASS:
-            _write_evidence(d, tid, g)
-        (d / f"{tid}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+            _write_evidence(d, task["task_id"], g)
         grades.append(g)
+    for g in grades + ref_grades:
+        if g["role"] == "reference" and g["verdict"] != PASS:
+            _write_evidence(d, g["task_id"], g)
+        (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+    starts = [e for e in timeline if e["event"] == "attempt_end"]
+    if starts and all(e.get("start_error") for e in starts):
+        harness_errors.append(f"no task could start: {starts[0]['start_error']}")
     leaks = {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
              "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
     wave_checks = {
         "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] else (UNKNOWN if leaks["sandboxes"] is None else FAIL),
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),
+        "positive_control": merge(g["verdict"] for g in ref_grades),
         "harness": FAIL if harness_errors else PASS,
     }
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)
                                                       for k, v in wave_checks.items()])
-    result = {"wave_id": plan["wave_id"], "verdict": verdict, "tasks": grades, "wave_checks": wave_checks,
-              "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
-              "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
-    return result
+    return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
+            "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
+            "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 
 
 def _write_evidence(d: Path, tid: str, g: dict) -> None:

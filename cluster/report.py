@@ -20,7 +20,7 @@ def write_summary(d: Path, result: dict) -> Path:
     cfg = plan["config"]
     lines = [f"# Wave {result['wave_id']}", "",
              f"**Verdict: {result['verdict']}**  ",
-             f"runner `{cfg['runner']}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
+             f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
              f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "
              f"{cfg['workload']['steps']} steps per task", ""]
     fig = result.get("figures") or {}
@@ -34,13 +34,23 @@ def write_summary(d: Path, result: dict) -> Path:
     interrupted = [g for g in grades if g["interrupted"]]
     survived = [g for g in interrupted if g["verdict"] == PASS]
     double = [g for g in grades if g["checks"]["no_double_apply"]["verdict"] == FAIL]
-    extra_tokens = sum(g.get("extra_tokens") or 0 for g in grades)
+    wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
+    wasted = sum(g.get("wasted_calls") or 0 for g in grades)
     recalls = sum(g.get("model_recalls") or 0 for g in grades)
+    n_int = sum(max(0, g["attempts"] - 1) for g in grades)
     rsr = f"{len(survived)}/{len(interrupted)}" if interrupted else "n/a (no task was interrupted)"
+    refs = result.get("references", [])
+    ref_pass = sum(1 for g in refs if g["verdict"] == PASS)
+    cached = sum(1 for t in plan["tasks"] if (t.get("reference") or {}).get("cached"))
+    per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
     lines += ["## Durability", "",
               f"- Resume survival rate (interrupted tasks that pass): {rsr}",
               f"- Double-apply tasks: {len(double)}",
-              f"- Replay cost: {recalls} extra model call(s), {extra_tokens} extra token(s)",
+              f"- Model recalls of recorded steps: {recalls}",
+              f"- Replay cost: {wasted} wasted model call(s), {wasted_tokens} token(s) over {n_int} "
+              f"interruption(s) ({per})",
+              f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
+              f", {cached} reused from the reference cache",
               f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
               f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}", ""]
 
@@ -67,13 +77,13 @@ def write_summary(d: Path, result: dict) -> Path:
         lines.append("- none")
     lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks |",
               "|---|---|---|---|---|---|"]
-    for g in grades:
+    for g in grades + refs:
         bad = ", ".join(f"{k}={c['verdict']}" for k, c in g["checks"].items() if c["verdict"] != PASS) or "-"
         lines.append(f"| {g['task_id']} | {'+'.join(g['faults']) or '-'} | {g['attempts']} | {g['verdict']} | "
                      f"{g.get('model_recalls')} | {bad} |")
     lines += ["", "Files: `plan.json`, `timeline.jsonl`, `faults.json`, `<task>.grade.json`, `ledger.jsonl`, "
-              "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.json`, "
-              "`timeline.png`, `evidence/<task>/`.", ""]
+              "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.jsonl`, "
+              "`effects.jsonl`, `artifacts/<task>/`, `timeline.png`, `evidence/<task>/`.", ""]
     try:
         _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed

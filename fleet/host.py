@@ -9,6 +9,8 @@ makes it remote at the edge.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
 from typing import Any
 
@@ -35,18 +37,32 @@ class SandboxHost:
                 await self.backend.kill(sb, 0.0, reason="fenced: lease renewal refused")
                 return
 
-    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float) -> dict:
-        """Run one attempt to its end; returns the sandbox's description (exit code, timings, history)."""
+    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float, capture: str | None = None) -> dict:
+        """Run one attempt to its end; returns the sandbox's description (exit code, timings, history).
+
+        When the runner exits 0 and `capture` names a workspace directory, its files are read back
+        (before the workspace is removed) and returned as `artifact`.
+        """
         sspec = SandboxSpec(**spec)
+        missing = command_problem(sspec.argv, sspec.env.get("PATH", ""))
+        if missing:
+            return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing, "node": self.node_id}
         sb = await self.backend.start(sspec)
         renew = asyncio.create_task(self._renew_loop(sb, lease, ttl_s)) if self.ledger is not None else None
+        artifact = None
         try:
             await self.backend.wait(sb)
+            if renew is not None:
+                renew.cancel()
+            if capture and sb.exit_code == 0:
+                artifact = await self.backend.collect(sb, capture)
         finally:
             if renew is not None:
                 renew.cancel()
             await self.backend.remove(sb)
         out = sb.describe()
+        if artifact is not None:
+            out["artifact"] = artifact
         out["node"] = self.node_id
         self.finished.append(out)
         return out
@@ -103,6 +119,22 @@ class SandboxHost:
             if await self.backend.kill(sb, grace_s, reason="host shutdown"):
                 n += 1
         return n
+
+
+def command_problem(argv: list[str], path: str) -> str | None:
+    """Why the runner command cannot start here, or None (checked before a sandbox is made)."""
+    if not argv or not argv[0]:
+        return "runner command is empty"
+    exe = argv[0]
+    if "/" in exe:
+        if not os.path.isfile(exe):
+            return f"runner command not found: {exe}"
+        if not os.access(exe, os.X_OK):
+            return f"runner command not executable: {exe}"
+        return None
+    if shutil.which(exe, path=path) is None:
+        return f"runner command not found: {exe} (not on the sandbox PATH {path})"
+    return None
 
 
 def start_host_actor(node_id: str, ledger, resources: dict | None = None):

@@ -1,103 +1,165 @@
-"""A local model endpoint on 127.0.0.1. It answers each agent step from the task's
-seed (the content comes from `workload.decide`), with a fresh nonce on every call,
-after a configurable think time, and counts calls and tokens per task and step.
+"""An OpenAI-compatible model endpoint on 127.0.0.1 that answers each task's script.
 
-POST /v1/step {"task_id", "seed", "step", "attempt"} -> {"decision", "nonce", "tokens"}
-GET  /v1/stats -> {"tasks": {task_id: {"calls", "tokens", "steps": {step: calls}, "log": [...]}}}
+`POST /v1/chat/completions` (plain JSON, or Server-Sent Events with
+`stream: true`) and `GET /v1/models`. Each task has its own API key; the answer
+to a conversation is the next step's tool call, chosen from the task's seed and
+the number of tool results already in `messages`, so a framework that replays
+its conversation from a checkpoint is asked for the same step. After the last
+step it answers with a final assistant message. Every call gets a fresh id and
+`usage` token counts, and is recorded (time, task, the attempt holding the lease
+at that moment, step, tokens, whether the answer was delivered).
 """
 from __future__ import annotations
 
 import secrets
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import orjson
 
-from fleet import workload
+from fleet import workloads
+from fleet.services import HttpError, JsonService, TaskEntry, TaskRegistry
+
+MODEL_ID = "sandfleet-script"
+ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
-class ModelStats:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.tasks: dict[str, dict] = {}
-
-    def record(self, task_id: str, step: int, attempt: int, tokens: int, nonce: str) -> None:
-        with self.lock:
-            t = self.tasks.setdefault(task_id, {"calls": 0, "tokens": 0, "steps": {}, "log": []})
-            t["calls"] += 1
-            t["tokens"] += tokens
-            t["steps"][str(step)] = t["steps"].get(str(step), 0) + 1
-            t["log"].append({"t": time.time(), "step": step, "attempt": attempt, "nonce": nonce,
-                             "tokens": tokens})
-
-    def snapshot(self) -> dict:
-        with self.lock:
-            return orjson.loads(orjson.dumps({"tasks": self.tasks}))
+def count_tool_results(messages: list) -> int:
+    return sum(1 for m in messages if m.get("role") in ("tool", "function"))
 
 
-class ModelEndpoint:
-    """Runs in a thread of the wave driver; `stop()` closes the socket."""
+def validate(body: dict) -> tuple[list, bool, dict]:
+    """OpenAI-style validation of a chat request; returns (messages, stream, stream_options)."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise HttpError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise HttpError(400, "'messages' must be a non-empty array", param="messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise HttpError(400, f"messages[{i}].role must be one of {sorted(ROLES)}", param=f"messages[{i}].role")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise HttpError(400, "'stream' must be a boolean", param="stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise HttpError(400, "'stream_options' must be an object", param="stream_options")
+    return msgs, bool(stream), opts
 
-    def __init__(self, think_ms: int = 0):
+
+class ModelEndpoint(JsonService):
+    """Runs in threads of the wave driver; `stop()` closes the socket."""
+
+    name = "model-endpoint"
+
+    def __init__(self, registry: TaskRegistry | None = None, think_ms: int = 0, log_path=None):
+        super().__init__(registry or TaskRegistry(), log_path)
         self.think_ms = think_ms
-        self.stats = ModelStats()
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _send(self, code: int, payload: dict) -> None:
-                data = orjson.dumps(payload)
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path == "/v1/stats":
-                    return self._send(200, endpoint.stats.snapshot())
-                self._send(404, {"error": "no route"})
-
-            def do_POST(self):
-                if self.path != "/v1/step":
-                    return self._send(404, {"error": "no route"})
-                try:
-                    req = orjson.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                    task_id, seed, step = str(req["task_id"]), int(req["seed"]), int(req["step"])
-                except Exception as exc:  # noqa: BLE001
-                    return self._send(400, {"error": f"bad request: {exc}"})
-                if endpoint.think_ms:
-                    time.sleep(endpoint.think_ms / 1000)
-                decision = workload.decide(seed, step)
-                nonce = secrets.token_hex(8)
-                tokens = 40 + len(decision["line"]) * 3
-                endpoint.stats.record(task_id, step, int(req.get("attempt", 0)), tokens, nonce)
-                self._send(200, {"decision": decision, "nonce": nonce, "tokens": tokens})
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address):  # a killed runner hangs up: not an error
-                pass
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="model-endpoint", daemon=True)
+        self._scripts: dict[tuple, list] = {}
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+    def base_url(self) -> str:
+        return self.url + "/v1"
 
-    def start(self) -> "ModelEndpoint":
-        self.thread.start()
-        return self
+    def _script(self, entry: TaskEntry):
+        k = (entry.workload, entry.seed, entry.steps)
+        if k not in self._scripts:
+            self._scripts[k] = workloads.get(entry.workload).script(entry.seed, entry.steps)
+        return self._scripts[k]
 
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+    def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
+        if method == "GET" and path in ("/v1/models", "/models"):
+            return self._send_json(h, 200, {"object": "list", "data": [
+                {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "sandfleet"}]})
+        if method == "GET" and path.startswith(("/v1/models/", "/models/")):
+            return self._send_json(h, 200, {"id": path.rsplit("/", 1)[1], "object": "model", "created": 0,
+                                            "owned_by": "sandfleet"})
+        if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
+            return self._chat(h, entry)
+        raise HttpError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions and "
+                        "GET /v1/models", code="not_found")
+
+    def _send_json(self, h, status, payload) -> None:
+        self.send_json(h, status, payload)
+
+    def _chat(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
+        t0 = time.time()
+        attempt = entry.attempt
+        body = self.read_json(h)
+        msgs, stream, opts = validate(body)
+        step = count_tool_results(msgs)
+        script = self._script(entry)
+        if self.think_ms:
+            time.sleep(self.think_ms / 1000)
+        prompt_tokens = 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)
+        cid = "chatcmpl-" + secrets.token_hex(12)
+        created = int(t0)
+        model = body["model"]
+        if step < len(script):
+            s = script[step]
+            call = {"id": "call_" + secrets.token_hex(12), "type": "function",
+                    "function": {"name": s.tool, "arguments": orjson.dumps(s.arguments).decode()}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish, completion_tokens, kind, tool = "tool_calls", s.completion_tokens, "tool", s.tool
+        else:
+            text = workloads.get(entry.workload).final_message(entry.seed, entry.steps)
+            message = {"role": "assistant", "content": text, "refusal": None}
+            finish, completion_tokens, kind, tool = "stop", 4 + len(text) // 4, "final", None
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        if stream:
+            delivered = self._stream(h, cid, created, model, message, finish, usage, bool(opts.get("include_usage")))
+        else:
+            delivered = self.send_json(h, 200, {
+                "id": cid, "object": "chat.completion", "created": created, "model": model,
+                "system_fingerprint": "sandfleet-script",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": usage})
+        self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
+                         "attempt_at_end": entry.attempt, "step": step, "kind": kind, "tool": tool, "id": cid,
+                         "stream": stream, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "tokens": usage["total_tokens"], "delivered": delivered})
+
+    @staticmethod
+    def _stream(h, cid, created, model, message, finish, usage, include_usage) -> bool:
+        def chunk(delta: dict | None, finish_reason=None, use=None) -> bytes:
+            obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "system_fingerprint": "sandfleet-script",
+                   "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                                                         "logprobs": None}]}
+            if use is not None:
+                obj["usage"] = use
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        events = []
+        if message.get("tool_calls"):
+            tc = message["tool_calls"][0]
+            events.append(chunk({"role": "assistant", "content": None, "tool_calls": [
+                {"index": 0, "id": tc["id"], "type": "function",
+                 "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
+            args = tc["function"]["arguments"]
+            for i in range(0, len(args), 48):
+                events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 48]}}]}))
+        else:
+            events.append(chunk({"role": "assistant", "content": ""}))
+            text = message["content"]
+            for i in range(0, len(text), 24):
+                events.append(chunk({"content": text[i:i + 24]}))
+        events.append(chunk({}, finish))
+        if include_usage:
+            events.append(chunk(None, use=usage))
+        events.append(b"data: [DONE]\n\n")
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Cache-Control", "no-cache")
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            for ev in events:
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+            return True
+        except OSError:
+            h.close_connection = True
+            return False

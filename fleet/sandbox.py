@@ -3,10 +3,13 @@
 backend (template method). The process backend runs each runner as
 
     sh (joins the sandbox cgroups) -> unshare --mount --pid --fork --mount-proc
-        -> sh (mounts a private size-limited tmpfs on the workspace) -> tini -s -g -> runner
+        -> tini -s -g -> runner (cwd = the workspace)
 
-so the workspace mount lives and dies with the sandbox's mount namespace, and
-every process of the sandbox is in one cgroup per controller (memory, pids,
+The workspace is a size-limited tmpfs the backend mounts on the host before the
+start (source `sandfleet-ws.<wave>.<sandbox>`: a marker a sweep finds), seeds
+with the task's files, reads back after the runner exits (the artifact is
+captured by the harness, never reported by the runner), and unmounts on remove.
+Every process of the sandbox is in one cgroup per controller (memory, pids,
 freezer) named `sandfleet/<wave>/<sandbox>`: the marker a sweep finds.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -28,10 +32,12 @@ from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 LAUNCH = r"""
 read -r go || exit 97
 exec </dev/null
+cd "$SANDFLEET_WORKSPACE" || exit 98
 exec unshare --mount --pid --fork --kill-child --mount-proc --propagation private \
-  /bin/sh -c 'mount -t tmpfs -o size="$SF_WS_BYTES",mode=0755 sandfleet-ws "$SANDFLEET_WORKSPACE" || exit 98
-cd "$SANDFLEET_WORKSPACE" && exec tini -s -g -- "$@"' sandfleet-init "$@"
+  tini -s -g -- "$@"
 """
+MAX_ARTIFACT_BYTES = 32 * 1024 * 1024
+MAX_ARTIFACT_FILES = 20000
 
 
 class SandboxError(RuntimeError):
@@ -46,14 +52,20 @@ class SandboxSpec:
     attempt: int
     argv: list[str]
     env: dict[str, str]
-    state_dir: str  # host directory for this sandbox: workspace mount point, log, checkpoint file
+    state_dir: str  # host directory for this sandbox: log, checkpoint file
     workspace_mb: int = 64
     memory_mb: int = 512
     pids_max: int = 256
+    workspace_dir: str | None = None  # host mount point of the tmpfs workspace (default: <state_dir>/ws)
+    files: dict[str, str] = field(default_factory=dict)  # seeded into the workspace before the start
 
     @property
     def workspace(self) -> str:
-        return os.path.join(self.state_dir, "ws")
+        return self.workspace_dir or os.path.join(self.state_dir, "ws")
+
+    @property
+    def mount_source(self) -> str:
+        return f"sandfleet-ws.{self.wave_id}.{self.sandbox_id}"
 
     @property
     def log_path(self) -> str:
@@ -157,6 +169,10 @@ class SandboxBackend:
             sb.life.to(SandboxState.REMOVED, "removed")
         self.sandboxes.pop(sb.spec.sandbox_id, None)
 
+    async def collect(self, sb: Sandbox, subdir: str) -> dict:
+        """Read `subdir` of the workspace back after the runner ended: {"files": {path: bytes}, "skipped": [...]}."""
+        return await asyncio.to_thread(read_tree, os.path.join(sb.spec.workspace, subdir))
+
     async def start_many(self, specs: list[SandboxSpec]) -> list[Sandbox]:
         return [await self.start(s) for s in specs]
 
@@ -178,6 +194,44 @@ class SandboxBackend:
 
     async def _cleanup(self, sb: Sandbox) -> None:
         raise NotImplementedError
+
+
+def read_tree(root: str) -> dict:
+    """Regular files under `root`, never following a link (a runner may plant links to host files)."""
+    files: dict[str, bytes] = {}
+    skipped: list[str] = []
+    total = 0
+    if not os.path.isdir(root) or os.path.islink(root):
+        return {"files": None, "skipped": [], "why": f"{os.path.basename(root)}/ is missing from the workspace"}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                skipped.append(rel)
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or total + st.st_size > MAX_ARTIFACT_BYTES \
+                        or len(files) >= MAX_ARTIFACT_FILES:
+                    skipped.append(rel)
+                    continue
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    body = f.read(st.st_size + 1)
+                total += len(body)
+                files[rel] = body
+            finally:
+                os.close(fd)
+    return {"files": files, "skipped": sorted(skipped)}
+
+
+def unmount_workspace(path: str) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", path], capture_output=True, timeout=20)
+        if os.path.ismount(path):
+            subprocess.run(["umount", "-l", path], capture_output=True, timeout=20)
 
 
 def check_process_backend() -> None:
@@ -203,12 +257,20 @@ class ProcessBackend(SandboxBackend):
     async def _start(self, sb: Sandbox) -> None:
         spec = sb.spec
         os.makedirs(spec.workspace, exist_ok=True)
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={spec.workspace_mb * 1024 * 1024},mode=0755",
+                                spec.mount_source, spec.workspace], capture_output=True, text=True, timeout=20)
+        if mount.returncode != 0:
+            raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {mount.stderr.strip()}")
+        for rel, text in spec.files.items():
+            full = os.path.join(spec.workspace, rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w") as f:
+                f.write(text)
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
         cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max)
         self._cgroups[spec.sandbox_id] = cg
         env = dict(spec.env)
         env.update(
-            SF_WS_BYTES=str(spec.workspace_mb * 1024 * 1024),
             SANDFLEET_WORKSPACE=spec.workspace,
             SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
             SANDFLEET_CHECKPOINT=spec.checkpoint_path,
@@ -296,6 +358,7 @@ class ProcessBackend(SandboxBackend):
                 proc.wait(5)
         cg.remove()
         ws = sb.spec.workspace
+        await asyncio.to_thread(unmount_workspace, ws)
         if os.path.isdir(ws):
             try:
                 os.rmdir(ws)
@@ -310,5 +373,10 @@ def reap_leftover(wave_id: str, sandbox_id: str) -> dict:
     cg.thaw()
     emptied = cg.kill_all()
     cg.remove()
+    source = f"sandfleet-ws.{wave_id}.{sandbox_id}"
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" - ", 1)
+        if len(fields) == 2 and fields[1].split()[1:2] == [source]:
+            unmount_workspace(line.split()[4])
     return {"wave_id": wave_id, "sandbox_id": sandbox_id, "pids": pids, "emptied": emptied,
             "removed": not cg.exists()}

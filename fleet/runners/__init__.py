@@ -1,11 +1,12 @@
-"""Built-in runners (the systems under test). Each is a command; the harness runs it in a sandbox."""
+"""Built-in runners (systems under test). Each is a plain script that follows the
+public runner contract and imports nothing of sandfleet; the harness runs it as a
+command in a sandbox, exactly like a user's runner."""
+import os
 import sys
 
-RUNNERS = {
-    "durable": "fleet.runners.durable",
-    "naive": "fleet.runners.naive",
-}
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILTIN = {"durable": "durable.py", "naive": "naive.py"}
 
 
-def runner_argv(name: str) -> list[str]:
-    return [sys.executable, "-m", RUNNERS[name]]
+def builtin_command(name: str) -> list[str]:
+    return [sys.executable, os.path.join(HERE, BUILTIN[name])]

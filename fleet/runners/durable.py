@@ -1,64 +1,75 @@
-"""The reference runner. For each step it asks the model once, then records the
-decision and its effect in the store in one conditional commit
-(`IfNoneMatch="*"` on `journal/<step>`, carrying the fence). On resume it rebuilds
-the repository from the journal and never asks the model again for a recorded
-step. If a commit loses the race (412: a zombie or an earlier attempt committed
-that step), it adopts the committed record. The artifact is written last, from
-the journal, so every attempt writes the same bytes."""
+"""The reference runner (a black box that follows the runner contract).
+
+For each step it asks the model once, commits the tool call to the store in one
+conditional write (`IfNoneMatch="*"` on `journal/<step>`, carrying the fence),
+then runs the tool. On resume it replays the journal: the workspace is rebuilt
+by re-running the recorded patches, the conversation is rebuilt from the
+recorded calls, and the model is never asked again for a recorded step. An
+external effect carries an `Idempotency-Key` derived from the task and the
+effect, so re-running a recorded `publish` after a kill is a deduplicated retry,
+never a second effect. A commit that loses the race (412: a zombie or an earlier
+attempt committed that step) adopts the committed record.
+"""
 from __future__ import annotations
 
-import hashlib
 import json
+import os
+import sys
 
-from fleet import workload
-from fleet.runners.common import RunnerEnv, TaskStore, announce, ask_model, log, main_guard, write_workspace
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from agentkit import (Env, TaskStore, announce, apply_patch, chat, log, main_guard, publish,  # noqa: E402
+                      run_tests, tool_messages)
+
+
+def run_tool(env: Env, call: dict) -> str:
+    name = call["function"]["name"]
+    args = json.loads(call["function"]["arguments"] or "{}")
+    if name == "apply_patch":
+        return apply_patch(env, args)
+    if name == "publish":
+        out = publish(env, args, idempotency_key=f"{env.task_id}:{args['effect_id']}")
+        return json.dumps({"receipt": out["receipt"]})
+    if name == "run_tests":
+        return run_tests(env)
+    return f"error: unknown tool {name}"
 
 
 def run() -> None:
-    env = RunnerEnv.from_environ()
+    env = Env.load()
     store = TaskStore(env)
     jprefix = f"{env.prefix}journal/"
-
-    def commit(key: str, record: dict) -> dict:
-        """One conditional commit; on 412 the record already there wins."""
-        if store.put_new(key, json.dumps(record).encode()):
-            return record
-        log(f"commit {key} lost the race; adopting the committed record")
-        return json.loads(store.get(key))
-
-    files = workload.fixture(env.seed)
+    messages = env.first_messages()
     done = 0
     for key in store.keys("journal/"):
         rec = json.loads(store.get(key))
         if rec["step"] != done:
             raise RuntimeError(f"journal gap: expected step {done}, found {rec['step']} at {key}")
-        files = workload.apply(files, rec["decision"])
+        messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
         done += 1
     log(f"resumed attempt={env.attempt} fence={env.fence} recorded_steps={done}")
-    write_workspace(env, files)
 
-    for step in range(done, env.steps):
+    step = done
+    while True:
         announce(env, f"before-model:{step}")
-        answer = ask_model(env, step)
-        after = workload.apply(files, answer["decision"])
-        record = {"step": step, "decision": answer["decision"], "nonce": answer["nonce"],
-                  "tokens": answer["tokens"], "fence": env.fence, "attempt": env.attempt,
-                  "effect": {"file": answer["decision"]["file"],
-                             "sha256": hashlib.sha256(after[answer["decision"]["file"]].encode()).hexdigest()}}
+        reply = chat(env, messages)
+        if not reply.get("tool_calls"):
+            log(f"final: {reply.get('content')}")
+            break
+        call = reply["tool_calls"][0]
+        call = {"id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
+        record = {"step": step, "call": call, "fence": env.fence, "attempt": env.attempt}
         announce(env, f"before-commit:{step}")
-        record = commit(f"{jprefix}{step:04d}.json", record)
-        files = workload.apply(files, record["decision"])
-        write_workspace(env, files)
+        key = f"{jprefix}{step:04d}.json"
+        if not store.put_new(key, json.dumps(record).encode()):
+            log(f"commit {key} lost the race; adopting the committed record")
+            record = json.loads(store.get(key))
         log(f"step {step} committed fence={record['fence']}")
         announce(env, f"after-commit:{step}")
-
-    announce(env, "before-artifact")
-    store.write_artifact(files)
-
-
-def main() -> None:
-    main_guard(run)
+        messages += tool_messages(record["call"], run_tool(env, record["call"]))
+        step += 1
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(run)

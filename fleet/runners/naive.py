@@ -1,51 +1,62 @@
-"""The negative control. It patches the artifact in the store in place after every
-step, saves its progress only every 3 steps, and on resume starts again from the
-saved progress, asking the model again for every step since. An interruption
-between two progress saves therefore applies steps twice and re-asks the model."""
+"""The negative control (a black box that follows the runner contract).
+
+It mirrors the repository into the store in place after every step, saves its
+conversation only every 3 steps, sends external effects without an
+Idempotency-Key, and on resume starts again from the saved conversation over the
+mirrored (already patched) files, asking the model again for every step since.
+An interruption between two saves therefore applies patches twice, sends
+effects twice and re-asks the model.
+"""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
-from fleet import workload
-from fleet.runners.common import RunnerEnv, TaskStore, announce, ask_model, log, main_guard, write_workspace
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from agentkit import (Env, TaskStore, apply_patch, announce, chat, log, main_guard, publish,  # noqa: E402
+                      run_tests, tool_messages)
 
 CHECKPOINT_EVERY = 3
 
 
 def run() -> None:
-    env = RunnerEnv.from_environ()
+    env = Env.load()
     store = TaskStore(env)
-
-    def get_text(key: str) -> str | None:
-        body = store.get(key)
-        return None if body is None else body.decode()
-
-    progress = json.loads(get_text(f"{env.prefix}naive/progress.json") or '{"done": 0}')
-    done = progress["done"]
-    files = workload.fixture(env.seed)
-    for path in files:  # whatever is in the store now, including uncheckpointed in-place writes
-        text = get_text(f"{env.prefix}artifact/{path}")
-        if text is not None:
-            files[path] = text
-    log(f"resumed attempt={env.attempt} from progress={done}")
-    write_workspace(env, files)
-    for step in range(done, env.steps):
+    repo = os.path.join(env.workspace, "repo")
+    saved = store.get(f"{env.prefix}naive/progress.json")
+    messages = json.loads(saved)["messages"] if saved else env.first_messages()
+    for key in store.keys("naive/repo/"):  # whatever is mirrored now, including unsaved in-place patches
+        path = os.path.join(repo, key[len(env.prefix + "naive/repo/"):])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(store.get(key))
+    step = sum(1 for m in messages if m["role"] == "tool")
+    log(f"resumed attempt={env.attempt} from progress={step}")
+    while True:
         announce(env, f"before-model:{step}")
-        answer = ask_model(env, step)
-        files = workload.apply(files, answer["decision"])
-        path = answer["decision"]["file"]
-        store.put(f"{env.prefix}artifact/{path}", files[path].encode())
-        write_workspace(env, files)
-        log(f"step {step} applied in place")
-        if (step + 1) % CHECKPOINT_EVERY == 0:
-            store.put(f"{env.prefix}naive/progress.json", json.dumps({"done": step + 1}).encode())
-            log(f"progress saved at {step + 1}")
-    store.write_artifact(files)
-
-
-def main() -> None:
-    main_guard(run)
+        reply = chat(env, messages)
+        if not reply.get("tool_calls"):
+            break
+        call = reply["tool_calls"][0]
+        name, args = call["function"]["name"], json.loads(call["function"]["arguments"] or "{}")
+        if name == "apply_patch":
+            result = apply_patch(env, args)
+            with open(os.path.join(repo, args["path"]), "rb") as f:
+                store.put(f"{env.prefix}naive/repo/{args['path']}", f.read())
+            log(f"step {step} applied in place")
+        elif name == "publish":
+            result = json.dumps(publish(env, args, idempotency_key=None))
+            log(f"step {step} published")
+        else:
+            result = run_tests(env)
+        messages += tool_messages({"id": call["id"], "type": "function", "function": call["function"]}, result)
+        step += 1
+        if step % CHECKPOINT_EVERY == 0:
+            store.put(f"{env.prefix}naive/progress.json", json.dumps({"messages": messages}).encode())
+            log(f"progress saved at {step}")
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(run)

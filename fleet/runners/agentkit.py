@@ -1,0 +1,206 @@
+"""A small agent toolkit shared by the built-in runners. It follows the public runner
+contract (docs/runner-contract.md) and nothing else: everything comes from the
+environment, the model is an OpenAI-compatible endpoint, tools act on the
+workspace or on the effects service, the store is S3 through boto3 with keys from
+`credential_process`. It imports no sandfleet module: the built-in runners are
+black boxes like any user's runner (they run as `python <this dir>/durable.py`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
+TRANSIENT_CODES = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout", "503", "500",
+                   "Throttling", "RequestTimeTooSkewed", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                   "AccessDenied"}
+MODEL = os.environ.get("OPENAI_MODEL", "sandfleet-script")
+SYSTEM = ("You are a coding agent. Patch the repository in ./repo with the tools you are given, "
+          "one tool call at a time, until the work is done.")
+
+
+@dataclass
+class Env:
+    task_id: str
+    attempt: int
+    fence: int
+    workspace: str
+    s3_endpoint: str
+    bucket: str
+    prefix: str
+    model_url: str
+    model_key: str
+    effects_url: str
+    effects_key: str
+    checkpoint: str
+
+    @classmethod
+    def load(cls) -> "Env":
+        e = os.environ
+        return cls(task_id=e["SANDFLEET_TASK_ID"], attempt=int(e["SANDFLEET_ATTEMPT"]),
+                   fence=int(e["SANDFLEET_FENCE"]), workspace=e.get("SANDFLEET_WORKSPACE", os.getcwd()),
+                   s3_endpoint=e["SANDFLEET_S3_ENDPOINT"], bucket=e["SANDFLEET_S3_BUCKET"],
+                   prefix=e["SANDFLEET_S3_PREFIX"], model_url=e["OPENAI_BASE_URL"].rstrip("/"),
+                   model_key=e["OPENAI_API_KEY"], effects_url=e["SANDFLEET_EFFECTS_URL"].rstrip("/"),
+                   effects_key=e["SANDFLEET_EFFECTS_KEY"], checkpoint=e.get("SANDFLEET_CHECKPOINT", ""))
+
+    def first_messages(self) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Task {self.task_id}: carry out the plan step by step."}]
+
+
+def log(msg: str) -> None:
+    print(f"{time.time():.3f} {msg}", flush=True)
+
+
+def announce(env: Env, name: str) -> None:
+    """Announce a named kill window (the harness may fire a fault exactly here)."""
+    log(f"checkpoint {name}")
+    if env.checkpoint:
+        with open(env.checkpoint, "a") as f:
+            f.write(json.dumps({"t": time.time(), "name": name, "attempt": env.attempt}) + "\n")
+
+
+# ------------------------------------------------------------------ retries
+class HttpStatus(Exception):
+    def __init__(self, status: int, body: str):
+        super().__init__(f"HTTP {status}: {body[:200]}")
+        self.status = status
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    if isinstance(exc, HttpStatus):
+        return str(exc.status)
+    return type(exc).__name__
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return error_code(exc) in TRANSIENT_CODES
+    if isinstance(exc, HttpStatus):
+        return exc.status in (408, 409, 429) or exc.status >= 500
+    return isinstance(exc, (botocore.exceptions.BotoCoreError, OSError))
+
+
+def _note_retry(state) -> None:
+    log(f"retry {state.fn.__name__ if state.fn else '?'} after {error_code(state.outcome.exception())}")
+
+
+# Transient errors are retried for up to two minutes; the task deadline ends it sooner.
+transient = retry(retry=retry_if_exception(_transient), wait=wait_exponential(multiplier=0.05, max=0.5),
+                  stop=stop_after_delay(120), reraise=True, before_sleep=_note_retry)
+
+
+def _post(url: str, key: str, payload: dict, headers: dict | None = None, timeout: float = 60) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}",
+                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise HttpStatus(exc.code, exc.read().decode(errors="replace")) from None
+
+
+# ------------------------------------------------------------------ model and tools
+@transient
+def chat(env: Env, messages: list[dict]) -> dict:
+    """One chat completion; returns the assistant message."""
+    out = _post(env.model_url + "/chat/completions", env.model_key, {"model": MODEL, "messages": messages})
+    return out["choices"][0]["message"]
+
+
+@transient
+def publish(env: Env, args: dict, idempotency_key: str | None) -> dict:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return _post(env.effects_url + "/effects", env.effects_key, args, headers)
+
+
+def apply_patch(env: Env, args: dict) -> str:
+    path = os.path.join(env.workspace, "repo", args["path"])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(args["append"] + "\n")
+    return "ok"
+
+
+def run_tests(env: Env) -> str:
+    n = sum(len(fs) for _, _, fs in os.walk(os.path.join(env.workspace, "repo")))
+    return f"ok: {n} files checked"
+
+
+def tool_messages(call: dict, result: str) -> list[dict]:
+    """The assistant tool-call message and its tool result, as a conversation records them."""
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": result}]
+
+
+# ------------------------------------------------------------------ store
+def s3(env: Env):
+    session = boto3.session.Session()  # AWS_CONFIG_FILE -> credential_process
+    return session.client("s3", endpoint_url=env.s3_endpoint, config=Config(
+        retries={"max_attempts": 1, "mode": "standard"}, s3={"addressing_style": "path"},
+        connect_timeout=2, read_timeout=10,
+        request_checksum_calculation="when_required", response_checksum_validation="when_required"))
+
+
+def is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("NoSuchKey", "404", "NotFound")
+
+
+class TaskStore:
+    """The task's prefix in the bucket, with transient errors retried on every call."""
+
+    def __init__(self, env: Env):
+        self.env = env
+        self.client = s3(env)
+
+    @transient
+    def keys(self, under: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.env.bucket, Prefix=self.env.prefix + under)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    @transient
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            return self.client.get_object(Bucket=self.env.bucket, Key=key)["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            if is_missing(exc):
+                return None
+            raise
+
+    @transient
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body)
+
+    @transient
+    def put_new(self, key: str, body: bytes) -> bool:
+        """Conditional create (`IfNoneMatch="*"`); False when the key already exists."""
+        try:
+            self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body, IfNoneMatch="*")
+            return True
+        except Exception as exc:  # noqa: BLE001
+            if error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+
+
+def main_guard(fn) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a runner reports and exits non-zero
+        log(f"runner failed: {type(exc).__name__}: {exc}")
+        sys.exit(1)

@@ -1,0 +1,235 @@
+"""Harness services a runner talks to, on 127.0.0.1: the task registry they share, and
+a small threaded JSON-over-HTTP server base with per-task bearer keys, a body size
+limit and a per-key in-flight limit (a runner that floods gets 429, not the others'
+latency). Every call is attributed by its key, never by what the runner claims.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import orjson
+
+MAX_BODY = 8 * 1024 * 1024
+MAX_IN_FLIGHT_PER_KEY = 8
+
+
+@dataclass
+class TaskEntry:
+    task_id: str
+    seed: int
+    steps: int
+    workload: str
+    key: str
+    attempt: int | None = None  # the attempt holding the task's lease right now (set by the driver)
+
+
+class TaskRegistry:
+    """Per-task random keys and the attempt that holds each task's lease, shared by the services."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_key: dict[str, TaskEntry] = {}
+        self.by_task: dict[str, TaskEntry] = {}
+
+    def register(self, task_id: str, seed: int, steps: int, workload: str) -> str:
+        with self.lock:
+            if task_id in self.by_task:
+                return self.by_task[task_id].key
+            entry = TaskEntry(task_id, seed, steps, workload, "sf-" + secrets.token_urlsafe(24))
+            self.by_key[entry.key] = entry
+            self.by_task[task_id] = entry
+            return entry.key
+
+    def set_attempt(self, task_id: str, attempt: int | None) -> None:
+        with self.lock:
+            self.by_task[task_id].attempt = attempt
+
+    def lookup(self, key: str) -> TaskEntry | None:
+        with self.lock:
+            return self.by_key.get(key)
+
+
+class CallLog:
+    """Append-only JSON lines, written as they happen (a dead driver still leaves the log)."""
+
+    def __init__(self, path: str | Path | None):
+        self.lock = threading.Lock()
+        self.records: list[dict] = []
+        self.f = open(path, "ab") if path else None
+
+    def append(self, rec: dict) -> None:
+        with self.lock:
+            self.records.append(rec)
+            if self.f is not None:
+                self.f.write(orjson.dumps(rec) + b"\n")
+                self.f.flush()
+
+    def snapshot(self) -> list[dict]:
+        with self.lock:
+            return [dict(r) for r in self.records]
+
+    def close(self) -> None:
+        with self.lock:
+            if self.f is not None:
+                self.f.close()
+                self.f = None
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def handle_error(self, request, client_address):  # a killed runner hangs up: not an error
+        pass
+
+
+class JsonService:
+    """Base of the model endpoint and the effects service. Subclasses implement `route`."""
+
+    name = "service"
+
+    def __init__(self, registry: TaskRegistry, log_path: str | Path | None = None):
+        self.registry = registry
+        self.log = CallLog(log_path)
+        self._in_flight: dict[str, int] = {}
+        self._lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "sandfleet"
+            sys_version = ""
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                service._dispatch(self, "GET")
+
+            def do_POST(self):
+                service._dispatch(self, "POST")
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, name=self.name, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+        self.log.close()
+
+    # -- request plumbing ---------------------------------------------------------
+    @staticmethod
+    def send_json(h: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> bool:
+        data = orjson.dumps(payload)
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(data)
+            h.wfile.flush()
+            return True
+        except OSError:
+            return False
+
+    def read_json(self, h: BaseHTTPRequestHandler) -> dict:
+        if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
+            h.close_connection = True
+            raise HttpError(411, "send the body with a Content-Length")
+        try:
+            n = int(h.headers.get("Content-Length") or 0)
+        except ValueError:
+            h.close_connection = True
+            raise HttpError(400, "Content-Length is not a number") from None
+        if n > MAX_BODY:
+            h.close_connection = True
+            raise HttpError(413, f"request body of {n} bytes is over the {MAX_BODY} byte limit")
+        raw = h.rfile.read(n) if n else b""
+        h._sf_body_read = True
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise HttpError(400, f"We could not parse the JSON body of your request: {exc}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "the request body must be a JSON object")
+        return body
+
+    def authenticate(self, h: BaseHTTPRequestHandler):
+        auth = h.headers.get("Authorization") or ""
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        entry = self.registry.lookup(key) if key else None
+        if entry is None:
+            raise HttpError(401, "Incorrect API key provided. This service takes the per-task key it was given "
+                            "in the environment.", code="invalid_api_key")
+        return entry
+
+    @staticmethod
+    def _drain(h: BaseHTTPRequestHandler) -> None:
+        """Read an unread request body so the connection stays usable, or close it."""
+        if getattr(h, "_sf_body_read", False):
+            return
+        try:
+            n = int(h.headers.get("Content-Length") or 0)
+        except ValueError:
+            n = -1
+        if 0 < n <= MAX_BODY and "chunked" not in (h.headers.get("Transfer-Encoding") or "").lower():
+            h.rfile.read(n)
+        elif n != 0:
+            h.close_connection = True
+
+    def _dispatch(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        key = None
+        h._sf_body_read = False
+        try:
+            path = h.path.split("?", 1)[0]
+            entry = self.authenticate(h)
+            key = entry.key
+            with self._lock:
+                if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT_PER_KEY:
+                    key = None
+                    raise HttpError(429, f"more than {MAX_IN_FLIGHT_PER_KEY} requests in flight for this key",
+                                    type_="rate_limit_exceeded", code="rate_limit_exceeded")
+                self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            self.route(h, method, path, entry)
+        except HttpError as err:
+            self._drain(h)
+            self.send_json(h, err.status, err.body())
+        except Exception as exc:  # noqa: BLE001 - never crash the service on one bad request
+            self.send_json(h, 500, HttpError(500, f"internal error: {type(exc).__name__}", "server_error").body())
+        finally:
+            if key is not None:
+                with self._lock:
+                    self._in_flight[key] -= 1
+
+    def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
+        raise NotImplementedError
+
+
+def now() -> float:
+    return time.time()
