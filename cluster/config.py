@@ -128,7 +128,20 @@ class WaveConfig(Strict):
         if isinstance(v, str) and v not in BUILTIN:
             raise ValueError(f"unknown runner {v!r}; valid built-in runners: {', '.join(sorted(BUILTIN))} "
                              "(or a mapping with `command`, or --runner-cmd)")
-        if not isinstance(v, (str, dict, RunnerSpec)):
+        if isinstance(v, dict):
+            try:
+                return RunnerSpec.model_validate(v)
+            except ValidationError as err:
+                msgs = []
+                for e in err.errors():
+                    where = ".".join(str(p) for p in e["loc"])
+                    if e["type"] == "extra_forbidden":
+                        msg = f"unknown field; allowed fields: {', '.join(sorted(RunnerSpec.model_fields))}"
+                    else:
+                        msg = e["msg"].removeprefix("Value error, ")
+                    msgs.append(f"runner.{where} (value {e.get('input')!r}): {msg}")
+                raise ValueError("; ".join(msgs)) from None
+        if not isinstance(v, (str, RunnerSpec)):
             raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
         return v
 

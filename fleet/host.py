@@ -9,8 +9,6 @@ makes it remote at the edge.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 from typing import Any
 
@@ -44,7 +42,7 @@ class SandboxHost:
         (before the workspace is removed) and returned as `artifact`.
         """
         sspec = SandboxSpec(**spec)
-        missing = command_problem(sspec.argv, sspec.env.get("PATH", ""))
+        missing = self.backend.command_problem(sspec)
         if missing:
             return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing, "node": self.node_id}
         sb = await self.backend.start(sspec)
@@ -119,22 +117,6 @@ class SandboxHost:
             if await self.backend.kill(sb, grace_s, reason="host shutdown"):
                 n += 1
         return n
-
-
-def command_problem(argv: list[str], path: str) -> str | None:
-    """Why the runner command cannot start here, or None (checked before a sandbox is made)."""
-    if not argv or not argv[0]:
-        return "runner command is empty"
-    exe = argv[0]
-    if "/" in exe:
-        if not os.path.isfile(exe):
-            return f"runner command not found: {exe}"
-        if not os.access(exe, os.X_OK):
-            return f"runner command not executable: {exe}"
-        return None
-    if shutil.which(exe, path=path) is None:
-        return f"runner command not found: {exe} (not on the sandbox PATH {path})"
-    return None
 
 
 def start_host_actor(node_id: str, ledger, resources: dict | None = None):

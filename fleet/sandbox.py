@@ -169,6 +169,10 @@ class SandboxBackend:
             sb.life.to(SandboxState.REMOVED, "removed")
         self.sandboxes.pop(sb.spec.sandbox_id, None)
 
+    def command_problem(self, spec: SandboxSpec) -> str | None:
+        """Why the runner command cannot start in this backend, or None (checked before a sandbox is made)."""
+        return None
+
     async def collect(self, sb: Sandbox, subdir: str) -> dict:
         """Read `subdir` of the workspace back after the runner ended: {"files": {path: bytes}, "skipped": [...]}."""
         return await asyncio.to_thread(read_tree, os.path.join(sb.spec.workspace, subdir))
@@ -234,6 +238,22 @@ def unmount_workspace(path: str) -> None:
             subprocess.run(["umount", "-l", path], capture_output=True, timeout=20)
 
 
+def command_problem(argv: list[str], path: str) -> str | None:
+    """Why the runner command cannot start here, or None (checked before a sandbox is made)."""
+    if not argv or not argv[0]:
+        return "runner command is empty"
+    exe = argv[0]
+    if "/" in exe:
+        if not os.path.isfile(exe):
+            return f"runner command not found: {exe}"
+        if not os.access(exe, os.X_OK):
+            return f"runner command not executable: {exe}"
+        return None
+    if shutil.which(exe, path=path) is None:
+        return f"runner command not found: {exe} (not on the sandbox PATH {path})"
+    return None
+
+
 def check_process_backend() -> None:
     """Clear errors for what the process backend needs and this machine lacks."""
     cgroups.check_available()
@@ -248,6 +268,9 @@ class ProcessBackend(SandboxBackend):
     """Processes in mount+pid namespaces, a private tmpfs workspace, cgroup v1 limits."""
 
     name = "process"
+
+    def command_problem(self, spec: SandboxSpec) -> str | None:
+        return command_problem(spec.argv, spec.env.get("PATH", ""))
 
     def __init__(self):
         super().__init__()

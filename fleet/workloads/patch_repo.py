@@ -41,7 +41,7 @@ TOOLS = [
 def _kind(step: int) -> str:
     if step % 4 == 2:
         return "publish"
-    if step % 7 == 6:
+    if step % 5 == 4:
         return "run_tests"
     return "apply_patch"
 

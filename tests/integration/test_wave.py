@@ -68,15 +68,21 @@ def test_durable_runner_survives_pk1_and_st1(durable_wave):
 
 def test_durable_resumes_without_reasking_recorded_steps(durable_wave):
     result, d = durable_wave
-    calls = orjson.loads((d / "model-calls.json").read_bytes())["tasks"]
+    calls = _lines(d / "model-calls.jsonl")
     interrupted = [g for g in result["tasks"] if "PK1" in g["faults"]]
     assert interrupted and all(g["attempts"] >= 2 and g["interrupted"] for g in interrupted)
     for g in interrupted:
         committed = _journal_commit_times(d, result["wave_id"], g["task_id"])
         assert sorted(committed) == list(range(10))
-        late = [c for c in calls[g["task_id"]]["log"] if c["t"] > committed[c["step"]]]
+        mine = [c for c in calls if c["task"] == g["task_id"] and c["step"] < 10]
+        late = [c for c in mine if c["t"] > committed[c["step"]]]
         assert not late, f"{g['task_id']} asked the model again for recorded steps: {late}"
-        assert g["model_recalls"] <= 1
+        assert g["model_recalls"] == 0 and g["wasted_calls"] <= g["attempts"] - 1
+    # the effects of interrupted tasks were retried with their Idempotency-Key, never applied twice
+    effects = _lines(d / "effects.jsonl")
+    for g in result["tasks"]:
+        applied = [e["effect_id"] for e in effects if e["task"] == g["task_id"] and not e["deduped"]]
+        assert applied and len(applied) == len(set(applied))
 
 
 def test_naive_runner_is_flagged(naive_wave):
@@ -88,17 +94,17 @@ def test_naive_runner_is_flagged(naive_wave):
         if "PK1" not in g["faults"]:
             continue
         log = (d / "sandboxes" / f"{g['task_id']}-a1" / "runner.log").read_text()
-        applied = [int(m) for m in re.findall(r"step (\d+) applied in place", log)]
+        acted = [int(m) for m in re.findall(r"step (\d+) (?:applied in place|published)", log)]
         saved = [int(m) for m in re.findall(r"progress saved at (\d+)", log)]
-        if applied and max(applied) + 1 > max(saved, default=0):
+        if acted and max(acted) + 1 > max(saved, default=0):
             vulnerable.append(g["task_id"])
     assert vulnerable, "no kill landed between two progress saves: the control proved nothing"
     for tid in vulnerable:
         g = grades[tid]
         assert g["verdict"] == "fail", g
         assert g["checks"]["no_double_apply"]["verdict"] == "fail"
-        assert g["checks"]["resume_equivalent"]["verdict"] == "fail"
-    assert any(grades[t]["checks"]["no_model_recall"]["verdict"] == "fail" for t in vulnerable)
+        assert g["checks"]["no_model_recall"]["verdict"] == "fail"
+    assert any(grades[t]["checks"]["resume_equivalent"]["verdict"] == "fail" for t in vulnerable)
     assert result["verdict"] == "fail" and exit_code(result) == 1
     assert (d / "evidence" / vulnerable[0] / "runner-logs.txt").exists()
 
@@ -110,6 +116,11 @@ def test_positive_control_without_faults(run_wave, runner):
     assert result["verdict"] == "pass", [g["checks"] for g in result["tasks"]]
     assert all(g["attempts"] == 1 and g["model_recalls"] == 0 for g in result["tasks"])
     assert orjson.loads((d / "faults.json").read_bytes()) == []
+    # every task was compared with an uninterrupted reference run of the same runner and seed
+    assert result["wave_checks"]["positive_control"] == "pass"
+    for g in result["tasks"]:
+        re_ = g["checks"]["resume_equivalent"]
+        assert re_["verdict"] == "pass" and re_["expected"] == re_["got"]
 
 
 def test_grade_regrades_a_finished_wave_without_running(durable_wave):
@@ -127,10 +138,12 @@ def test_grade_regrades_a_finished_wave_without_running(durable_wave):
 def test_wave_results_layout(durable_wave):
     result, d = durable_wave
     for name in ("plan.json", "timeline.jsonl", "faults.json", "ledger.jsonl", "store-audit.json",
-                 "sandbox-sweep.json", "SUMMARY.md", "model-calls.json", "proxy-requests.jsonl", "timeline.png"):
+                 "sandbox-sweep.json", "SUMMARY.md", "model-calls.jsonl", "effects.jsonl", "proxy-requests.jsonl",
+                 "timeline.png"):
         assert (d / name).exists(), name
-    for g in result["tasks"]:
+    for g in result["tasks"] + result["references"]:
         assert (d / f"{g['task_id']}.grade.json").exists()
+        assert (d / "artifacts" / g["task_id"] / "artifact.json").exists()
     latest = d.parent / "latest"
     assert latest.is_symlink() and (latest.resolve() / "plan.json").is_file()  # points at a finished wave
     sweep = orjson.loads((d / "sandbox-sweep.json").read_bytes())

@@ -38,3 +38,31 @@ def test_yaml_file_errors(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_runner_as_a_command_mapping(tmp_path):
+    (tmp_path / "agent.py").write_text("print('hi')\n")
+    cfg = build_config({"runner": {"command": "python3 agent.py --fast", "workdir": str(tmp_path),
+                                   "env": {"MY_FLAG": "1"}}})
+    spec = cfg.runner_spec()
+    assert spec["command"] == ["python3", str(tmp_path / "agent.py"), "--fast"]
+    assert spec["env"] == {"MY_FLAG": "1"} and spec["name"] == tmp_path.name
+
+
+def test_builtin_runner_is_a_script_command():
+    spec = build_config({"runner": "naive"}).runner_spec()
+    assert spec["builtin"] == "naive" and spec["command"][-1].endswith("fleet/runners/naive.py")
+
+
+def test_bad_runner_specs_name_the_field():
+    with pytest.raises(ConfigError, match="runner") as e:
+        build_config({"runner": "nope"})
+    assert "durable, naive" in str(e.value)
+    with pytest.raises(ConfigError, match="workdir"):
+        build_config({"runner": {"command": "x", "workdir": "/no/such/dir"}})
+    with pytest.raises(ConfigError, match="SANDFLEET_TASK_ID"):
+        build_config({"runner": {"command": "x", "env": {"SANDFLEET_TASK_ID": "t9"}}})
+    with pytest.raises(ConfigError, match="command"):
+        build_config({"runner": {"command": []}})
+    with pytest.raises(ConfigError, match="runner.comand"):
+        build_config({"runner": {"comand": "x"}})

@@ -1,17 +1,37 @@
 """Grading on synthetic histories, including the detection the negative controls rely on."""
-from fleet import workload
-from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN, grade_task, merge
+from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN, TaskHistory, grade_task, merge
+from fleet import workloads
+from fleet.workloads.base import tree_digest
+from tests.unit.test_workload import apply_script
 
-TASK = {"task_id": "t000", "seed": 7, "runner": "durable", "steps": 5,
+WL = workloads.get("patch-repo")
+SEED, STEPS = 7, 8
+TASK = {"task_id": "t000", "seed": SEED, "runner": "x", "workload": "patch-repo", "steps": STEPS,
         "faults": [{"fault_id": "PK1", "instance": "t000-PK1"}]}
-END = [{"event": "attempt_end", "exit_code": -9}, {"event": "attempt_end", "exit_code": 0},
-       {"event": "task_end", "state": "done"}]
+KILLED_AT = 100.0
+EVENTS = [{"event": "attempt_start", "attempt": 1, "wall": 90.0},
+          {"event": "attempt_end", "attempt": 1, "exit_code": -9, "ended_at": KILLED_AT},
+          {"event": "attempt_start", "attempt": 2, "wall": 101.0},
+          {"event": "attempt_end", "attempt": 2, "exit_code": 0, "ended_at": 120.0},
+          {"event": "task_end", "state": "done"}]
 RECEIPT = [{"task_id": "t000", "instance": "t000-PK1", "status": "applied", "detail": "ok"}]
+EFFECTS = [{"t": 91.0 + step, "effect_id": eid, "step": step, "deduped": False, "attempt": 1}
+           for eid, step in WL.effect_steps(SEED, STEPS).items()]
 
 
-def calls(per_step):
-    log = [{"step": s, "tokens": 10} for s, n in per_step.items() for _ in range(n)]
-    return {"calls": len(log), "steps": {str(s): n for s, n in per_step.items()}, "log": log}
+def call(step, t, attempt, delivered=True):
+    return {"step": step, "t": t, "t_done": t + 0.1, "attempt": attempt, "tokens": 10, "delivered": delivered}
+
+
+def one_pass():
+    return [call(s, 90.5 + s, 1) for s in range(STEPS + 1)]
+
+
+def hist(artifact=None, calls=None, effects=None, writes=None, events=EVENTS, receipts=RECEIPT, ref=None):
+    art = apply_script(SEED, STEPS) if artifact is None else artifact
+    return TaskHistory(task=TASK, events=events, receipts=receipts, calls=one_pass() if calls is None else calls,
+                       effects=EFFECTS if effects is None else effects, writes=writes or [], artifact=art,
+                       reference=ref or {"digest": tree_digest(apply_script(SEED, STEPS))})
 
 
 def test_merge_order():
@@ -22,48 +42,94 @@ def test_merge_order():
 
 
 def test_reference_artifact_passes():
-    art = workload.reference(7, 5)
-    g = grade_task(TASK, END, RECEIPT, calls({s: 1 for s in range(5)}), art)
+    g = grade_task(hist())
     assert g["verdict"] == PASS, g["checks"]
 
 
-def test_double_apply_is_caught():
-    art = workload.reference(7, 5)
-    d = workload.decide(7, 3)
-    art = workload.apply(art, d)  # step 3 applied twice
-    g = grade_task(TASK, END, RECEIPT, calls({s: 1 for s in range(5)}), art)
+def test_double_apply_in_the_workspace_is_caught():
+    step = next(s.step for s in WL.script(SEED, STEPS) if s.kind == "workspace" and s.step > 0)
+    g = grade_task(hist(artifact=apply_script(SEED, STEPS, twice=(step,))))
     assert g["checks"]["no_double_apply"]["verdict"] == FAIL
-    assert g["checks"]["no_double_apply"]["applied_twice"] == [3]
+    assert g["checks"]["no_double_apply"]["applied_twice"] == [step]
     assert g["checks"]["resume_equivalent"]["verdict"] == FAIL
     assert g["verdict"] == FAIL and "no_double_apply" in g["signature"]
 
 
-def test_recalls_beyond_one_per_interruption_fail():
-    art = workload.reference(7, 5)
-    ok = grade_task(TASK, END, RECEIPT, calls({0: 1, 1: 2, 2: 1, 3: 1, 4: 1}), art)
-    assert ok["checks"]["no_model_recall"]["verdict"] == PASS
-    bad = grade_task(TASK, END, RECEIPT, calls({0: 2, 1: 2, 2: 1, 3: 1, 4: 1}), art)
-    assert bad["checks"]["no_model_recall"]["verdict"] == FAIL
-    assert bad["model_recalls"] == 2 and bad["extra_tokens"] == 20
+def test_double_external_effect_is_caught_and_a_deduped_retry_is_not():
+    e = EFFECTS[0]
+    g = grade_task(hist(effects=EFFECTS + [dict(e, t=e["t"] + 20, attempt=2)]))
+    assert g["checks"]["no_double_apply"]["verdict"] == FAIL
+    assert g["checks"]["no_double_apply"]["effects_applied_twice"] == [e["effect_id"]]
+    g = grade_task(hist(effects=EFFECTS + [dict(e, t=e["t"] + 20, attempt=2, deduped=True)]))
+    assert g["checks"]["no_double_apply"]["verdict"] == PASS
+
+
+def test_the_answer_in_flight_at_the_kill_is_forgiven():
+    calls = [call(s, 90.5 + s, 1) for s in range(4)] + [call(s, 102 + s, 2) for s in range(3, STEPS + 1)]
+    g = grade_task(hist(calls=calls))
+    c = g["checks"]["no_model_recall"]
+    assert c["verdict"] == PASS and c["forgiven_in_flight"] == 1 and c["wasted_calls"] == 1
+
+
+def test_a_reask_after_a_recorded_step_fails_even_with_no_answer_in_flight():
+    # attempt 1 asked steps 0..3 and was killed while idle (no call in flight); attempt 2 re-asks 2 and 3
+    calls = [call(s, 90.5 + s, 1) for s in range(4)] + [call(s, 102 + s, 2) for s in range(2, STEPS + 1)]
+    g = grade_task(hist(calls=calls))
+    c = g["checks"]["no_model_recall"]
+    assert c["verdict"] == FAIL and c["model_recalls"] == 1 and "moved on to step 3" in c["detail"]
+
+
+def test_a_reask_after_the_step_wrote_to_the_store_fails():
+    calls = [call(s, 90.5 + s, 1) for s in range(4)] + [call(s, 102 + s, 2) for s in range(3, STEPS + 1)]
+    g = grade_task(hist(calls=calls, writes=[{"t": 93.9, "key": "w/t000/journal/0003.json"}]))
+    assert g["checks"]["no_model_recall"]["verdict"] == FAIL
+    assert "journal/0003" in g["checks"]["no_model_recall"]["detail"]
+
+
+def test_a_reask_after_the_steps_effect_fails():
+    step = min(WL.effect_steps(SEED, STEPS).values())
+    calls = [call(s, 90.5 + s, 1) for s in range(step + 1)] + [call(s, 102 + s, 2) for s in range(step, STEPS + 1)]
+    g = grade_task(hist(calls=calls))
+    assert g["checks"]["no_model_recall"]["verdict"] == FAIL
+
+
+def test_not_deterministic_is_unknown_never_pass_or_fail():
+    other = apply_script(SEED, STEPS)
+    other["README.md"] += b"random\n"
+    events = [EVENTS[2], dict(EVENTS[3], attempt=2), EVENTS[4]]
+    g = grade_task(hist(artifact=other, events=events, receipts=[dict(RECEIPT[0], status="not_applied")]))
+    assert g["checks"]["resume_equivalent"]["verdict"] == UNKNOWN
+    assert "not deterministic" in g["checks"]["resume_equivalent"]["detail"]
+
+
+def test_exit_0_without_the_steps_fails_completed():
+    g = grade_task(hist(artifact={p: t.encode() for p, t in WL.fixture(SEED).items()}))
+    assert g["checks"]["completed"]["verdict"] == FAIL and "without doing every step" in \
+        g["checks"]["completed"]["detail"]
 
 
 def test_fault_not_applied_is_not_a_pass():
-    art = workload.reference(7, 5)
-    r = [dict(RECEIPT[0], status="not_applied")]
-    g = grade_task(TASK, END, r, calls({s: 1 for s in range(5)}), art)
+    g = grade_task(hist(receipts=[dict(RECEIPT[0], status="not_applied")]))
     assert g["verdict"] == NOT_APPLIED
-    g = grade_task(TASK, END, [], calls({s: 1 for s in range(5)}), art)
+    g = grade_task(hist(receipts=[]))
     assert g["verdict"] == UNKNOWN  # no receipt at all
 
 
+def test_missing_reference_is_unknown():
+    g = grade_task(hist(ref={"why": "the reference run did not complete"}))
+    assert g["checks"]["resume_equivalent"]["verdict"] == UNKNOWN
+
+
 def test_missing_artifact_and_missing_history():
-    g = grade_task(TASK, END, RECEIPT, calls({}), None)
+    h = hist()
+    h.artifact = None
+    g = grade_task(h)
     assert g["checks"]["completed"]["verdict"] == FAIL
-    g = grade_task(TASK, [], RECEIPT, calls({}), None)
+    g = grade_task(hist(events=[]))
     assert g["verdict"] == UNKNOWN
 
 
 def test_a_crashing_check_is_unknown():
-    g = grade_task(TASK, END, RECEIPT, {"steps": {"x": "not a number"}}, workload.reference(7, 5))
+    g = grade_task(hist(calls=[{"step": "x"}, {"step": "x"}]))
     assert g["checks"]["no_model_recall"]["verdict"] == UNKNOWN
     assert g["verdict"] == UNKNOWN

@@ -1,0 +1,70 @@
+"""Any command is a runner: black-box runners that import nothing of sandfleet, graded
+only from what the harness recorded (captured workspace, model/effects/proxy logs)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cluster.grade import exit_code
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+DEFECTIVE = str(ROOT / "tests" / "runners" / "defective.py")
+QUICK = dict(tasks=2, concurrency=4, seed=21, workload={"steps": 8, "think_ms": 20}, deadline_s=60)
+
+
+def defective(defect: str) -> dict:
+    return {"name": f"defective-{defect}", "command": [sys.executable, DEFECTIVE], "env": {"DEFECT": defect}}
+
+
+def test_an_effect_sent_before_its_commit_is_caught_as_a_double_effect(run_wave):
+    result, d = run_wave(runner=defective("double_effect"), faults=[], **QUICK)
+    for g in result["tasks"]:
+        c = g["checks"]["no_double_apply"]
+        assert c["verdict"] == "fail" and c["effects_applied_twice"], g["checks"]
+        assert "no_double_apply" in g["signature"]
+        assert c["applied_twice"] == []  # the workspace itself is fine: only the effects log shows it
+    assert exit_code(result) == 1
+
+
+def test_a_reask_of_a_recorded_step_is_caught_as_a_recall(run_wave):
+    result, d = run_wave(runner=defective("recall"), faults=[], **QUICK)
+    for g in result["tasks"]:
+        c = g["checks"]["no_model_recall"]
+        assert c["verdict"] == "fail" and c["model_recalls"] == 1, c
+        assert c["recalls"][0]["step"] == 2 and c["recalls"][0]["attempt"] == 2
+        assert g["checks"]["resume_equivalent"]["verdict"] == "pass"  # the artifact alone would not show it
+        assert g["signature"] == "no_model_recall"
+
+
+def test_a_runner_that_is_not_deterministic_is_unknown_not_pass(run_wave):
+    result, _ = run_wave(runner=defective("noise"), faults=[], **QUICK)
+    for g in result["tasks"]:
+        c = g["checks"]["resume_equivalent"]
+        assert c["verdict"] == "unknown" and "not deterministic" in c["detail"]
+    assert result["verdict"] == "unknown" and exit_code(result) == 2
+
+
+def test_a_missing_runner_command_fails_its_tasks_and_the_wave_exits_2(run_wave):
+    result, d = run_wave(runner={"command": "/no/such/agent --flag"}, faults=[], tasks=2, concurrency=2, seed=3)
+    for g in result["tasks"]:
+        assert g["checks"]["completed"]["verdict"] == "fail"
+        assert "runner command not found: /no/such/agent" in g["checks"]["completed"]["detail"]
+        assert g["attempts"] == 1  # not retried: a missing command never starts
+    assert any("no task could start" in e for e in result["harness_errors"])
+    assert exit_code(result) == 2
+
+
+def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
+    result, d = run_wave(runner={"command": ["/bin/true"], "name": "lazy"}, faults=[], tasks=1, concurrency=1,
+                         seed=4)
+    g = result["tasks"][0]
+    assert g["checks"]["completed"]["verdict"] == "fail"
+    assert "without doing every step" in g["checks"]["completed"]["detail"]
+    assert result["verdict"] == "fail"
+    # the harness captured the untouched workspace: the fixture only
+    art = orjson.loads((d / "artifacts" / "t000" / "artifact.json").read_bytes())
+    assert set(art["files"]) == {"README.md", "src/app.py", "src/util.py", "CHANGELOG.md"}

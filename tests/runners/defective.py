@@ -1,0 +1,68 @@
+"""A runner with one planted defect, chosen by $DEFECT; otherwise the durable pattern.
+
+It follows the runner contract and imports nothing of the harness (only the
+built-in runners' own toolkit, by path). The defects are planted deterministically
+(the first attempt crashes at the defect's gap) so a test is caught by the grader
+on every run, not by the luck of a kill's timing:
+
+- double_effect: sends `publish` with no Idempotency-Key BEFORE committing the
+  step, and attempt 1 dies right after the first effect; attempt 2 sends it again.
+- recall: attempt 1 dies right after committing its 3rd step; attempt 2 replays the
+  journal but asks the model again for that last recorded step.
+- noise: an uninterrupted run appends a random line (not deterministic).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "fleet", "runners"))
+
+from agentkit import Env, TaskStore, chat, log, main_guard, publish, tool_messages  # noqa: E402
+from durable import run_tool  # noqa: E402
+
+DEFECT = os.environ.get("DEFECT", "")
+
+
+def run() -> None:
+    env = Env.load()
+    store = TaskStore(env)
+    messages = env.first_messages()
+    records = [json.loads(store.get(k)) for k in store.keys("journal/")]
+    for rec in records:
+        messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
+    if DEFECT == "recall" and records:
+        log("re-asking the model for the last recorded step")
+        chat(env, messages[:-2])  # the planted recall: that step's result is already recorded
+    step = len(records)
+    while True:
+        reply = chat(env, messages)
+        if not reply.get("tool_calls"):
+            break
+        call = reply["tool_calls"][0]
+        call = {"id": call["id"], "type": "function", "function": call["function"]}
+        if DEFECT == "double_effect" and call["function"]["name"] == "publish":
+            publish(env, json.loads(call["function"]["arguments"]), idempotency_key=None)  # effect before commit
+            if env.attempt == 1:
+                log("dying between the effect and its commit")
+                os._exit(3)
+            result = "sent"
+        else:
+            result = None
+        store.put_new(f"{env.prefix}journal/{step:04d}.json",
+                      json.dumps({"step": step, "call": call, "fence": env.fence}).encode())
+        if DEFECT == "recall" and env.attempt == 1 and step == 2:
+            log("dying right after a commit")
+            os._exit(3)
+        messages += tool_messages(call, result if result is not None else run_tool(env, call))
+        step += 1
+    if DEFECT == "noise":
+        with open(os.path.join(env.workspace, "repo", "NOISE"), "w") as f:
+            f.write(secrets.token_hex(8) + "\n")
+
+
+if __name__ == "__main__":
+    main_guard(run)
