@@ -100,6 +100,36 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     return exit_code(result)
 
 
+@app.command("league")
+def league_cmd(
+    config: Path = typer.Argument(..., help="league config (YAML): runners, fault_sets, wave"),
+    results: Path = typer.Option(Path("results"), "--results", help="results root"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+) -> int:
+    """Run the same seeded waves over several runners and fault sets; writes LEAGUE.md and league.png."""
+    from cluster.config import ConfigError
+    from cluster.driver import HarnessError, preflight
+    from cluster.league import load_league, run_league
+
+    try:
+        league = load_league(config)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    try:
+        preflight(league.waves()[0][2])
+        results.mkdir(parents=True, exist_ok=True)
+        out = run_league(league, results, progress=not no_progress)
+    except HarnessError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    out.joinpath("LEAGUE.md")
+    print((out / "LEAGUE.md").read_text())
+    out_console = Console()
+    out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False)
+    return EXIT_OK
+
+
 @app.command("faults")
 def faults_cmd() -> int:
     """List the fault catalog."""

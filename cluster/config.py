@@ -88,6 +88,29 @@ def resolve_runner(runner: "str | RunnerSpec") -> dict:
     return runner.resolved()
 
 
+def parse_runner(v):
+    """A built-in runner name, or a runner mapping validated into a RunnerSpec (one clear message)."""
+    if isinstance(v, str) and v not in BUILTIN:
+        raise ValueError(f"unknown runner {v!r}; valid built-in runners: {', '.join(sorted(BUILTIN))} "
+                         "(or a mapping with `command`, or --runner-cmd)")
+    if isinstance(v, dict):
+        try:
+            return RunnerSpec.model_validate(v)
+        except ValidationError as err:
+            msgs = []
+            for e in err.errors():
+                where = ".".join(str(p) for p in e["loc"])
+                if e["type"] == "extra_forbidden":
+                    msg = f"unknown field; allowed fields: {', '.join(sorted(RunnerSpec.model_fields))}"
+                else:
+                    msg = e["msg"].removeprefix("Value error, ")
+                msgs.append(f"runner.{where} (value {e.get('input')!r}): {msg}")
+            raise ValueError("; ".join(msgs)) from None
+    if not isinstance(v, (str, RunnerSpec)):
+        raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
+    return v
+
+
 class SandboxConfig(Strict):
     backend: Literal["process"] = "process"
     workspace_mb: int = Field(64, ge=1, le=4096)
@@ -125,25 +148,7 @@ class WaveConfig(Strict):
     @field_validator("runner", mode="before")
     @classmethod
     def _runner(cls, v):
-        if isinstance(v, str) and v not in BUILTIN:
-            raise ValueError(f"unknown runner {v!r}; valid built-in runners: {', '.join(sorted(BUILTIN))} "
-                             "(or a mapping with `command`, or --runner-cmd)")
-        if isinstance(v, dict):
-            try:
-                return RunnerSpec.model_validate(v)
-            except ValidationError as err:
-                msgs = []
-                for e in err.errors():
-                    where = ".".join(str(p) for p in e["loc"])
-                    if e["type"] == "extra_forbidden":
-                        msg = f"unknown field; allowed fields: {', '.join(sorted(RunnerSpec.model_fields))}"
-                    else:
-                        msg = e["msg"].removeprefix("Value error, ")
-                    msgs.append(f"runner.{where} (value {e.get('input')!r}): {msg}")
-                raise ValueError("; ".join(msgs)) from None
-        if not isinstance(v, (str, RunnerSpec)):
-            raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
-        return v
+        return parse_runner(v)
 
     def runner_spec(self) -> dict:
         return resolve_runner(self.runner)
@@ -205,7 +210,7 @@ def _allowed_fields(loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> WaveConfig:
+def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":
     data = dict(data or {})
     for k, v in (overrides or {}).items():
         if v is not None:

@@ -1,0 +1,225 @@
+"""The durability league: the same seeded waves over several runners and fault sets.
+
+`sandfleet league CONFIG` runs one wave per (runner, fault set) with the same seed,
+on one fleet, and writes `LEAGUE.md` and `league.png` from the graded waves:
+resume survival rate, double-apply tasks, wasted model calls and tokens per
+interruption, time to resume, per-step time of the uninterrupted reference runs,
+each with its sample size. Every figure is recomputed from the stored waves.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format, build_config, parse_runner
+from faults.base import CATALOG
+
+
+class LeagueConfig(Strict):
+    name: str = Field("league", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
+    runners: list[str | RunnerSpec] = Field(..., min_length=1)
+    fault_sets: list[list[str]] = Field(default_factory=lambda: [["PK1"], ["ST1"], ["PK1", "ST1"]], min_length=1)
+    wave: dict = Field(default_factory=dict, description="wave fields shared by every wave (tasks, seed, ...)")
+
+    @field_validator("runners", mode="before")
+    @classmethod
+    def _runners(cls, v):
+        if not isinstance(v, list):
+            raise ValueError("runners must be a list of built-in names or runner mappings")
+        return [parse_runner(r) for r in v]
+
+    @field_validator("fault_sets")
+    @classmethod
+    def _faults(cls, v):
+        for fs in v:
+            bad = [f for f in fs if f not in CATALOG]
+            if bad:
+                raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+        return v
+
+    def waves(self) -> list[tuple[str, list[str], WaveConfig]]:
+        out = []
+        for r in self.runners:
+            for fs in self.fault_sets:
+                cfg = build_config({**self.wave, "runner": r.model_dump() if isinstance(r, RunnerSpec) else r,
+                                    "faults": fs}, source="league wave")
+                out.append((cfg.runner_spec()["name"], fs, cfg))
+        return out
+
+
+def load_league(path: Path) -> LeagueConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"league config {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"league config {str(p)!r} is not valid YAML: {err}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"league config {str(p)!r}: top level must be a non-empty mapping")
+    try:
+        league = LeagueConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_format(err, str(p)).replace("invalid wave config", "invalid league config")) from None
+    league.waves()  # every wave's config must be valid before anything runs
+    return league
+
+
+def _lines(p: Path) -> list[dict]:
+    return [orjson.loads(l) for l in p.read_bytes().splitlines() if l.strip()] if p.exists() else []
+
+
+def wave_metrics(result: dict, d: Path) -> dict:
+    """The league's figures for one graded wave, from its stored files."""
+    grades = result["tasks"]
+    timeline = _lines(d / "timeline.jsonl")
+    calls = _lines(d / "model-calls.jsonl")
+    interrupted = [g for g in grades if g["interrupted"]]
+    survived = [g for g in interrupted if g["verdict"] == "pass"]
+    interruptions = sum(max(0, g["attempts"] - 1) for g in grades)
+    wasted = sum(g.get("wasted_calls") or 0 for g in grades)
+    wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
+    # time to resume: from an interrupted attempt's end to the next attempt's first call for a step never asked
+    resume = []
+    for g in interrupted:
+        tid = g["task_id"]
+        ends = [e for e in timeline if e.get("task") == tid and e["event"] == "attempt_end" and e.get("exit_code") != 0]
+        mine = sorted((c for c in calls if c["task"] == tid), key=lambda c: c["t"])
+        for e in ends:
+            t_end = e.get("ended_at")
+            if t_end is None:
+                continue
+            asked = {c["step"] for c in mine if c["t"] <= t_end}
+            nxt = next((c for c in mine if c["t"] > t_end and c["step"] not in asked), None)
+            if nxt is not None:
+                resume.append(nxt["t"] - t_end)
+    # per-step time of the uninterrupted reference runs (includes the model's think time)
+    think = result["plan"]["config"]["workload"]["think_ms"] / 1000
+    steps = result["plan"]["config"]["workload"]["steps"]
+    per_step = []
+    for e in timeline:
+        if e["event"] == "attempt_end" and e.get("task", "").startswith("ref-") and e.get("exit_code") == 0 \
+                and e.get("started_at") and e.get("ended_at"):
+            per_step.append((e["ended_at"] - e["started_at"]) / (steps + 1) - think)
+    return {
+        "wave_id": result["wave_id"], "verdict": result["verdict"], "tasks": len(grades),
+        "pass": sum(1 for g in grades if g["verdict"] == "pass"),
+        "interrupted": len(interrupted), "survived": len(survived),
+        "double_apply": sum(1 for g in grades if g["checks"]["no_double_apply"]["verdict"] == "fail"),
+        "recalls": sum(g.get("model_recalls") or 0 for g in grades),
+        "interruptions": interruptions, "wasted_calls": wasted, "wasted_tokens": wasted_tokens,
+        "resume_s": resume, "per_step_overhead_s": per_step,
+        "not_applied": sum(1 for g in grades if g["verdict"] == "not_applied"),
+        "unknown": sum(1 for g in grades if g["verdict"] == "unknown"),
+    }
+
+
+def run_league(league: LeagueConfig, results_root: Path, progress: bool = True) -> Path:
+    from cluster.driver import WaveRun
+    from cluster.raycluster import FleetSession
+
+    ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    out = Path(results_root).resolve() / f"league-{league.name}-{ts}"
+    out.mkdir(parents=True)
+    rows = []
+    fleet = None
+    try:
+        for name, fs, cfg in league.waves():
+            if fleet is None:
+                fleet = FleetSession(cfg.address).start()
+            t = time.perf_counter()
+            wave = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
+            result = wave.run()
+            m = wave_metrics(result, wave.dir)
+            m.update(runner=name, faults=fs, wall_s=round(time.perf_counter() - t, 1),
+                     harness_errors=result.get("harness_errors", []))
+            rows.append(m)
+            (out / "league.json").write_bytes(orjson.dumps({"config": league.model_dump(mode="json"), "rows": rows},
+                                                           option=orjson.OPT_INDENT_2))
+    finally:
+        if fleet is not None:
+            fleet.stop()
+    write_league(out, league, rows)
+    return out
+
+
+def _med(xs: list[float]) -> str:
+    return f"{statistics.median(xs) * 1000:.0f} ms (n={len(xs)})" if xs else "n/a"
+
+
+def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
+    seed = league.wave.get("seed", 1)
+    lines = [f"# Durability league `{league.name}`", "",
+             f"Seed {seed}; {rows[0]['tasks'] if rows else 0} tasks per wave; every wave is stored under "
+             f"`waves/` and can be re-graded with `sandfleet grade`. Rates are over the tasks whose attempts were "
+             "really interrupted (n given).", "",
+             "| runner | faults | verdict | pass | resume survival | double-apply tasks | recalls | "
+             "wasted calls / tokens per interruption | time to resume p50 | wave |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rsr = f"{r['survived']}/{r['interrupted']}" if r["interrupted"] else "n/a (0 interrupted)"
+        per = (f"{r['wasted_calls'] / r['interruptions']:.2f} / {r['wasted_tokens'] / r['interruptions']:.0f}"
+               f" (n={r['interruptions']})" if r["interruptions"] else "n/a")
+        lines.append(f"| {r['runner']} | {'+'.join(r['faults']) or 'none'} | {r['verdict']} | {r['pass']}/{r['tasks']} | "
+                     f"{rsr} | {r['double_apply']}/{r['tasks']} | {r['recalls']} | {per} | {_med(r['resume_s'])} | "
+                     f"`{r['wave_id']}` |")
+    lines += ["", "Per runner, over every wave above:", "",
+              "| runner | tasks passed | resume survival | double-apply tasks | recalls | "
+              "wasted calls per interruption | time to resume p50 | runner time per step p50 |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["runner"] for r in rows):
+        mine = [r for r in rows if r["runner"] == name]
+        tot = {k: sum(r[k] for r in mine) for k in ("tasks", "pass", "interrupted", "survived", "double_apply",
+                                                      "recalls", "interruptions", "wasted_calls")}
+        rsr = f"{tot['survived']}/{tot['interrupted']} ({tot['survived'] / tot['interrupted']:.0%})" \
+            if tot["interrupted"] else "n/a"
+        per = f"{tot['wasted_calls'] / tot['interruptions']:.2f} (n={tot['interruptions']})" \
+            if tot["interruptions"] else "n/a"
+        lines.append(f"| {name} | {tot['pass']}/{tot['tasks']} | {rsr} | {tot['double_apply']}/{tot['tasks']} | "
+                     f"{tot['recalls']} | {per} | {_med([x for r in mine for x in r['resume_s']])} | "
+                     f"{_med([x for r in mine for x in r['per_step_overhead_s']])} |")
+    lines += ["", "Time to resume: from the end of an interrupted attempt to the next attempt's first model call "
+              "for a step never asked before. Runner time per step: an uninterrupted reference run's wall time per "
+              "model call, minus the model's think time: what the runner itself spends per step (its start-up "
+              "spread over the steps, journal commits, tools).", ""]
+    try:
+        _plot(out / "league.png", rows)
+        lines.append("![league](league.png)")
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"(picture not drawn: {exc})")
+    (out / "LEAGUE.md").write_text("\n".join(lines) + "\n")
+
+
+def _plot(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runners = list(dict.fromkeys(r["runner"] for r in rows))
+    fsets = list(dict.fromkeys("+".join(r["faults"]) or "none" for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5 + 0.2 * len(runners)))
+    width = 0.8 / max(1, len(fsets))
+    for j, fs in enumerate(fsets):
+        rsr, wasted = [], []
+        for name in runners:
+            r = next((x for x in rows if x["runner"] == name and ("+".join(x["faults"]) or "none") == fs), None)
+            rsr.append(r["survived"] / r["interrupted"] if r and r["interrupted"] else 0)
+            wasted.append(r["wasted_calls"] / r["interruptions"] if r and r["interruptions"] else 0)
+        xs = [i + j * width for i in range(len(runners))]
+        axes[0].bar(xs, rsr, width, label=fs)
+        axes[1].bar(xs, wasted, width, label=fs)
+    for ax, title in ((axes[0], "resume survival rate"), (axes[1], "wasted model calls per interruption")):
+        ax.set_xticks([i + width * (len(fsets) - 1) / 2 for i in range(len(runners))], runners, rotation=15)
+        ax.set_title(title)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].legend(title="faults", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
