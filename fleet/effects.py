@@ -51,7 +51,9 @@ class EffectsService(JsonService):
                 if idem:
                     self._seen[(entry.task_id, idem)] = first
         step = self._steps(entry).get(eid)
-        self.log.append({"t": t0, "task": entry.task_id, "attempt": attempt, "effect_id": eid, "step": step,
-                         "idempotency_key": idem, "deduped": deduped, "receipt": first["receipt"],
-                         "same_effect_as_key": deduped and first["effect_id"] == eid})
+        rec = {"t": t0, "task": entry.task_id, "attempt": attempt, "effect_id": eid, "step": step,
+               "idempotency_key": idem, "deduped": deduped, "receipt": first["receipt"],
+               "same_effect_as_key": deduped and first["effect_id"] == eid}
         self.send_json(h, 200, {**first, "deduped": deduped})
+        rec["t_done"] = time.time()
+        self.log.append(rec)

@@ -112,6 +112,7 @@ class JsonService:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # a head and a body in two writes must not wait for a delayed ACK
             server_version = "sandfleet"
             sys_version = ""
 

@@ -126,6 +126,52 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
                  f"{statistics.median(kills):.1f} / {max(kills):.1f}", "", ""))
 
 
+def bench_model(rows: list, n: int = 600) -> None:
+    """Model endpoint and effects service: added latency per call, keep-alive, no think time."""
+    import http.client
+    import json
+
+    from fleet import workloads
+    from fleet.effects import EffectsService
+    from fleet.model_endpoint import ModelEndpoint
+    from fleet.services import TaskRegistry
+
+    reg = TaskRegistry()
+    key = reg.register("t", 5, 40, "patch-repo")
+    model = ModelEndpoint(reg).start()
+    fx = EffectsService(reg).start()
+    try:
+        msgs = [{"role": "user", "content": "go"}]
+        for i in range(20):
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "apply_patch", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"}]
+        body = json.dumps({"model": "m", "messages": msgs}).encode()
+        eids = list(workloads.get("patch-repo").effect_steps(5, 40))
+        for svc, path, payload in ((model, "/v1/chat/completions", lambda i: body),
+                                   (fx, "/v1/effects", lambda i: json.dumps({"effect_id": eids[i % len(eids)]}).encode())):
+            conn = http.client.HTTPConnection("127.0.0.1", svc.server.server_address[1])
+            lat = []
+            for i in range(n):
+                t = time.perf_counter()
+                conn.request("POST", path, payload(i), {"Authorization": f"Bearer {key}",
+                                                        "Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                lat.append((time.perf_counter() - t) * 1000)
+            conn.close()
+            server = [(r["t_done"] - r["t"]) * 1000 for r in svc.log.snapshot() if "t_done" in r]
+            name = "model endpoint: chat completion (20 tool results in messages)" if svc is model else \
+                "effects service: POST /v1/effects"
+            lat = lat[50:]
+            rows.append((f"{name}, n={n}: client round trip p50 / p99 (ms)",
+                         f"{statistics.median(lat):.2f} / {pct(lat, 99):.2f}", "",
+                         f"server side p50 {statistics.median(server):.2f} ms" if server else "keep-alive, 1 client"))
+    finally:
+        model.stop()
+        fx.stop()
+
+
 def bench_waves(rows: list) -> None:
     from cluster.config import build_config
     from cluster.driver import WaveRun
@@ -155,6 +201,7 @@ def main() -> None:
     rows: list = []
     bench_store(rows)
     bench_sandboxes(rows)
+    bench_model(rows)
     bench_waves(rows)
     table = ["| measurement | direct / value | through proxy | ratio / note |", "|---|---|---|---|"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
