@@ -54,6 +54,6 @@ class EffectsService(JsonService):
         rec = {"t": t0, "task": entry.task_id, "attempt": attempt, "effect_id": eid, "step": step,
                "idempotency_key": idem, "deduped": deduped, "receipt": first["receipt"],
                "same_effect_as_key": deduped and first["effect_id"] == eid}
-        self.send_json(h, 200, {**first, "deduped": deduped})
         rec["t_done"] = time.time()
-        self.log.append(rec)
+        self.log.append(rec)  # recorded before it is answered: a runner never sees an unrecorded effect
+        self.send_json(h, 200, {**first, "deduped": deduped})

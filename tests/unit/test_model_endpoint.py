@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -42,6 +43,14 @@ def post(url, key, body, headers=None):
         return e.code, json.loads(e.read())
 
 
+def logged(svc, n: int, timeout_s: float = 5.0) -> list[dict]:
+    """The service's log once it holds n records (a call is logged just after its answer is sent)."""
+    deadline = time.monotonic() + timeout_s
+    while len(svc.log.snapshot()) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return svc.log.snapshot()
+
+
 def tool_msgs(n):
     out = [{"role": "user", "content": "go"}]
     for i in range(n):
@@ -69,7 +78,7 @@ def test_openai_sdk_gets_the_script_through_base_url(services):
     assert len(ids) == 3  # every call gets a fresh id
     final = client.chat.completions.create(model="any", messages=tool_msgs(STEPS))
     assert final.choices[0].finish_reason == "stop" and final.choices[0].message.content
-    calls = model.log.snapshot()
+    calls = logged(model, 4)
     assert [c["step"] for c in calls] == [0, 2, 2, STEPS] and all(c["task"] == "t1" and c["attempt"] == 3
                                                                    for c in calls)
 
@@ -93,7 +102,7 @@ def test_openai_sdk_streaming_assembles_the_same_tool_call(services):
     step = WL.script(SEED, STEPS)[1]
     assert name == step.tool and json.loads(args) == step.arguments
     assert finish == "tool_calls" and usage.total_tokens > 0
-    assert model.log.snapshot()[-1]["stream"] is True
+    assert logged(model, 1)[-1]["stream"] is True
 
 
 def test_langgraph_agent_talks_to_the_endpoint_through_base_url(services, monkeypatch):
