@@ -116,6 +116,8 @@ class SandboxConfig(Strict):
     workspace_mb: int = Field(64, ge=1, le=4096)
     memory_mb: int = Field(512, ge=64, le=65536)
     pids_max: int = Field(256, ge=16, le=65536)
+    cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
+    cpu_cores: float = Field(1.0, gt=0, le=256, description="CPU quota of each sandbox, in cores")
 
 
 class StoreConfig(Strict):

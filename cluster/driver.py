@@ -31,14 +31,48 @@ from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet import workloads
 from fleet.effects import EffectsService
 from fleet.model_endpoint import MODEL_ID, ModelEndpoint
-from fleet.sandbox import check_process_backend
+from fleet.relay import Relays
+from fleet.runners import HERE as BUILTIN_DIR
+from fleet.sandbox import RUN_IN, SANDBOX_UID, WORKSPACE_IN, check_process_backend
 from fleet.services import TaskRegistry
 from storage.credentials import Credentials, CredentialSource
+from storage.keys import ScopedKeys
 from storage.proxy import ProxyProcess
 from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
 
 
 CONTRACT_VERSION = "1"
+# Inside every sandbox's own network namespace: loopback ports relayed to the harness services.
+PORT_S3, PORT_MODEL, PORT_EFFECTS = 18000, 18001, 18002
+CREDS_IN = f"{RUN_IN}/creds"
+RUNNERS_DIR = BUILTIN_DIR
+
+
+def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
+    """What a runner needs to see read-only (its code, its interpreter's prefix), and what to hide in it.
+
+    An absolute argv[0] brings its installation prefix (a venv, and the interpreter a venv points to);
+    other absolute paths on the command line bring their directory; `workdir` comes whole. Anything
+    under /usr or /etc is already there. Paths in `never` (results, the wave's private dir) are covered
+    by an empty tmpfs if a bind would show them."""
+    binds: set[str] = {RUNNERS_DIR}
+    if runner.get("workdir"):
+        binds.add(runner["workdir"])
+    for i, a in enumerate(runner["command"]):
+        if not (os.path.isabs(a) and os.path.exists(a)):
+            continue
+        for p in {os.path.abspath(a), os.path.realpath(a)}:
+            binds.add(os.path.dirname(os.path.dirname(p)) if i == 0 else os.path.dirname(p))
+    for b in list(binds):
+        cfg = os.path.join(b, "pyvenv.cfg")
+        if os.path.isfile(cfg):
+            for line in open(cfg):
+                k, _, v = line.partition("=")
+                if k.strip() == "home" and v.strip():
+                    binds.add(os.path.dirname(os.path.realpath(v.strip())))
+    binds = {b for b in binds if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
+    hide = sorted({str(n) for n in never for b in binds if str(n).startswith(b.rstrip("/") + "/") or str(n) == b})
+    return sorted(binds), hide
 
 
 class HarnessError(RuntimeError):
@@ -146,6 +180,8 @@ class WaveRun:
         self.proxy: ProxyProcess | None = None
         self.model: ModelEndpoint | None = None
         self.effects: EffectsService | None = None
+        self.relays: Relays | None = None
+        self.keys: ScopedKeys | None = None
         self.registry = TaskRegistry()
         self.cache = ReferenceCache(self.results_root)
         self.fleet = fleet
@@ -181,12 +217,17 @@ class WaveRun:
         self.figures["store_start_s"] = round(time.perf_counter() - t, 3)
         ensure_bucket(self.endpoint, self.bucket)
         self.proxy = ProxyProcess(self.endpoint.url, str(self.dir / "proxy-requests.jsonl")).start()
-        self.creds = CredentialSource(self.private / "credentials.json")
-        self.creds.publish(self.endpoint.creds)
-        self.aws_config = self.creds.write_aws_config(self.private / "aws-config", self.endpoint.region)
+        # per-attempt keys scoped to the task's prefix, at the store (embedded store only)
+        self.keys = ScopedKeys(self.store, self.endpoint.creds) if self.store is not None else None
         self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
                                    log_path=self.dir / "model-calls.jsonl").start()
         self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
+        # the only ways out of a sandbox's network namespace: unix sockets relayed to these three services
+        self.relays = Relays(self.private / "sock")
+        self.relay_socks = {PORT_S3: self.relays.add("s3", self.proxy.port),
+                            PORT_MODEL: self.relays.add("model", self.model.server.server_address[1]),
+                            PORT_EFFECTS: self.relays.add("effects", self.effects.server.server_address[1])}
+        self.binds, self.hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
         if self.fleet is None:  # a lent fleet is already running: nothing to time
@@ -197,21 +238,40 @@ class WaveRun:
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
         self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
 
-    def _runner_env(self, task: dict, attempt: int, fence: int, workspace: str) -> dict:
-        """The runner contract's environment (docs/runner-contract.md): everything a runner needs."""
+    def _attempt_credentials(self, tid: str, sandbox_id: str) -> str:
+        """The attempt's own key (scoped to the task's prefix) in a directory the sandbox sees read-only."""
+        creds = self.endpoint.creds
+        if self.keys is not None:
+            creds = self.keys.issue(sandbox_id, self.bucket, self.task_prefix(tid))
+        d = self.private / "creds" / sandbox_id
+        d.mkdir(parents=True, exist_ok=True)
+        src = CredentialSource(d / "credentials.json")
+        src.publish(creds, owner_uid=SANDBOX_UID)
+        src.write_aws_config(d / "aws-config", self.endpoint.region, source_path=f"{CREDS_IN}/credentials.json")
+        os.chmod(d, 0o755)
+        return str(d)
+
+    def _revoke(self, sandbox_id: str) -> None:
+        if self.keys is not None:
+            self.keys.revoke(sandbox_id)
+        shutil.rmtree(self.private / "creds" / sandbox_id, ignore_errors=True)
+
+    def _runner_env(self, task: dict, attempt: int, fence: int, workspace: str = WORKSPACE_IN) -> dict:
+        """The runner contract's environment (docs/runner-contract.md), as seen inside the sandbox."""
         runner = self.plan["runner"]
         key = self.registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **runner["env"]}
+        s3 = f"http://127.0.0.1:{PORT_S3}"
         env.update({
             "HOME": workspace,
-            "TMPDIR": workspace,
-            "AWS_CONFIG_FILE": str(self.aws_config),
+            "TMPDIR": "/tmp",
+            "AWS_CONFIG_FILE": f"{CREDS_IN}/aws-config",
             "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
             "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_ENDPOINT_URL_S3": self.proxy.url,
+            "AWS_ENDPOINT_URL_S3": s3,
             "AWS_DEFAULT_REGION": self.endpoint.region,
-            "OPENAI_BASE_URL": self.model.base_url,
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{PORT_MODEL}/v1",
             "OPENAI_API_KEY": key,
             "OPENAI_MODEL": MODEL_ID,
             "SANDFLEET_CONTRACT": CONTRACT_VERSION,
@@ -219,10 +279,10 @@ class WaveRun:
             "SANDFLEET_ATTEMPT": str(attempt),
             "SANDFLEET_FENCE": str(fence),
             "SANDFLEET_REPO": os.path.join(workspace, "repo"),
-            "SANDFLEET_S3_ENDPOINT": self.proxy.url,
+            "SANDFLEET_S3_ENDPOINT": s3,
             "SANDFLEET_S3_BUCKET": self.bucket,
             "SANDFLEET_S3_PREFIX": self.task_prefix(task["task_id"]),
-            "SANDFLEET_EFFECTS_URL": self.effects.url + "/v1",
+            "SANDFLEET_EFFECTS_URL": f"http://127.0.0.1:{PORT_EFFECTS}/v1",
             "SANDFLEET_EFFECTS_KEY": key,
             "SANDFLEET_GRACE_S": "1.0",
         })
@@ -300,11 +360,16 @@ class WaveRun:
                 sdir.mkdir(parents=True, exist_ok=True)
                 ws = str(self.private / "ws" / sandbox_id)
                 fixture = workloads.get(task["workload"]).fixture(task["seed"])
+                creds_dir = await asyncio.to_thread(self._attempt_credentials, tid, sandbox_id)
+                sbc = self.cfg.sandbox
                 spec = {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": tid, "attempt": attempt,
-                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence, ws),
-                        "state_dir": str(sdir), "workspace_mb": self.cfg.sandbox.workspace_mb,
-                        "memory_mb": self.cfg.sandbox.memory_mb, "pids_max": self.cfg.sandbox.pids_max,
-                        "workspace_dir": ws, "files": {f"repo/{p}": text for p, text in fixture.items()}}
+                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence),
+                        "state_dir": str(sdir), "workspace_mb": sbc.workspace_mb,
+                        "memory_mb": sbc.memory_mb, "pids_max": sbc.pids_max, "cpu_shares": sbc.cpu_shares,
+                        "cpu_quota": sbc.cpu_cores, "workspace_dir": ws,
+                        "files": {f"repo/{p}": text for p, text in fixture.items()},
+                        "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
+                        "relays": self.relay_socks}
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0")
                 run.current = (host, sandbox_id)
                 self.registry.set_attempt(tid, attempt)
@@ -326,6 +391,7 @@ class WaveRun:
                     self.registry.set_attempt(tid, None)
                 code = result.get("exit_code")
                 await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
+                await asyncio.to_thread(self._revoke, sandbox_id)  # the lease ended: its key is dead
                 captured = None
                 if "artifact" in result:
                     captured = self._store_artifact(tid, attempt, result["artifact"])
@@ -471,9 +537,12 @@ class WaveRun:
                             f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
-        for svc in (self.model, self.effects):
+        for svc in (self.model, self.effects, self.relays):
             if svc is not None:
-                svc.stop()
+                try:
+                    svc.close() if svc is self.relays else svc.stop()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"stop {type(svc).__name__}: {exc}")
         for part in (self.proxy, self.store):
             if part is not None:
                 try:

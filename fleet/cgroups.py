@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("memory", "pids", "freezer")
+CONTROLLERS = ("memory", "pids", "freezer", "cpu")
 MARK = "sandfleet"
 
 
@@ -52,11 +52,23 @@ class SandboxCgroup:
         self.sandbox_id = sandbox_id
         self.dirs = {c: wave_dir(c, wave_id) / sandbox_id for c in CONTROLLERS}
 
-    def create(self, memory_bytes: int, pids_max: int) -> None:
+    def create(self, memory_bytes: int, pids_max: int, cpu_shares: int = 1024, cpu_cores: float | None = None) -> None:
+        """Make the dirs and set the limits from outside (the runner sees /sys read-only)."""
         for d in self.dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        mem = self.dirs["memory"] / "memory.memsw.limit_in_bytes"
+        if mem.exists():  # no escape into swap
+            try:
+                mem.write_text(str(memory_bytes))
+            except OSError:
+                pass
         (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
+        (self.dirs["cpu"] / "cpu.shares").write_text(str(cpu_shares))
+        if cpu_cores:
+            period = 100_000
+            (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(period))
+            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu_cores * period))))
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]

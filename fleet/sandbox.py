@@ -2,8 +2,16 @@
 `remove`) add timing, state changes and logging, then call a private `_method` per
 backend (template method). The process backend runs each runner as
 
-    sh (joins the sandbox cgroups) -> unshare --mount --pid --fork --mount-proc
-        -> tini -s -g -> runner (cwd = the workspace)
+    sh (joins the sandbox cgroups) -> bwrap (new mount, pid, net, ipc, uts, cgroup namespaces;
+        a minimal read-only root) -> setpriv (uid/gid 65534, no capabilities, no_new_privs)
+        -> sh (starts the loopback relays) -> tini -s -g -> runner (cwd = /workspace)
+
+Inside, the host is read-only and mostly absent: /usr and /etc read-only, the
+runner's code and interpreter read-only at their own paths, a private /tmp,
+/proc of its own pid namespace, /sys read-only (so every cgroup file too), and
+the tmpfs workspace at /workspace as the only writable place. The network
+namespace is empty but for loopback listeners (socat) relayed over unix sockets
+bound in from the host: the only services a runner can reach.
 
 The workspace is a size-limited tmpfs the backend mounts on the host before the
 start (source `sandfleet-ws.<wave>.<sandbox>`: a marker a sweep finds), seeds
@@ -15,6 +23,7 @@ freezer) named `sandfleet/<wave>/<sandbox>`: the marker a sweep finds.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
 import signal
@@ -32,10 +41,26 @@ from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 LAUNCH = r"""
 read -r go || exit 97
 exec </dev/null
-cd "$SANDFLEET_WORKSPACE" || exit 98
-exec unshare --mount --pid --fork --kill-child --mount-proc --propagation private \
-  tini -s -g -- "$@"
+exec bwrap "$@"
 """
+# Inside the sandbox, as the unprivileged user: loopback relays to the harness services, then the runner.
+INNER = r"""
+for r in $SF_RELAYS; do
+  socat -lf /dev/null TCP-LISTEN:${r%%=*},bind=127.0.0.1,reuseaddr,fork,backlog=64 UNIX-CONNECT:${r#*=} &
+done
+i=0
+while [ -n "$SF_RELAYS" ] && [ $i -lt 600 ]; do
+  n=0
+  for p in $SF_RELAY_HEX; do grep -q "0100007F:$p 00000000:0000 0A" /proc/net/tcp && n=$((n+1)); done
+  [ $n -ge $SF_RELAY_N ] && break
+  i=$((i+1)); sleep 0.005
+done
+unset SF_RELAYS SF_RELAY_HEX SF_RELAY_N
+exec tini -s -g -- "$@"
+"""
+WORKSPACE_IN = "/workspace"
+RUN_IN = "/run/sandfleet"
+SANDBOX_UID = 65534
 MAX_ARTIFACT_BYTES = 32 * 1024 * 1024
 MAX_ARTIFACT_FILES = 20000
 
@@ -58,6 +83,12 @@ class SandboxSpec:
     pids_max: int = 256
     workspace_dir: str | None = None  # host mount point of the tmpfs workspace (default: <state_dir>/ws)
     files: dict[str, str] = field(default_factory=dict)  # seeded into the workspace before the start
+    cpu_shares: int = 256
+    cpu_quota: float = 1.0  # cores
+    ro_binds: list[str] = field(default_factory=list)  # host paths visible read-only at the same path
+    ro_mounts: dict[str, str] = field(default_factory=dict)  # host dir -> read-only path inside
+    hide: list[str] = field(default_factory=list)  # paths covered by an empty tmpfs inside
+    relays: dict[int, str] = field(default_factory=dict)  # loopback port inside -> host unix socket
 
     @property
     def workspace(self) -> str:
@@ -73,7 +104,8 @@ class SandboxSpec:
 
     @property
     def checkpoint_path(self) -> str:
-        return os.path.join(self.state_dir, "checkpoints")
+        """Host path of the file a runner appends named kill windows to (in its own workspace)."""
+        return os.path.join(self.workspace, ".sandfleet", "checkpoints")
 
 
 @dataclass
@@ -231,11 +263,14 @@ def read_tree(root: str) -> dict:
     return {"files": files, "skipped": sorted(skipped)}
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+
+
 def unmount_workspace(path: str) -> None:
     if os.path.ismount(path):
-        subprocess.run(["umount", path], capture_output=True, timeout=20)
-        if os.path.ismount(path):
-            subprocess.run(["umount", "-l", path], capture_output=True, timeout=20)
+        if _libc.umount2(path.encode(), 0) != 0:
+            _libc.umount2(path.encode(), MNT_DETACH)
 
 
 def command_problem(argv: list[str], path: str) -> str | None:
@@ -257,17 +292,20 @@ def command_problem(argv: list[str], path: str) -> str | None:
 def check_process_backend() -> None:
     """Clear errors for what the process backend needs and this machine lacks."""
     cgroups.check_available()
-    for tool in ("unshare", "tini", "mount"):
+    for tool in ("bwrap", "setpriv", "socat", "tini", "mount"):
         if shutil.which(tool) is None:
-            hint = "apt-get install tini" if tool == "tini" else "apt-get install util-linux"
+            hint = {"tini": "apt-get install tini", "bwrap": "apt-get install bubblewrap",
+                    "socat": "apt-get install socat"}.get(tool, "apt-get install util-linux")
             raise SandboxError(f"`{tool}` is not installed; the process sandbox backend needs it "
                                f"({hint}, or run `make setup`)")
 
 
 class ProcessBackend(SandboxBackend):
-    """Processes in mount+pid namespaces, a private tmpfs workspace, cgroup v1 limits."""
+    """Unprivileged processes in their own namespaces (bubblewrap), a private tmpfs workspace,
+    cgroup v1 limits the runner cannot touch, and only loopback relays to the harness."""
 
     name = "process"
+    LOG_CAP = 16 * 1024 * 1024
 
     def command_problem(self, spec: SandboxSpec) -> str | None:
         return command_problem(spec.argv, spec.env.get("PATH", ""))
@@ -276,38 +314,91 @@ class ProcessBackend(SandboxBackend):
         super().__init__()
         self._procs: dict[str, subprocess.Popen] = {}
         self._cgroups: dict[str, cgroups.SandboxCgroup] = {}
+        self._logs: dict[str, tuple[int, object, list]] = {}
 
-    async def _start(self, sb: Sandbox) -> None:
-        spec = sb.spec
+    @staticmethod
+    def bwrap_args(spec: SandboxSpec) -> list[str]:
+        a = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
+             "--die-with-parent", "--new-session", "--hostname", "sandbox",
+             "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+            host = "/" + top
+            if os.path.islink(host):
+                a += ["--symlink", os.readlink(host), host]
+            elif os.path.isdir(host):
+                a += ["--ro-bind", host, host]
+        a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--ro-bind", "/sys", "/sys"]
+        made = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev", "/sys"}
+
+        def parents(path: str) -> list[str]:
+            out, cur = [], os.path.dirname(path.rstrip("/"))
+            while cur not in made and cur != "/":
+                out.append(cur)
+                cur = os.path.dirname(cur)
+            made.update(out)
+            return [x for p in reversed(out) for x in ("--perms", "0755", "--dir", p)]
+
+        for path in sorted(set(spec.ro_binds)):
+            if os.path.exists(path):
+                a += parents(path) + ["--ro-bind", path, path]
+                made.add(path)
+        for host, inside in sorted(spec.ro_mounts.items()):
+            a += parents(inside) + ["--ro-bind", host, inside]
+            made.add(inside)
+        for path in spec.hide:
+            a += ["--tmpfs", path]
+        for port, sock in sorted(spec.relays.items()):
+            inside = f"{RUN_IN}/sock/{port}.sock"
+            a += parents(inside) + ["--ro-bind", sock, inside]
+        a += ["--bind", spec.workspace, WORKSPACE_IN, "--chdir", WORKSPACE_IN,
+              "--cap-add", "CAP_SETUID,CAP_SETGID", "--",
+              "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+              "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+              "/bin/sh", "-c", INNER, "sandfleet-init", *spec.argv]
+        return a
+
+    def _prepare_workspace(self, spec: SandboxSpec) -> None:
         os.makedirs(spec.workspace, exist_ok=True)
-        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={spec.workspace_mb * 1024 * 1024},mode=0755",
-                                spec.mount_source, spec.workspace], capture_output=True, text=True, timeout=20)
-        if mount.returncode != 0:
-            raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {mount.stderr.strip()}")
-        for rel, text in spec.files.items():
+        opts = f"size={spec.workspace_mb * 1024 * 1024},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+        if _libc.mount(spec.mount_source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                       opts.encode()) != 0:
+            err = ctypes.get_errno()
+            raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {os.strerror(err)}")
+        for rel in list(spec.files) + [".sandfleet/checkpoints"]:
             full = os.path.join(spec.workspace, rel)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "w") as f:
-                f.write(text)
+                f.write(spec.files.get(rel, ""))
+        for dirpath, dirnames, filenames in os.walk(spec.workspace):
+            for name in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID)
+
+    async def _start(self, sb: Sandbox) -> None:
+        spec = sb.spec
+        self._prepare_workspace(spec)
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
-        cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max)
+        cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares, spec.cpu_quota)
         self._cgroups[spec.sandbox_id] = cg
         env = dict(spec.env)
+        ports = sorted(spec.relays)
         env.update(
-            SANDFLEET_WORKSPACE=spec.workspace,
+            SANDFLEET_WORKSPACE=WORKSPACE_IN,
             SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
-            SANDFLEET_CHECKPOINT=spec.checkpoint_path,
-            PATH=env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin")),
+            SANDFLEET_CHECKPOINT=f"{WORKSPACE_IN}/.sandfleet/checkpoints",
+            PATH=env.get("PATH", "/usr/bin:/bin"),
+            SF_RELAYS=" ".join(f"{p}={RUN_IN}/sock/{p}.sock" for p in ports),
+            SF_RELAY_HEX=" ".join(f"{p:04X}" for p in ports),
+            SF_RELAY_N=str(len(ports)),
         )
-        log = open(spec.log_path, "ab")
+        rfd, wfd = os.pipe()
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *spec.argv],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.PIPE, cwd=spec.state_dir)
+            proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *self.bwrap_args(spec)],
+                                    env=env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/")
         finally:
-            log.close()
+            os.close(wfd)
         self._procs[spec.sandbox_id] = proc
         sb.pid = proc.pid
+        self._pump_log(spec, rfd)
         try:
             for f in cg.procs_files():
                 with open(f, "w") as fh:
@@ -318,6 +409,45 @@ class ProcessBackend(SandboxBackend):
             proc.kill()
             proc.wait(5)
             raise SandboxError(f"could not place sandbox {spec.sandbox_id} in its cgroups: {exc}") from exc
+
+    def _pump_log(self, spec: SandboxSpec, rfd: int) -> None:
+        """The runner's stdout/stderr reach the host through a pipe; the host writes the log (capped)."""
+        os.set_blocking(rfd, False)
+        out = open(spec.log_path, "ab")
+        state = [0]
+        self._logs[spec.sandbox_id] = (rfd, out, state)
+        loop = asyncio.get_running_loop()
+
+        def readable():
+            try:
+                data = os.read(rfd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._close_log(spec.sandbox_id)
+                return
+            if state[0] < self.LOG_CAP:
+                out.write(data[: self.LOG_CAP - state[0]])
+                out.flush()
+                if state[0] + len(data) >= self.LOG_CAP:
+                    out.write(b"\n[sandfleet: log capped at %d bytes]\n" % self.LOG_CAP)
+            state[0] += len(data)
+
+        loop.add_reader(rfd, readable)
+
+    def _close_log(self, sid: str) -> None:
+        entry = self._logs.pop(sid, None)
+        if entry is None:
+            return
+        rfd, out, _ = entry
+        try:
+            asyncio.get_running_loop().remove_reader(rfd)
+        except RuntimeError:
+            pass
+        os.close(rfd)
+        out.close()
 
     async def _wait(self, sb: Sandbox) -> int:
         proc = self._procs[sb.spec.sandbox_id]
@@ -333,19 +463,24 @@ class ProcessBackend(SandboxBackend):
                 os.close(fd)
         code = proc.wait()
         sb.ended_at = time.time()
-        # unshare --kill-child ends the namespace with it; wait until the cgroup is empty too
+        # bwrap's pid 1 ends the namespace with it; wait until the cgroup is empty too
         cg = self._cgroups.get(sb.spec.sandbox_id)
         if cg is not None and cg.pids():
             await asyncio.to_thread(cg.kill_all)
         return code
 
     def _init_pid(self, sb: Sandbox) -> int | None:
-        """Host pid of the sandbox's init (tini): the child of unshare."""
-        try:
-            kids = Path(f"/proc/{sb.pid}/task/{sb.pid}/children").read_text().split()
-            return int(kids[0]) if kids else None
-        except (OSError, ValueError):
-            return None
+        """Host pid of the sandbox's tini (it forwards SIGTERM to the runner's process group)."""
+        todo = [sb.pid]
+        while todo:
+            pid = todo.pop(0)
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "tini":
+                    return pid
+                todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+        return None
 
     async def _kill(self, sb: Sandbox, grace_s: float) -> None:
         cg = self._cgroups[sb.spec.sandbox_id]
@@ -379,6 +514,7 @@ class ProcessBackend(SandboxBackend):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        self._drain_and_close_log(sid)
         cg.remove()
         ws = sb.spec.workspace
         await asyncio.to_thread(unmount_workspace, ws)
@@ -387,6 +523,21 @@ class ProcessBackend(SandboxBackend):
                 os.rmdir(ws)
             except OSError:
                 pass
+
+    def _drain_and_close_log(self, sid: str) -> None:
+        entry = self._logs.get(sid)
+        if entry is not None:
+            rfd, out, state = entry
+            try:
+                while state[0] < self.LOG_CAP:
+                    data = os.read(rfd, 65536)
+                    if not data:
+                        break
+                    out.write(data[: self.LOG_CAP - state[0]])
+                    state[0] += len(data)
+            except OSError:
+                pass
+        self._close_log(sid)
 
 
 def reap_leftover(wave_id: str, sandbox_id: str) -> dict:

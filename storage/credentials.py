@@ -26,14 +26,16 @@ class CredentialSource:
     def __init__(self, path: Path):
         self.path = Path(path)
 
-    def publish(self, creds: Credentials) -> None:
+    def publish(self, creds: Credentials, owner_uid: int | None = None) -> None:
         body = orjson.dumps(
             {"Version": 1, "AccessKeyId": creds.access_key, "SecretAccessKey": creds.secret_key}
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".creds-")
         try:
-            os.fchmod(fd, 0o600)
+            os.fchmod(fd, 0o400 if owner_uid is not None else 0o600)
+            if owner_uid is not None:  # the sandbox user reads it through credential_process
+                os.fchown(fd, owner_uid, owner_uid)
             os.write(fd, body)
             os.fsync(fd)
         finally:
@@ -44,13 +46,15 @@ class CredentialSource:
         data = orjson.loads(self.path.read_bytes())
         return Credentials(data["AccessKeyId"], data["SecretAccessKey"])
 
-    def write_aws_config(self, config_path: Path, region: str = "us-east-1") -> Path:
-        """An AWS config whose default profile runs `cat` on this source (no Python start-up)."""
+    def write_aws_config(self, config_path: Path, region: str = "us-east-1", source_path: str | None = None) -> Path:
+        """An AWS config whose default profile runs `cat` on this source (no Python start-up).
+
+        `source_path` is where the source is seen by the reader (inside a sandbox), if not here."""
         config_path = Path(config_path)
         config_path.write_text(
             "[default]\n"
             f"region = {region}\n"
-            f"credential_process = /bin/cat {self.path}\n"
+            f"credential_process = /bin/cat {source_path or self.path}\n"
         )
-        os.chmod(config_path, 0o600)
+        os.chmod(config_path, 0o644 if source_path else 0o600)
         return config_path

@@ -113,14 +113,17 @@ class EmbeddedStore:
     def generate_credentials() -> Credentials:
         return Credentials("SF" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
 
-    def write_identities(self, creds: list[Credentials]) -> None:
-        """Atomic rewrite of the identities file (mode 0600); SIGHUP makes weed reload it."""
+    def write_identities(self, creds: list[Credentials], extra: list[dict] | None = None) -> None:
+        """Atomic rewrite of the identities file (mode 0600); SIGHUP makes weed reload it.
+
+        `creds` are admin keys; `extra` are further identities as SeaweedFS spells them
+        (e.g. per-attempt keys scoped to a prefix)."""
         body = orjson.dumps({"identities": [
             {"name": f"sandfleet-{i}",
              "credentials": [{"accessKey": c.access_key, "secretKey": c.secret_key}],
              "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
             for i, c in enumerate(creds)
-        ]}, option=orjson.OPT_INDENT_2)
+        ] + list(extra or [])}, option=orjson.OPT_INDENT_2)
         tmp = self.identities_path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
