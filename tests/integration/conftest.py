@@ -16,4 +16,5 @@ def run_wave(fleet, tmp_path_factory):
         result = wave.run()
         return result, wave.dir
 
+    _run.root = root
     return _run

@@ -1,0 +1,65 @@
+"""Hostile runners, each in its own sandbox beside honest tasks, on the real parts: every attack is
+contained, the sandbox is killed and reaped, the honest tasks pass, and the host is unchanged."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fleet import cgroups
+from tests import leftovers
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = str(ROOT / "tests" / "runners" / "hostile.py")
+ATTACKS = ["write_outside", "read_identities", "write_results", "foreign_prefix", "proxy_control",
+           "cgroup_escape", "setsid_daemon", "ignore_sigterm", "fill_workspace", "memory", "fork_bomb",
+           "spin_cpu", "net_outside", "stale_key"]
+HOST_PATHS = ["/etc/sf-pwned", "/usr/sf-pwned", "/root/sf-pwned", "/work/sf-pwned", "/var/sf-pwned"]
+
+
+def _limits() -> dict:
+    out = {}
+    for c, f in (("memory", "memory.limit_in_bytes"), ("pids", "pids.max"), ("cpu", "cpu.shares"),
+                 ("freezer", "freezer.state")):
+        p = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / f
+        out[str(p)] = p.read_text() if p.exists() else None
+    return out
+
+
+def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
+    plan = {f"t{i:03d}": a for i, a in enumerate(ATTACKS)}
+    plan["t%03d" % len(ATTACKS)] = "none"  # an honest task in the same wave
+    before = _limits()
+    assert not [p for p in HOST_PATHS if Path(p).exists()]
+    runner = {"name": "hostile", "command": [sys.executable, HOSTILE],
+              "env": {"ATTACKS": ",".join(f"{t}={a}" for t, a in plan.items()), "HOST_RESULTS": str(run_wave.root)}}
+    result, d = run_wave(runner=runner, tasks=len(plan), concurrency=4, faults=[], seed=17,
+                         workload={"steps": 6, "think_ms": 20}, deadline_s=150,
+                         sandbox={"memory_mb": 256, "pids_max": 96, "cpu_cores": 1.0})
+    outcomes = {}
+    for tid, attack in plan.items():
+        if attack == "none":
+            continue
+        logs = "".join(p.read_text() for p in sorted((d / "sandboxes").glob(f"{tid}-a*/runner.log")))
+        m = re.search(rf"ATTACK {attack} RESULT (\w+) (.*)", logs)
+        outcomes[attack] = (m.group(1), m.group(2)) if m else ("missing", logs[-500:])
+    escaped = {a: o for a, o in outcomes.items() if o[0] != "blocked"}
+    assert not escaped, escaped
+    # contained, killed, reaped: every task (attacked or honest) still passes, nothing is left behind
+    bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
+    assert not bad, bad
+    assert result["wave_checks"]["no_leaked_sandbox"] == "pass"
+    assert not leftovers.wait_clean(), "a sandbox process, cgroup or mount was left behind"
+    assert not [p for p in HOST_PATHS if Path(p).exists()], "a runner wrote outside its workspace"
+    assert not list(run_wave.root.rglob("sf-pwned")), "a runner wrote into results/"
+    assert _limits() == before, "a cgroup limit of the harness changed"
+    # the store refused the foreign and the stale writes (real 403s, seen by the proxy)
+    reqs = [orjson.loads(line) for line in (d / "proxy-requests.jsonl").read_bytes().splitlines() if line.strip()]
+    foreign = [r for r in reqs if r["method"] == "PUT" and r["key"].endswith("pwned")]
+    assert foreign and all(r["status"] == 403 for r in foreign), foreign
+    zombie = [r for r in reqs if r["key"].endswith("zombie-write")]
+    assert zombie and all(r["status"] == 403 for r in zombie), zombie
