@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
+import os
+import secrets
 import random
 import select
 import signal
@@ -257,6 +260,7 @@ class FaultProxy:
         self.counts = {"requests": 0, "faulted": 0}
         self.port = 0
         self.control_port = 0
+        self.token = os.environ.get("SANDFLEET_PROXY_TOKEN") or None
 
     def match(self, req: S3Request) -> Rule | None:
         for rule in list(self.rules.values()):
@@ -342,7 +346,10 @@ class FaultProxy:
                 return
             method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
             body = await reader.readexactly(head.length or 0)
-            status, payload = self.dispatch(method, urllib.parse.urlsplit(target).path, body)
+            if self.token and not hmac.compare_digest(head.get("authorization"), f"Bearer {self.token}"):
+                status, payload = 401, {"error": "the control API needs the harness's bearer token"}
+            else:
+                status, payload = self.dispatch(method, urllib.parse.urlsplit(target).path, body)
         except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
             status, payload = 400, {"error": str(exc)}
         data = orjson.dumps(payload)
@@ -400,12 +407,14 @@ class FaultProxy:
 class ProxyControl:
     """Client of the proxy's control API (stdlib only, so runners and tests can use it)."""
 
-    def __init__(self, control_port: int, host: str = "127.0.0.1"):
+    def __init__(self, control_port: int, host: str = "127.0.0.1", token: str | None = None):
         self.base = f"http://{host}:{control_port}"
+        self.token = token
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = orjson.dumps(body) if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return orjson.loads(resp.read())
@@ -438,11 +447,14 @@ class ProxyProcess:
         self.proc = None
         self.port = 0
         self.control_port = 0
+        self.token: str | None = None
 
     def start(self, timeout_s: float = 20.0) -> "ProxyProcess":
-        self.proc = subprocess.Popen(
+        self.token = secrets.token_urlsafe(32)
+        self.proc = subprocess.Popen(  # the token goes through the environment, never argv (ps shows argv)
             [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env=dict(os.environ, SANDFLEET_PROXY_TOKEN=self.token))
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline().decode().split() if ready else ["(no READY line after", f"{timeout_s}s)"]
         if len(line) != 3 or line[0] != "READY":
@@ -457,7 +469,7 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def control(self) -> ProxyControl:
-        return ProxyControl(self.control_port)
+        return ProxyControl(self.control_port, token=self.token)
 
     def stop(self, grace_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None

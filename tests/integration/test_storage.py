@@ -74,3 +74,45 @@ def test_st1_window_answers_503_xml_only_for_its_prefix(store_and_proxy):
     assert closed["hits"] >= 1
     c.put_object(Bucket="sf-test", Key="down/x", Body=b"back")
     assert ctl.rules()["rules"] == []
+
+
+def test_proxy_control_api_needs_the_harness_token(store_and_proxy):
+    from storage.proxy import ProxyControl
+
+    _, _, proxy, _ = store_and_proxy
+    with pytest.raises(RuntimeError, match="401"):
+        ProxyControl(proxy.control_port).rules()
+    with pytest.raises(RuntimeError, match="401"):
+        ProxyControl(proxy.control_port, token="guess").open_rule(rule_id="x")
+    assert "rules" in proxy.control().rules()
+
+
+def test_attempt_keys_are_scoped_to_their_prefix_and_dead_after_revoke(tmp_path):
+    """Per-attempt keys at the store: a foreign prefix is a real 403, a revoked key is InvalidAccessKeyId."""
+    import botocore.exceptions
+
+    from storage.keys import ScopedKeys
+    from storage.store import EmbeddedStore, s3_client
+
+    store = EmbeddedStore(tmp_path / "keys")
+    ep = store.start()
+    try:
+        ep.client().create_bucket(Bucket="bucket-keys")
+        keys = ScopedKeys(store, ep.creds)
+        a1 = keys.issue("a1", "bucket-keys", "w/t1/")
+        a2 = keys.issue("a2", "bucket-keys", "w/t2/")
+        c1 = s3_client(ep.url, a1, max_attempts=1)
+        c1.put_object(Bucket="bucket-keys", Key="w/t1/x", Body=b"1")
+        with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
+            c1.put_object(Bucket="bucket-keys", Key="w/t2/x", Body=b"1")
+        with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
+            c1.list_objects_v2(Bucket="bucket-keys", Prefix="w/")
+        assert keys.revoke("a1")
+        with pytest.raises(botocore.exceptions.ClientError, match="InvalidAccessKeyId"):
+            c1.put_object(Bucket="bucket-keys", Key="w/t1/x", Body=b"zombie")
+        a3 = keys.issue("a3", "bucket-keys", "w/t1/")  # reuses a1's slot with a new key
+        assert len(keys.slots) == 2 and a3 != a1
+        s3_client(ep.url, a2, max_attempts=1).put_object(Bucket="bucket-keys", Key="w/t2/x", Body=b"1")
+        assert ep.client().get_object(Bucket="bucket-keys", Key="w/t1/x")["Body"].read() == b"1"
+    finally:
+        store.stop()
