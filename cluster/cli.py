@@ -93,7 +93,13 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     if not (results_dir / "plan.json").is_file():
         _err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
         return EXIT_BAD_INPUT
-    result = grade_wave(results_dir)
+    from cluster.grade import Unreadable
+
+    try:
+        result = grade_wave(results_dir)
+    except Unreadable as exc:
+        _err(f"error: cannot grade {results_dir}: {exc} (the file is damaged; nothing was graded)")
+        return EXIT_HARNESS
     write_summary(results_dir, result)
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False)
     out.print(f"SUMMARY: {results_dir / 'SUMMARY.md'}", highlight=False)

@@ -24,6 +24,7 @@ Checks per task:
 """
 from __future__ import annotations
 
+import hashlib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,27 +47,63 @@ def merge(verdicts) -> str:
     return out
 
 
-def _load(path: Path, default=None):
-    try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        return default
+class Unreadable(Exception):
+    """An input file exists but cannot be read or parsed: whatever depends on it is unknown."""
 
 
-def _lines(path: Path) -> list[dict]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in data.splitlines():
-        if line.strip():
+class Inputs:
+    """Reads the wave's files, and remembers a digest of every input it read (stored with each grade)."""
+
+    def __init__(self, d: Path):
+        self.d = d
+        self.digests: dict[str, str] = {}
+        self.unreadable: dict[str, str] = {}
+
+    def _bytes(self, name: str) -> bytes | None:
+        try:
+            data = (self.d / name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.unreadable[name] = str(exc)
+            raise Unreadable(f"{name}: {exc}") from None
+        self.digests[name] = hashlib.sha256(data).hexdigest()
+        return data
+
+    def json(self, name: str, default=None):
+        data = self._bytes(name)
+        if data is None:
+            return default
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            self.unreadable[name] = f"not valid JSON: {exc}"
+            raise Unreadable(f"{name}: not valid JSON: {exc}") from None
+
+    def lines(self, name: str) -> list[dict] | None:
+        """JSON lines; None when the file is missing. Only a torn last line is tolerated."""
+        data = self._bytes(name)
+        if data is None:
+            return None
+        out = []
+        raw = data.splitlines()
+        for i, line in enumerate(raw):
+            if not line.strip():
+                continue
             try:
                 out.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                if line is not data.splitlines()[-1]:  # only a torn last line is tolerated
-                    raise
-    return out
+            except orjson.JSONDecodeError as exc:
+                if i == len(raw) - 1:
+                    continue
+                self.unreadable[name] = f"line {i + 1}: {exc}"
+                raise Unreadable(f"{name} line {i + 1}: {exc}") from None
+        return out
+
+    def lines_or_none(self, name: str) -> list[dict] | None:
+        try:
+            return self.lines(name)
+        except Unreadable:
+            return None
 
 
 @dataclass
@@ -80,6 +117,7 @@ class TaskHistory:
     effects: list[dict] | None = None
     writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
     artifact: dict[str, bytes] | None = None
+    artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
     reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
 
 
@@ -158,6 +196,8 @@ def grade_task(h: TaskHistory) -> dict:
         if end["state"] != "done":
             return {"verdict": FAIL, "detail": f"state={end['state']} ({end.get('why', '')})"}
         last = attempts[-1] if attempts else {}
+        if h.artifact_error:
+            return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
         if h.artifact is None:
             why = (last.get("artifact") or {}).get("why", "no artifact was captured")
             return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
@@ -172,6 +212,8 @@ def grade_task(h: TaskHistory) -> dict:
         return {"verdict": PASS, "detail": "exited 0; every step's change and effect is there"}
 
     def resume_equivalent():
+        if h.artifact_error:
+            return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
         if h.artifact is None:
             return {"verdict": FAIL, "detail": "no artifact was captured"}
         ref = h.reference or {}
@@ -198,7 +240,7 @@ def grade_task(h: TaskHistory) -> dict:
             counts = wl.step_counts(h.artifact)
             twice = sorted(s for s, n in counts.items() if n > 1)
         if h.effects is None:
-            return {"verdict": UNKNOWN, "detail": "no effects log"}
+            return {"verdict": UNKNOWN, "detail": "no readable effects log"}
         applied: dict[str, list] = {}
         for e in h.effects:
             if not e.get("deduped"):
@@ -221,7 +263,9 @@ def grade_task(h: TaskHistory) -> dict:
 
     def no_model_recall():
         if h.calls is None:
-            return {"verdict": UNKNOWN, "detail": "no model call log"}
+            return {"verdict": UNKNOWN, "detail": "no readable model call log"}
+        if h.writes is None:
+            return {"verdict": UNKNOWN, "detail": "no readable proxy request log"}
         a = recall_analysis(h.calls, h.effects or [], h.writes or [], h.events)
         wasted = a["recalls"] + a["forgiven"]
         out = {"model_recalls": len(a["recalls"]), "forgiven_in_flight": len(a["forgiven"]),
@@ -285,32 +329,43 @@ def grade_wave(results_dir: str | Path) -> dict:
     from fleet.workloads.base import tree_digest
 
     d = Path(results_dir)
-    plan = _load(d / "plan.json")
+    inp = Inputs(d)
+    plan = inp.json("plan.json")  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
     if plan is None:
         raise FileNotFoundError(f"{d}/plan.json not found: not a wave results directory")
-    timeline = _lines(d / "timeline.jsonl")
-    receipts = _load(d / "faults.json", []) or []
-    have_calls = (d / "model-calls.jsonl").exists()
-    have_fx = (d / "effects.jsonl").exists()
-    calls = _lines(d / "model-calls.jsonl")
-    effects = _lines(d / "effects.jsonl")
-    proxy = _lines(d / "proxy-requests.jsonl")
-    sweep = _load(d / "sandbox-sweep.json")
-    audit = _load(d / "store-audit.json")
+    timeline = inp.lines("timeline.jsonl") or []
+    try:
+        receipts = inp.json("faults.json", []) or []
+    except Unreadable:
+        receipts = []  # every planned fault then has no receipt: unknown
+    calls = inp.lines_or_none("model-calls.jsonl")
+    effects = inp.lines_or_none("effects.jsonl")
+    proxy = inp.lines_or_none("proxy-requests.jsonl")
+    have_calls, have_fx = calls is not None, effects is not None
+    calls, effects = calls or [], effects or []
+    try:
+        sweep = inp.json("sandbox-sweep.json")
+    except Unreadable:
+        sweep = None
+    try:
+        audit = inp.json("store-audit.json")
+    except Unreadable:
+        audit = None
     harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
     wave_id = plan["wave_id"]
 
     def history(task: dict) -> TaskHistory:
         tid = task["task_id"]
         prefix = f"{wave_id}/{tid}/"
-        art, _ = _read_artifact_safe(d / "artifacts" / tid)
+        art, why = _read_artifact_safe(d / "artifacts" / tid)
         return TaskHistory(
             task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
             calls=[c for c in calls if c["task"] == tid] if have_calls else None,
             effects=[e for e in effects if e["task"] == tid] if have_fx else None,
-            writes=[r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
-                    and 200 <= (r.get("status") or 0) < 300],
-            artifact=art)
+            writes=None if proxy is None else [
+                r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+                and 200 <= (r.get("status") or 0) < 300],
+            artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why)
 
     refs = {t["task_id"]: t for t in plan.get("references", [])}
     ref_grades = []
@@ -337,6 +392,11 @@ def grade_wave(results_dir: str | Path) -> dict:
             _write_evidence(d, task["task_id"], g)
         grades.append(g)
     for g in grades + ref_grades:
+        g["inputs"] = {"digests": dict(sorted(inp.digests.items())), "unreadable": dict(inp.unreadable)}
+        art = d / "artifacts" / g["task_id"] / "artifact.json"
+        if art.exists():
+            g["inputs"]["digests"][f"artifacts/{g['task_id']}/artifact.json"] = hashlib.sha256(
+                art.read_bytes()).hexdigest()
         if g["role"] == "reference" and g["verdict"] != PASS:
             _write_evidence(d, g["task_id"], g)
         (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
@@ -356,6 +416,7 @@ def grade_wave(results_dir: str | Path) -> dict:
                                                       for k, v in wave_checks.items()])
     return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
+            "inputs": {"digests": inp.digests, "unreadable": inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 
 

@@ -49,11 +49,13 @@ for r in $SF_RELAYS; do
   socat -lf /dev/null TCP-LISTEN:${r%%=*},bind=127.0.0.1,reuseaddr,fork,backlog=64 UNIX-CONNECT:${r#*=} &
 done
 i=0
-while [ -n "$SF_RELAYS" ] && [ $i -lt 600 ]; do
+while [ -n "$SF_RELAYS" ] && [ $i -lt 2000 ]; do
   n=0
-  for p in $SF_RELAY_HEX; do grep -q "0100007F:$p 00000000:0000 0A" /proc/net/tcp && n=$((n+1)); done
+  while read -r sl local rem st rest; do
+    [ "$st" = 0A ] && case " $SF_RELAY_HEX " in *" ${local#0100007F:} "*) n=$((n+1));; esac
+  done < /proc/net/tcp
   [ $n -ge $SF_RELAY_N ] && break
-  i=$((i+1)); sleep 0.005
+  i=$((i+1))
 done
 unset SF_RELAYS SF_RELAY_HEX SF_RELAY_N
 exec tini -s -g -- "$@"

@@ -178,3 +178,27 @@ def test_wave_on_an_existing_s3_endpoint(run_wave, tmp_path):
         assert keys["KeyCount"] > 0
     finally:
         other.stop()
+
+
+def test_regrade_of_damaged_inputs_is_unknown_or_a_named_error(durable_wave, tmp_path):
+    """Grading integrity: a damaged input is never a fail or a pass; the grade names what it read."""
+    import shutil
+
+    result, d = durable_wave
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy, symlinks=True)
+    g = orjson.loads((copy / "t000.grade.json").read_bytes())
+    assert "timeline.jsonl" in g["inputs"]["digests"] and "model-calls.jsonl" in g["inputs"]["digests"]
+    calls = (copy / "model-calls.jsonl").read_bytes().splitlines()
+    (copy / "model-calls.jsonl").write_bytes(b"\n".join(calls[:2] + [b"{garbage"] + calls[2:]))
+    art = next((copy / "artifacts" / "t001" / "files").rglob("*.md"))
+    art.write_text("tampered\n")
+    again = grade_wave(copy)
+    by = {g["task_id"]: g for g in again["tasks"]}
+    assert all(g["checks"]["no_model_recall"]["verdict"] == "unknown" for g in again["tasks"])
+    assert by["t001"]["checks"]["resume_equivalent"]["verdict"] == "unknown"
+    assert "model-calls.jsonl" in by["t000"]["inputs"]["unreadable"]
+    assert again["verdict"] == "unknown" and exit_code(again) == 2
+    (copy / "timeline.jsonl").write_bytes(b"{broken\n" + (d / "timeline.jsonl").read_bytes())
+    cli = subprocess.run([sys.executable, "-m", "cluster.cli", "grade", str(copy)], capture_output=True, text=True)
+    assert cli.returncode == 2 and "timeline.jsonl line 1" in cli.stderr, cli.stderr

@@ -133,3 +133,12 @@ def test_a_crashing_check_is_unknown():
     g = grade_task(hist(calls=[{"step": "x"}, {"step": "x"}]))
     assert g["checks"]["no_model_recall"]["verdict"] == UNKNOWN
     assert g["verdict"] == UNKNOWN
+
+
+def test_an_unreadable_artifact_is_unknown_never_fail():
+    h = hist()
+    h.artifact, h.artifact_error = None, "files/README.md: content does not match its recorded sha256"
+    g = grade_task(h)
+    assert g["checks"]["completed"]["verdict"] == UNKNOWN
+    assert g["checks"]["resume_equivalent"]["verdict"] == UNKNOWN
+    assert g["verdict"] == UNKNOWN
