@@ -9,12 +9,12 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 setup: system $(STAMP)
 
-# The process sandbox backend needs bubblewrap, setpriv and mount (util-linux), socat and tini.
+# The process sandbox backend needs bubblewrap, setpriv and nsenter (util-linux) and tini.
 system:
 	@if ! command -v tini >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1 || \
-	    ! command -v socat >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
-		echo "installing system packages: bubblewrap socat tini util-linux"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap socat tini util-linux >/dev/null; \
+	    ! command -v nsenter >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
+		echo "installing system packages: bubblewrap tini util-linux"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml

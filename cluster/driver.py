@@ -31,7 +31,6 @@ from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet import workloads
 from fleet.effects import EffectsService
 from fleet.model_endpoint import MODEL_ID, ModelEndpoint
-from fleet.relay import Relays
 from fleet.runners import HERE as BUILTIN_DIR
 from fleet.sandbox import RUN_IN, SANDBOX_UID, WORKSPACE_IN, check_process_backend
 from fleet.services import TaskRegistry
@@ -180,7 +179,6 @@ class WaveRun:
         self.proxy: ProxyProcess | None = None
         self.model: ModelEndpoint | None = None
         self.effects: EffectsService | None = None
-        self.relays: Relays | None = None
         self.keys: ScopedKeys | None = None
         self.registry = TaskRegistry()
         self.cache = ReferenceCache(self.results_root)
@@ -222,11 +220,10 @@ class WaveRun:
         self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
                                    log_path=self.dir / "model-calls.jsonl").start()
         self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
-        # the only ways out of a sandbox's network namespace: unix sockets relayed to these three services
-        self.relays = Relays(self.private / "sock")
-        self.relay_socks = {PORT_S3: self.relays.add("s3", self.proxy.port),
-                            PORT_MODEL: self.relays.add("model", self.model.server.server_address[1]),
-                            PORT_EFFECTS: self.relays.add("effects", self.effects.server.server_address[1])}
+        # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
+        self.relay_targets = {PORT_S3: f"127.0.0.1:{self.proxy.port}",
+                              PORT_MODEL: f"127.0.0.1:{self.model.server.server_address[1]}",
+                              PORT_EFFECTS: f"127.0.0.1:{self.effects.server.server_address[1]}"}
         self.binds, self.hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
@@ -369,7 +366,7 @@ class WaveRun:
                         "cpu_quota": sbc.cpu_cores, "workspace_dir": ws,
                         "files": {f"repo/{p}": text for p, text in fixture.items()},
                         "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
-                        "relays": self.relay_socks}
+                        "relays": self.relay_targets}
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0")
                 run.current = (host, sandbox_id)
                 self.registry.set_attempt(tid, attempt)
@@ -537,10 +534,10 @@ class WaveRun:
                             f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
-        for svc in (self.model, self.effects, self.relays):
+        for svc in (self.model, self.effects):
             if svc is not None:
                 try:
-                    svc.close() if svc is self.relays else svc.stop()
+                    svc.stop()
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"stop {type(svc).__name__}: {exc}")
         for part in (self.proxy, self.store):

@@ -2,16 +2,16 @@
 `remove`) add timing, state changes and logging, then call a private `_method` per
 backend (template method). The process backend runs each runner as
 
-    sh (joins the sandbox cgroups) -> bwrap (new mount, pid, net, ipc, uts, cgroup namespaces;
-        a minimal read-only root) -> setpriv (uid/gid 65534, no capabilities, no_new_privs)
-        -> sh (starts the loopback relays) -> tini -s -g -> runner (cwd = /workspace)
+    sh (joins the sandbox cgroups) -> nsenter --net (the network namespace the host made)
+        -> bwrap (new mount, pid, ipc, uts, cgroup namespaces; a minimal read-only root)
+        -> setpriv (uid/gid 65534, no capabilities, no_new_privs) -> tini -s -g -> runner
 
 Inside, the host is read-only and mostly absent: /usr and /etc read-only, the
 runner's code and interpreter read-only at their own paths, a private /tmp,
 /proc of its own pid namespace, /sys read-only (so every cgroup file too), and
-the tmpfs workspace at /workspace as the only writable place. The network
-namespace is empty but for loopback listeners (socat) relayed over unix sockets
-bound in from the host: the only services a runner can reach.
+the tmpfs workspace at /workspace as the only writable place (and cwd). The
+network namespace is empty but for loopback listeners the host opened in it and
+relays to the harness services (fleet/netns.py): the only things a runner reaches.
 
 The workspace is a size-limited tmpfs the backend mounts on the host before the
 start (source `sandfleet-ws.<wave>.<sandbox>`: a marker a sweep finds), seeds
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet import cgroups
+from fleet.netns import SandboxNet
 from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 
 # The parent writes the launcher's pid into every sandbox cgroup, then sends "go" on stdin:
@@ -41,24 +42,7 @@ from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 LAUNCH = r"""
 read -r go || exit 97
 exec </dev/null
-exec bwrap "$@"
-"""
-# Inside the sandbox, as the unprivileged user: loopback relays to the harness services, then the runner.
-INNER = r"""
-for r in $SF_RELAYS; do
-  socat -lf /dev/null TCP-LISTEN:${r%%=*},bind=127.0.0.1,reuseaddr,fork,backlog=64 UNIX-CONNECT:${r#*=} &
-done
-i=0
-while [ -n "$SF_RELAYS" ] && [ $i -lt 2000 ]; do
-  n=0
-  while read -r sl local rem st rest; do
-    [ "$st" = 0A ] && case " $SF_RELAY_HEX " in *" ${local#0100007F:} "*) n=$((n+1));; esac
-  done < /proc/net/tcp
-  [ $n -ge $SF_RELAY_N ] && break
-  i=$((i+1))
-done
-unset SF_RELAYS SF_RELAY_HEX SF_RELAY_N
-exec tini -s -g -- "$@"
+exec nsenter --net="$SF_NETNS" bwrap "$@"
 """
 WORKSPACE_IN = "/workspace"
 RUN_IN = "/run/sandfleet"
@@ -90,7 +74,7 @@ class SandboxSpec:
     ro_binds: list[str] = field(default_factory=list)  # host paths visible read-only at the same path
     ro_mounts: dict[str, str] = field(default_factory=dict)  # host dir -> read-only path inside
     hide: list[str] = field(default_factory=list)  # paths covered by an empty tmpfs inside
-    relays: dict[int, str] = field(default_factory=dict)  # loopback port inside -> host unix socket
+    relays: dict[int, str] = field(default_factory=dict)  # loopback port inside -> "host:port" of a service
 
     @property
     def workspace(self) -> str:
@@ -294,10 +278,10 @@ def command_problem(argv: list[str], path: str) -> str | None:
 def check_process_backend() -> None:
     """Clear errors for what the process backend needs and this machine lacks."""
     cgroups.check_available()
-    for tool in ("bwrap", "setpriv", "socat", "tini", "mount"):
+    for tool in ("bwrap", "setpriv", "nsenter", "tini"):
         if shutil.which(tool) is None:
-            hint = {"tini": "apt-get install tini", "bwrap": "apt-get install bubblewrap",
-                    "socat": "apt-get install socat"}.get(tool, "apt-get install util-linux")
+            hint = {"tini": "apt-get install tini", "bwrap": "apt-get install bubblewrap"}.get(
+                tool, "apt-get install util-linux")
             raise SandboxError(f"`{tool}` is not installed; the process sandbox backend needs it "
                                f"({hint}, or run `make setup`)")
 
@@ -317,10 +301,11 @@ class ProcessBackend(SandboxBackend):
         self._procs: dict[str, subprocess.Popen] = {}
         self._cgroups: dict[str, cgroups.SandboxCgroup] = {}
         self._logs: dict[str, tuple[int, object, list]] = {}
+        self._nets: dict[str, SandboxNet] = {}
 
     @staticmethod
     def bwrap_args(spec: SandboxSpec) -> list[str]:
-        a = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
+        a = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup",
              "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
@@ -349,14 +334,11 @@ class ProcessBackend(SandboxBackend):
             made.add(inside)
         for path in spec.hide:
             a += ["--tmpfs", path]
-        for port, sock in sorted(spec.relays.items()):
-            inside = f"{RUN_IN}/sock/{port}.sock"
-            a += parents(inside) + ["--ro-bind", sock, inside]
         a += ["--bind", spec.workspace, WORKSPACE_IN, "--chdir", WORKSPACE_IN,
               "--cap-add", "CAP_SETUID,CAP_SETGID", "--",
               "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-              "/bin/sh", "-c", INNER, "sandfleet-init", *spec.argv]
+              "/usr/bin/tini", "-s", "-g", "--", *spec.argv]
         return a
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
@@ -381,21 +363,21 @@ class ProcessBackend(SandboxBackend):
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
         cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares, spec.cpu_quota)
         self._cgroups[spec.sandbox_id] = cg
+        net = await SandboxNet(spec.relays).open()
+        self._nets[spec.sandbox_id] = net
         env = dict(spec.env)
-        ports = sorted(spec.relays)
         env.update(
             SANDFLEET_WORKSPACE=WORKSPACE_IN,
             SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
             SANDFLEET_CHECKPOINT=f"{WORKSPACE_IN}/.sandfleet/checkpoints",
             PATH=env.get("PATH", "/usr/bin:/bin"),
-            SF_RELAYS=" ".join(f"{p}={RUN_IN}/sock/{p}.sock" for p in ports),
-            SF_RELAY_HEX=" ".join(f"{p:04X}" for p in ports),
-            SF_RELAY_N=str(len(ports)),
         )
+        launch_env = dict(env, SF_NETNS=f"/proc/self/fd/{net.nsfd}")
         rfd, wfd = os.pipe()
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *self.bwrap_args(spec)],
-                                    env=env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/")
+                                    env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/",
+                                    pass_fds=(net.nsfd,))
         finally:
             os.close(wfd)
         self._procs[spec.sandbox_id] = proc
@@ -517,6 +499,9 @@ class ProcessBackend(SandboxBackend):
                 proc.kill()
                 proc.wait(5)
         self._drain_and_close_log(sid)
+        net = self._nets.pop(sid, None)
+        if net is not None:
+            await net.close()
         cg.remove()
         ws = sb.spec.workspace
         await asyncio.to_thread(unmount_workspace, ws)

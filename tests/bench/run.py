@@ -103,13 +103,10 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
 
     from fleet.sandbox import ProcessBackend, SandboxSpec
 
-    from fleet.relay import Relays
-
     async def main():
         be = ProcessBackend()
         d = Path(tempfile.mkdtemp(prefix="sfbench-sb-"))
-        relays = Relays(d / "sock")  # the three service relays a wave's sandbox gets
-        socks = {18000 + k: relays.add(name, 9) for k, name in enumerate(("s3", "model", "effects"))}
+        socks = {18000 + k: "127.0.0.1:9" for k in range(3)}  # the three service listeners a wave's sandbox gets
         starts, ready, kills, legacy = [], [], [], []
         for i in range(n):
             # the legacy launcher, interleaved so both see the same machine state
@@ -138,7 +135,6 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
             await be.wait(sb)
             await be.remove(sb)
             kills.append((time.perf_counter() - t) * 1000)
-        relays.close()
         shutil.rmtree(d, ignore_errors=True)
         return starts, ready, kills, legacy
 
@@ -148,7 +144,7 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
                  "tmpfs mounted + seeded, cgroups set, launcher placed in them"))
     rows.append((f"process sandbox until its command runs, n={n}: p50 / max (ms)",
                  f"{statistics.median(ready):.1f} / {max(ready):.1f}", "",
-                 f"bwrap + setpriv + 3 loopback relays + tini; x{statistics.median(ready) / statistics.median(legacy):.2f} of the "
+                 f"own netns with 3 service listeners + bwrap + setpriv + tini; x{statistics.median(ready) / statistics.median(legacy):.2f} of the "
                  f"replaced unshare launcher ({statistics.median(legacy):.1f} ms p50 in the same run)"))
     rows.append((f"process sandbox SIGKILL until cgroup empty + removed, n={n}: p50 / max (ms)",
                  f"{statistics.median(kills):.1f} / {max(kills):.1f}", "", ""))
