@@ -5,7 +5,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sandfleet-installed
 
-.PHONY: setup system wave test test-unit bench clean
+EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
+
+.PHONY: setup system wave test test-unit bench examples clean
 
 setup: system $(STAMP)
 
@@ -34,6 +36,14 @@ test-unit: setup
 
 bench: setup
 	$(BIN)/python -m tests.bench.run
+
+# Each example runner gets its own venv with its own pinned requirements (none imports sandfleet).
+examples: $(addsuffix /.venv/.installed,$(EXAMPLES))
+
+examples/%/.venv/.installed: examples/%/requirements.txt
+	@test -x examples/$*/.venv/bin/python || $(PYTHON) -m venv examples/$*/.venv
+	examples/$*/.venv/bin/python -m pip install -q --disable-pip-version-check -r $<
+	@touch $@
 
 clean:
 	rm -rf $(VENV) results build *.egg-info
