@@ -129,6 +129,15 @@ class StoreConfig(Strict):
 class FaultTiming(Strict):
     at_s: tuple[float, float] | None = None
     window_s: tuple[float, float] | None = None
+    after_model_calls: tuple[int, int] | None = Field(
+        None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
+
+    @field_validator("at_s", "window_s", "after_model_calls")
+    @classmethod
+    def _range(cls, v):
+        if v is not None and not (0 <= v[0] <= v[1]):
+            raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi, got {list(v)}")
+        return v
 
 
 class WaveConfig(Strict):

@@ -160,6 +160,12 @@ class FaultContextImpl:
     async def current_sandbox(self, task_id: str):
         return self.wave.runs[task_id].current
 
+    async def wait_model_answers(self, task_id: str, n: int) -> bool:
+        """Polls the endpoint's per-task count of delivered answers (cancelled when the task ends)."""
+        while self.wave.model.delivered(task_id) < n:
+            await asyncio.sleep(0.002)
+        return True
+
     def proxy(self):
         return self.wave.proxy.control()
 

@@ -57,6 +57,9 @@ class FaultContext(Protocol):
 
     async def current_sandbox(self, task_id: str) -> tuple[Any, str] | None: ...
 
+    async def wait_model_answers(self, task_id: str, n: int) -> bool:
+        """Until the task's Nth model answer was delivered (True), or the task ended (False)."""
+
     def proxy(self) -> Any: ...
 
 

@@ -56,6 +56,11 @@ class ModelEndpoint(JsonService):
         super().__init__(registry or TaskRegistry(), log_path)
         self.think_ms = think_ms
         self._scripts: dict[tuple, list] = {}
+        self._delivered: dict[str, int] = {}
+
+    def delivered(self, task_id: str) -> int:
+        """How many answers reached the task's runner so far (a boundary fault's trigger)."""
+        return self._delivered.get(task_id, 0)
 
     @property
     def base_url(self) -> str:
@@ -115,6 +120,9 @@ class ModelEndpoint(JsonService):
                 "system_fingerprint": "sandfleet-script",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 "usage": usage})
+        if delivered:
+            with self._lock:
+                self._delivered[entry.task_id] = self._delivered.get(entry.task_id, 0) + 1
         self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
                          "attempt_at_end": entry.attempt, "step": step, "kind": kind, "tool": tool, "id": cid,
                          "stream": stream, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

@@ -66,3 +66,26 @@ def test_bad_runner_specs_name_the_field():
         build_config({"runner": {"command": []}})
     with pytest.raises(ConfigError, match="runner.comand"):
         build_config({"runner": {"comand": "x"}})
+
+
+def test_league_config_errors_name_the_field(tmp_path):
+    from cluster.league import load_league
+
+    p = tmp_path / "l.yaml"
+    p.write_text("runners: [durable, nope]\n")
+    with pytest.raises(ConfigError, match="nope"):
+        load_league(p)
+    p.write_text("runners: [durable]\nfault_sets: [[PK9]]\n")
+    with pytest.raises(ConfigError, match="PK9"):
+        load_league(p)
+    p.write_text("runners: [durable]\nwave: {tasks: 0}\n")
+    with pytest.raises(ConfigError, match="tasks"):
+        load_league(p)
+    p.write_text("")
+    with pytest.raises(ConfigError, match="non-empty"):
+        load_league(p)
+    p.write_text("runners: [durable, naive]\nfault_sets: [[PK1], []]\nwave: {seed: 3}\n")
+    waves = load_league(p).waves()
+    assert [(n, f) for n, f, _ in waves] == [("durable", ["PK1"]), ("durable", []), ("naive", ["PK1"]),
+                                              ("naive", [])]
+    assert all(c.seed == 3 for _, _, c in waves)

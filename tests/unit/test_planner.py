@@ -34,3 +34,13 @@ def test_wave_plan_is_reproducible_from_the_seed():
     a.pop("created_at"), b.pop("created_at")
     assert a == b
     assert len({t["seed"] for t in a["tasks"]}) == 5
+
+
+def test_pk1_after_the_nth_model_answer_is_planned_from_the_seed():
+    from faults.planner import plan_faults
+
+    a = plan_faults(9, ["t000", "t001"], ["PK1"], {"PK1": {"after_model_calls": (2, 6)}})
+    b = plan_faults(9, ["t000", "t001"], ["PK1"], {"PK1": {"after_model_calls": (2, 6)}})
+    assert a == b
+    for specs in a.values():
+        assert specs[0].trigger == "model_call" and 2 <= specs[0].params["after_calls"] <= 6

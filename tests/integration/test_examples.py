@@ -1,0 +1,51 @@
+"""Every example runner (a real agent framework in its own venv, no sandfleet import) runs a
+PK1 + ST1 wave. The store-backed ones survive; the one whose checkpoints live in the workspace is
+caught asking the model again for every recorded step."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+# PK1 fires right after the runner's 3rd-5th model answer (a boundary, not a clock: a kill while a
+# framework is still importing would test nothing); ST1 at its usual time
+WAVE = dict(tasks=2, concurrency=2, seed=4, faults=["PK1", "ST1"], workload={"steps": 10, "think_ms": 100},
+            fault_timing={"PK1": {"after_model_calls": [3, 5]}}, deadline_s=120)
+
+
+def example(name: str) -> dict:
+    work = ROOT / "examples" / name
+    if not (work / ".venv" / "bin" / "python").exists():
+        pytest.fail(f"examples/{name}/.venv is missing: run `make examples` (make test does)")
+    return {"name": name, "command": ".venv/bin/python agent.py", "workdir": str(work)}
+
+
+def _by_fault(result) -> dict:
+    return {g["faults"][0]: g for g in result["tasks"]}
+
+
+@pytest.mark.parametrize("name", ["openai_journal", "langgraph_s3"])
+def test_store_backed_examples_survive_pk1_and_st1(run_wave, name):
+    result, d = run_wave(runner=example(name), **WAVE)
+    bad = {g["task_id"]: g["checks"] for g in result["tasks"] if g["verdict"] != "pass"}
+    assert not bad, bad
+    pk1 = _by_fault(result)["PK1"]
+    assert pk1["interrupted"] and pk1["attempts"] == 2 and pk1["model_recalls"] == 0
+    assert result["wave_checks"]["positive_control"] == "pass"
+
+
+def test_langgraph_with_local_sqlite_checkpoints_is_caught_reasking_the_model(run_wave):
+    result, d = run_wave(runner=example("langgraph_sqlite"), **WAVE)
+    by = _by_fault(result)
+    # it never touches the store, so a storage outage has nothing to hit: not_applied, never a pass
+    st1 = by["ST1"]
+    assert st1["verdict"] == "not_applied" and "no request" in st1["checks"]["fault_applied"]["detail"]
+    pk1 = by["PK1"]
+    assert pk1["interrupted"], "the kill must land mid-run for the control to prove anything"
+    assert pk1["checks"]["no_model_recall"]["verdict"] == "fail"
+    assert pk1["model_recalls"] >= 1 and pk1["signature"] == "no_model_recall"
+    # its effects carry an Idempotency-Key and its workspace is fresh: the cost is recalls, not corruption
+    assert pk1["checks"]["no_double_apply"]["verdict"] == "pass"
+    assert pk1["checks"]["resume_equivalent"]["verdict"] == "pass"
