@@ -5,6 +5,7 @@ error, 254 bad arguments or config.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,6 +19,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 wave_app = typer.Typer(no_args_is_help=True, help="Run waves.")
 app.add_typer(wave_app, name="wave")
 out = Console()
+
+
+def check_results_root(results: Path) -> None:
+    """--results must be a directory we can create and write, checked before anything is written."""
+    from cluster.config import ConfigError
+
+    p = results.resolve()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"option --results {str(results)!r}: {str(probe)!r} is a file, not a directory; "
+                          "give a directory (it is created if missing)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"option --results {str(results)!r}: {str(probe)!r} is not writable; "
+                          "give a directory you can write")
 
 
 def _err(msg: str) -> None:
@@ -55,9 +72,10 @@ def wave_run(
         runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address}
     if faults is not None:
-        overrides["faults"] = [] if faults.strip().lower() in ("", "none") else faults
+        overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)
     try:
         cfg = load_config(config, overrides)
+        check_results_root(results)
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
@@ -119,6 +137,7 @@ def league_cmd(
 
     try:
         league = load_league(config)
+        check_results_root(results)
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from faults.base import CATALOG
 from fleet.runners import BUILTIN, builtin_command
@@ -125,6 +125,15 @@ class StoreConfig(Strict):
     access_key: str | None = None
     secret_key: str | None = None
 
+    @model_validator(mode="after")
+    def _keys(self):
+        if self.url and not (self.access_key and self.secret_key):
+            raise ValueError(f"store.url {self.url!r} needs store.access_key and store.secret_key "
+                             "(or leave store.url empty for the embedded SeaweedFS)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"store.url {self.url!r} must start with http:// or https://")
+        return self
+
 
 class FaultTiming(Strict):
     at_s: tuple[float, float] | None = None
@@ -168,6 +177,11 @@ class WaveConfig(Strict):
     @classmethod
     def _faults(cls, v):
         if isinstance(v, str):
+            if v.strip().lower() == "none":
+                return []
+            if not v.strip():
+                raise ValueError("an empty fault list must be said explicitly: `none` (or give fault ids, "
+                                 f"e.g. PK1,ST1; valid fault ids: {', '.join(sorted(CATALOG))})")
             v = [s.strip() for s in v.split(",") if s.strip()]
         if not isinstance(v, list):
             raise ValueError("faults must be a list of fault ids")
@@ -242,9 +256,14 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text())
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config file {str(p)!r} cannot be read: {err}") from None
+        if data is None:
+            raise ConfigError(f"config file {str(p)!r} is empty; give at least one field (e.g. `tasks: 4`), "
+                              "or run without a config file for the defaults")
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}")
         source = str(p)

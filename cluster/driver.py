@@ -124,6 +124,24 @@ def preflight(cfg: WaveConfig) -> None:
             find_weed()
     except (CgroupError, SandboxError, StoreError) as exc:
         raise HarnessError(str(exc)) from None
+    if cfg.address not in ("local", "auto"):
+        check_ray_address(cfg.address)
+
+
+def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in bounded time, before anything is written, when no Ray cluster answers at `address`."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise HarnessError(f"cannot reach a Ray cluster at {address!r}: expected HOST:PORT of the head's GCS "
+                           "(e.g. 127.0.0.1:6379), or 'local'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise HarnessError(f"cannot reach a Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
+                           "running there? use --address local for a private Ray)") from None
 
 
 class Timeline:

@@ -120,7 +120,8 @@ def wave_metrics(result: dict, d: Path) -> dict:
     }
 
 
-def run_league(league: LeagueConfig, results_root: Path, progress: bool = True) -> Path:
+def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, fleet=None) -> Path:
+    """Run every wave of the league on one fleet (a lent one is left running) and write LEAGUE.md."""
     from cluster.driver import WaveRun
     from cluster.raycluster import FleetSession
 
@@ -128,7 +129,7 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True) 
     out = Path(results_root).resolve() / f"league-{league.name}-{ts}"
     out.mkdir(parents=True)
     rows = []
-    fleet = None
+    own = fleet is None
     try:
         for name, fs, cfg in league.waves():
             if fleet is None:
@@ -143,7 +144,7 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True) 
             (out / "league.json").write_bytes(orjson.dumps({"config": league.model_dump(mode="json"), "rows": rows},
                                                            option=orjson.OPT_INDENT_2))
     finally:
-        if fleet is not None:
+        if own and fleet is not None:
             fleet.stop()
     write_league(out, league, rows)
     return out

@@ -42,3 +42,35 @@ def test_missing_config_file_and_bad_flag_exit_254(tmp_path):
 def test_grade_of_a_non_wave_dir_exits_254(tmp_path):
     r = sandfleet("grade", str(tmp_path))
     assert r.returncode == 254 and "plan.json" in r.stderr
+
+
+@pytest.mark.parametrize("setup, args, needles", [
+    (lambda d: (d / "f").write_text("x"), ["--results", "{d}/f"], ["--results", "is a file"]),
+    (lambda d: (d / "f").write_text("x"), ["--results", "{d}/f/sub"], ["--results", "is a file"]),
+    (lambda d: None, ["--faults", ""], ["faults", "none"]),
+    (lambda d: (d / "c.yaml").write_text(""), ["{d}/c.yaml"], ["is empty"]),
+    (lambda d: (d / "c.yaml").write_text("fault_timing: {PK1: {at_s: [-1, 2]}}\n"), ["{d}/c.yaml"],
+     ["fault_timing.PK1.at_s", "0 <= lo <= hi"]),
+    (lambda d: (d / "c.yaml").write_text("store: {url: 'http://127.0.0.1:9'}\n"), ["{d}/c.yaml"],
+     ["store", "access_key"]),
+    (lambda d: None, ["--runner", "durable", "--runner-cmd", "x"], ["--runner-cmd"]),
+    (lambda d: None, ["--runner-cmd", "python3 agent.py", "--runner-workdir", "{d}/nope"], ["workdir", "nope"]),
+])
+def test_bad_input_exits_254_before_any_results(tmp_path, setup, args, needles):
+    """Every argument and config error is caught before a results directory exists."""
+    setup(tmp_path)
+    results = tmp_path / "results"
+    args = [a.replace("{d}", str(tmp_path)) for a in args]
+    extra = [] if "--results" in args else ["--results", str(results)]
+    r = sandfleet("wave", "run", *args, *extra)
+    assert r.returncode == 254, r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+    assert not results.exists() and not list(tmp_path.glob("**/plan.json"))
+    assert "Traceback" not in r.stderr
+
+
+def test_unreachable_address_fails_fast_with_exit_2(tmp_path):
+    r = sandfleet("wave", "run", "--address", "127.0.0.1:1", "--results", str(tmp_path / "r"))
+    assert r.returncode == 2 and "cannot reach a Ray cluster at 127.0.0.1:1" in r.stderr, r.stderr
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())

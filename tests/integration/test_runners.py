@@ -68,3 +68,22 @@ def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
     # the harness captured the untouched workspace: the fixture only
     art = orjson.loads((d / "artifacts" / "t000" / "artifact.json").read_bytes())
     assert set(art["files"]) == {"README.md", "src/app.py", "src/util.py", "CHANGELOG.md"}
+
+
+def test_league_writes_its_table_and_picture(fleet, tmp_path):
+    """`sandfleet league` on real parts (the session's fleet): two runners, one fault set, one task each."""
+    from cluster.league import load_league, run_league
+
+    cfg = tmp_path / "league.yaml"
+    cfg.write_text("name: tiny\nrunners: [durable, naive]\nfault_sets: [[PK1]]\n"
+                   "wave: {tasks: 1, concurrency: 1, seed: 5, workload: {steps: 6, think_ms: 20},\n"
+                   "       fault_timing: {PK1: {after_model_calls: [3, 3]}}}\n")
+    out = run_league(load_league(cfg), tmp_path / "r", progress=False, fleet=fleet)
+    table = (out / "LEAGUE.md").read_text()
+    assert (out / "league.png").stat().st_size > 1000
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| durable") or
+            line.startswith("| naive")}
+    assert "| pass | 1/1 | 1/1 |" in rows["durable"], table
+    data = orjson.loads((out / "league.json").read_bytes())
+    assert [(r["runner"], r["faults"]) for r in data["rows"]] == [("durable", ["PK1"]), ("naive", ["PK1"])]
+    assert all(r["interrupted"] == 1 for r in data["rows"])  # the boundary trigger landed mid-run
