@@ -225,6 +225,10 @@ class WaveRun:
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         preflight(self.cfg)
+        from fleet import cgroups
+
+        # the driver (services, relays of the model and effects calls) runs beside the sandboxes, not above
+        self.harness_cg = cgroups.join_harness(f"driver-{os.getpid()}")
         self.private.mkdir(parents=True, exist_ok=True)
         os.chmod(self.private, 0o700)
         t = time.perf_counter()
@@ -576,6 +580,9 @@ class WaveRun:
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"fleet stop: {exc}")
         shutil.rmtree(self.private, ignore_errors=True)
+        from fleet import cgroups
+
+        cgroups.leave_harness(getattr(self, "harness_cg", None))
         if errors:
             self.timeline("teardown_errors", errors=errors)
 

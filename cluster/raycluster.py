@@ -80,6 +80,7 @@ class FleetSession:
         self.node_ids = ["node-0"]
         self.hosts = [start_host_actor(n, self.ledger) for n in self.node_ids]
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
+        self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         return self
 
     def stop(self) -> None:

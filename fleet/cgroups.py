@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "freezer", "cpu")
 MARK = "sandfleet"
+HARNESS = "sandfleet-harness"  # the harness's own processes: a sibling of the sandboxes' tree, never its parent
 
 
 class CgroupError(RuntimeError):
@@ -23,9 +24,10 @@ def own_path(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> str:
     for line in Path(proc_cgroup).read_text().splitlines():
         _, ctrls, path = line.split(":", 2)
         if controller in ctrls.split(","):
-            if f"/{MARK}/" in path + "/":
-                path = path[: (path + "/").index(f"/{MARK}/")]
-            return path if path != "/" else ""
+            parts = path.split("/")
+            cut = next((i for i, p in enumerate(parts) if p in (MARK, HARNESS)), len(parts))
+            path = "/".join(parts[:cut])
+            return path if path not in ("/", "") else ""
     raise CgroupError(f"cgroup v1 controller {controller!r} is not mounted "
                       f"(need /sys/fs/cgroup/{controller}; run as root on a cgroup v1 host)")
 
@@ -139,6 +141,38 @@ class SandboxCgroup:
                     parent.rmdir()
                 except OSError:
                     break
+
+
+def join_harness(name: str, shares: int = 2048) -> Path:
+    """Move this process into `<own>/sandfleet-harness/<name>` (cpu controller), with more CPU shares than
+    the sandboxes' tree (`<own>/sandfleet`): siblings, so no runner can starve the harness."""
+    base = ROOT / "cpu" / own_path("cpu").lstrip("/")
+    d = base / HARNESS / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cpu.shares").write_text(str(shares))
+    (d / "cgroup.procs").write_text(str(os.getpid()))
+    return d
+
+
+def leave_harness(d: Path | None) -> None:
+    """Move this process back to where it came from and remove its harness cgroup."""
+    if d is None:
+        return
+    base = d.parent.parent
+    try:
+        (base / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        pass
+    for p in (d, d.parent):
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+def harness_dirs() -> list[str]:
+    base = ROOT / "cpu" / own_path("cpu").lstrip("/") / HARNESS
+    return sorted(str(p) for p in base.iterdir()) if base.is_dir() else []
 
 
 def list_sandboxes(wave_id: str | None = None) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ makes it remote at the edge.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -25,6 +26,11 @@ class SandboxHost:
 
     async def ping(self) -> str:
         return self.node_id
+
+    async def join_harness(self) -> dict:
+        """Move this host process into the harness's own cgroup (a sibling of the sandboxes')."""
+        self._harness_cg = cgroups.join_harness(f"host-{self.node_id}-{os.getpid()}")
+        return {"pid": os.getpid(), "cgroup": str(self._harness_cg)}
 
     async def _renew_loop(self, sb, lease: dict, ttl_s: float) -> None:
         version = lease["version"]
@@ -116,6 +122,8 @@ class SandboxHost:
         for sb in list(self.backend.sandboxes.values()):
             if await self.backend.kill(sb, grace_s, reason="host shutdown"):
                 n += 1
+        cgroups.leave_harness(getattr(self, "_harness_cg", None))
+        self._harness_cg = None
         return n
 
 

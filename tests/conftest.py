@@ -33,7 +33,9 @@ def _can_run_real_parts() -> str | None:
 
 @pytest.fixture(scope="session")
 def baseline():
-    return {"snapshot": leftovers.snapshot(), "ports": leftovers.listening_ports()}
+    from fleet import cgroups
+
+    return {"snapshot": leftovers.snapshot(), "ports": leftovers.listening_ports(), "harness": cgroups.harness_dirs()}
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +55,9 @@ def fleet(baseline):
     assert not leftovers.ray_processes(tmpdir), "Ray processes left after the session"
     left = leftovers.wait_clean(baseline["snapshot"])
     assert not left, f"left behind after the test session: {left}"
+    from fleet import cgroups
+
+    assert cgroups.harness_dirs() == baseline["harness"], "a harness cgroup was left behind"
     deadline = time.monotonic() + 20
     while (leftovers.listening_ports() - baseline["ports"]) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -57,9 +57,24 @@ def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
     assert not [p for p in HOST_PATHS if Path(p).exists()], "a runner wrote outside its workspace"
     assert not list(run_wave.root.rglob("sf-pwned")), "a runner wrote into results/"
     assert _limits() == before, "a cgroup limit of the harness changed"
+
     # the store refused the foreign and the stale writes (real 403s, seen by the proxy)
     reqs = [orjson.loads(line) for line in (d / "proxy-requests.jsonl").read_bytes().splitlines() if line.strip()]
     foreign = [r for r in reqs if r["method"] == "PUT" and r["key"].endswith("pwned")]
     assert foreign and all(r["status"] == 403 for r in foreign), foreign
     zombie = [r for r in reqs if r["key"].endswith("zombie-write")]
     assert zombie and all(r["status"] == 403 for r in zombie), zombie
+
+
+def test_harness_processes_live_beside_the_sandboxes_never_above(fleet):
+    """The host actor (and the driver, during a wave) sit in `sandfleet-harness/`, the sandboxes in
+    `sandfleet/<wave>/`: siblings under the same parent, so a runner's CPU use competes with the
+    harness by shares and the harness is never the parent of a sandbox's cgroup."""
+    for info in fleet.host_info:
+        line = next(l for l in Path(f"/proc/{info['pid']}/cgroup").read_text().splitlines()
+                    if "cpu" in l.split(":")[1].split(","))
+        path = line.split(":", 2)[2]
+        assert "/sandfleet-harness/host-" in path and "/sandfleet/" not in path
+        base = cgroups.ROOT / "cpu" / cgroups.own_path("cpu").lstrip("/")
+        assert (base / cgroups.HARNESS).is_dir()
+        assert int((Path(info["cgroup"]) / "cpu.shares").read_text()) > 1024
