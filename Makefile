@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 wave: setup
 	$(BIN)/sandfleet wave run configs/quickstart.yaml
 
-test: setup
+test: setup examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
 
 test-unit: setup
@@ -37,13 +37,10 @@ test-unit: setup
 bench: setup
 	$(BIN)/python -m tests.bench.run
 
-# Each example runner gets its own venv with its own pinned requirements (none imports sandfleet).
-examples: $(addsuffix /.venv/.installed,$(EXAMPLES))
-
-examples/%/.venv/.installed: examples/%/requirements.txt
-	@test -x examples/$*/.venv/bin/python || $(PYTHON) -m venv examples/$*/.venv
-	examples/$*/.venv/bin/python -m pip install -q --disable-pip-version-check -r $<
-	@touch $@
+# Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
+# sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.
+examples:
+	@$(PYTHON) examples/mkvenv.py $(EXAMPLES)
 
 clean:
 	rm -rf $(VENV) results build *.egg-info

@@ -1,174 +1,161 @@
-"""A LangGraph agent whose checkpoints live in the store (a small saver on boto3).
+"""A LangGraph agent whose checkpoints live in the S3 store (`s3_saver.S3Saver`, on boto3).
 
-It never imports sandfleet. `ChatOpenAI()` reads OPENAI_BASE_URL / OPENAI_API_KEY,
-boto3 reads AWS_ENDPOINT_URL_S3 / AWS_CONFIG_FILE. The graph is the usual agent
-loop (model node -> ToolNode -> model ...) compiled with `S3Saver`, an
-`InMemorySaver` whose whole state is written to `<prefix>langgraph/saver.pkl`
-after every checkpoint and every pending write, and read back at start. The
-thread id is the task id, so a new attempt resumes from the last checkpoint.
+It imports nothing of sandfleet. `ChatOpenAI(model=$OPENAI_MODEL)` reads OPENAI_BASE_URL /
+OPENAI_API_KEY; boto3 reads AWS_ENDPOINT_URL_S3 / AWS_CONFIG_FILE. The graph is the usual
+agent loop: model node -> ToolNode -> model ..., compiled with the S3 saver; thread_id is the
+task id, so a new attempt continues from the task's last checkpoint (and the pending writes of
+nodes that finished after it), and the model is not asked again for a step it answered.
 
-The workspace is fresh at every attempt, so on resume the agent re-applies the
-`apply_patch` calls whose tool results are in the checkpointed conversation;
-`publish` carries an Idempotency-Key derived from the task and the effect.
+Two things the framework does not do for you:
+
+* `durability="sync"`: LangGraph's default ("async") saves a checkpoint while the next step
+  already runs, so the tool (an effect!) can run before the model's answer is durable; a kill
+  then makes the next attempt ask the model again for a step whose effect was applied.
+* The workspace is fresh at every attempt, but the checkpoint only holds the conversation. So
+  on resume the agent re-applies every `apply_patch` call whose ToolMessage is in the restored
+  state (checkpoint + pending writes): those are exactly the tool runs LangGraph will not run
+  again. A call without a ToolMessage is run by the ToolNode when the graph continues. Each
+  patch thus lands once, in step order, as in an uninterrupted run.
+
+`publish` sends an Idempotency-Key derived from the task and the effect: a ToolNode re-run after
+a kill is a deduplicated retry, not a second effect.
 """
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
 
-import boto3
-import botocore.exceptions
-from botocore.config import Config
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from s3_saver import S3Saver
+
 TASK = os.environ["SANDFLEET_TASK_ID"]
-BUCKET, PREFIX = os.environ["SANDFLEET_S3_BUCKET"], os.environ["SANDFLEET_S3_PREFIX"]
+ATTEMPT = int(os.environ["SANDFLEET_ATTEMPT"])
+FENCE = int(os.environ["SANDFLEET_FENCE"])
 REPO = os.environ["SANDFLEET_REPO"]
-EFFECTS, EFFECTS_KEY = os.environ["SANDFLEET_EFFECTS_URL"], os.environ["SANDFLEET_EFFECTS_KEY"]
-TRANSIENT = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout", "503", "500"}
+EFFECTS_URL = os.environ["SANDFLEET_EFFECTS_URL"].rstrip("/")
+EFFECTS_KEY = os.environ["SANDFLEET_EFFECTS_KEY"]
+SYSTEM = "You are a coding agent. Patch the repository with the tools you are given, one call at a time."
 
 
-def transient(exc: BaseException) -> bool:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        return str(exc.response.get("Error", {}).get("Code")) in TRANSIENT
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500 or exc.code == 429
-    return isinstance(exc, (botocore.exceptions.BotoCoreError, OSError))
+def log(msg: str) -> None:
+    print(f"{time.time():.3f} [{TASK} a{ATTEMPT}] {msg}", flush=True)
 
 
-retrying = retry(retry=retry_if_exception(transient), wait=wait_exponential(multiplier=0.05, max=1),
-                 stop=stop_after_delay(120), reraise=True)
-
-
-class S3Saver(InMemorySaver):
-    """InMemorySaver persisted to one object in the store after every write."""
-
-    def __init__(self, key: str):
-        super().__init__()
-        self.key = key
-        self.s3 = boto3.client("s3", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                                                   request_checksum_calculation="when_required",
-                                                   response_checksum_validation="when_required"))
-        body = self._load()
-        if body is not None:
-            data = pickle.loads(body)
-            for thread, nss in data["storage"].items():
-                for ns, ckpts in nss.items():
-                    self.storage[thread][ns].update(ckpts)
-            self.writes = defaultdict(dict, data["writes"])
-            self.blobs = defaultdict(None, data["blobs"])
-
-    @retrying
-    def _load(self) -> bytes | None:
-        try:
-            return self.s3.get_object(Bucket=BUCKET, Key=self.key)["Body"].read()
-        except botocore.exceptions.ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code")) in ("NoSuchKey", "404"):
-                return None
-            raise
-
-    @retrying
-    def _save(self) -> None:
-        data = {"storage": {t: {ns: dict(c) for ns, c in nss.items()} for t, nss in self.storage.items()},
-                "writes": dict(self.writes), "blobs": dict(self.blobs)}
-        self.s3.put_object(Bucket=BUCKET, Key=self.key, Body=pickle.dumps(data))
-
-    def put(self, *args, **kwargs):
-        out = super().put(*args, **kwargs)
-        self._save()
-        return out
-
-    def put_writes(self, *args, **kwargs):
-        super().put_writes(*args, **kwargs)
-        self._save()
-
-
-def _append(path: str, line: str) -> None:
+# ------------------------------------------------------------------ tools
+def append_line(path: str, line: str) -> None:
     full = os.path.join(REPO, path)
     os.makedirs(os.path.dirname(full), exist_ok=True)
     with open(full, "a") as f:
         f.write(line + "\n")
 
 
+def _retryable_http(exc: BaseException) -> bool:
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in (408, 409, 429) or exc.code >= 500
+    return isinstance(exc, OSError)
+
+
+@retry(retry=retry_if_exception(_retryable_http), wait=wait_exponential(multiplier=0.05, max=1.0),
+       stop=stop_after_delay(120), reraise=True)
+def post_effect(body: dict) -> str:
+    req = urllib.request.Request(EFFECTS_URL + "/effects", data=json.dumps(body).encode(), method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {EFFECTS_KEY}",
+        "Idempotency-Key": f"{TASK}:{body['effect_id']}"})  # same task + effect -> same key, every attempt
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.read().decode()
+
+
 @tool
 def apply_patch(path: str, append: str) -> str:
-    """Append one line to a file of the repository."""
-    _append(path, append)
+    """Append one line to a file of the repository (path relative to repo/)."""
+    append_line(path, append)
     return "ok"
 
 
 @tool
-@retrying
 def publish(effect_id: str, channel: str, text: str) -> str:
-    """Send a message to a channel (an external effect)."""
-    body = json.dumps({"effect_id": effect_id, "channel": channel, "text": text}).encode()
-    req = urllib.request.Request(EFFECTS + "/effects", data=body, method="POST", headers={
-        "Authorization": f"Bearer {EFFECTS_KEY}", "Content-Type": "application/json",
-        "Idempotency-Key": f"{TASK}:{effect_id}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return r.read().decode()
+    """Send a message to a channel through the effects service (an external effect)."""
+    return post_effect({"effect_id": effect_id, "channel": channel, "text": text})
 
 
 @tool
 def run_tests() -> str:
-    """Run the repository's checks (read-only)."""
-    return "ok"
+    """Run the repository's checks; read-only."""
+    return f"ok: {sum(len(files) for _, _, files in os.walk(REPO))} files checked"
 
 
-def build(saver):
-    tools = [apply_patch, publish, run_tests]
-    llm = ChatOpenAI(model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini")).bind_tools(tools)
+TOOLS = [apply_patch, publish, run_tests]
+
+
+def build_graph(checkpointer):
+    llm = ChatOpenAI(model=os.environ["OPENAI_MODEL"], max_retries=5).bind_tools(TOOLS)
     g = StateGraph(MessagesState)
-    g.add_node("agent", lambda s: {"messages": [llm.invoke(s["messages"])]})
-    g.add_node("tools", ToolNode(tools))
+    g.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+    g.add_node("tools", ToolNode(TOOLS))
     g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", tools_condition)
+    g.add_conditional_edges("agent", tools_condition)  # tool calls -> "tools", else the end
     g.add_edge("tools", "agent")
-    return g.compile(checkpointer=saver)
+    return g.compile(checkpointer=checkpointer)
 
 
-def replay_workspace(messages) -> int:
-    """Re-apply the recorded apply_patch calls (the workspace is fresh at every attempt)."""
+# ------------------------------------------------------------------ resume
+def restored_messages(tup) -> list[BaseMessage]:
+    """The conversation LangGraph resumes with: the checkpoint's plus its nodes' pending writes."""
+    out = list(tup.checkpoint["channel_values"].get("messages") or [])
+    for _task, channel, value in tup.pending_writes or []:
+        if channel == "messages":
+            out += value if isinstance(value, list) else [value]
+    return out
+
+
+def replay_patches(messages: list[BaseMessage]) -> int:
+    """Re-apply, in order, the apply_patch calls whose result is recorded (LangGraph won't run them again)."""
     done = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     n = 0
     for m in messages:
-        if isinstance(m, AIMessage):
-            for tc in m.tool_calls:
-                if tc["name"] == "apply_patch" and tc["id"] in done:
-                    _append(tc["args"]["path"], tc["args"]["append"])
-                    n += 1
+        for call in m.tool_calls if isinstance(m, AIMessage) else []:
+            if call["name"] == "apply_patch" and call["id"] in done:
+                append_line(call["args"]["path"], call["args"]["append"])
+                n += 1
     return n
 
 
 def main() -> None:
-    graph = build(S3Saver(PREFIX + "langgraph/saver.pkl"))
-    config = {"configurable": {"thread_id": TASK}, "recursion_limit": 1000}
-    state = graph.get_state(config)
-    if state.values.get("messages"):
-        n = replay_workspace(state.values["messages"])
-        print(f"resuming from checkpoint: {len(state.values['messages'])} messages, {n} patches replayed, "
-              f"next={state.next}", flush=True)
-        out = graph.invoke(None, config)
+    saver = S3Saver(os.environ["SANDFLEET_S3_BUCKET"], os.environ["SANDFLEET_S3_PREFIX"], fence=FENCE, log=log)
+    graph = build_graph(saver)
+    config = {"configurable": {"thread_id": TASK}, "recursion_limit": 10_000}
+    tup = saver.get_tuple(config)
+    if tup is None:
+        log(f"start fence={FENCE}: no checkpoint, a new thread")
+        inputs = {"messages": [SystemMessage(SYSTEM), HumanMessage(f"Task {TASK}: carry out the plan step by step.")]}
     else:
-        out = graph.invoke({"messages": [SystemMessage("You are a coding agent. Use the tools."),
-                                         HumanMessage(f"Task {TASK}: carry out the plan.")]}, config)
-    print("done:", out["messages"][-1].content, flush=True)
+        messages = restored_messages(tup)
+        n = replay_patches(messages)
+        log(f"start fence={FENCE}: resuming checkpoint {tup.config['configurable']['checkpoint_id']} "
+            f"(step {tup.metadata.get('step')}, {len(messages)} messages, {n} patches re-applied)")
+        inputs = None  # continue the thread from its last checkpoint
+    for update in graph.stream(inputs, config, stream_mode="updates", durability="sync"):
+        for node, out in update.items():
+            for m in (out or {}).get("messages", []):
+                what = ",".join(c["name"] for c in m.tool_calls) if isinstance(m, AIMessage) and m.tool_calls \
+                    else (m.content[:60] if isinstance(m.content, str) else "")
+                log(f"{node}: {type(m).__name__} {what}")
+    log("done")
 
 
 if __name__ == "__main__":
     try:
         main()
-    except Exception as exc:  # noqa: BLE001
-        print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - a failed attempt exits non-zero; the harness starts the next one
+        log(f"runner failed: {type(exc).__name__}: {exc}")
         sys.exit(1)

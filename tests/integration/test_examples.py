@@ -1,6 +1,6 @@
 """Every example runner (a real agent framework in its own venv, no sandfleet import) runs a
-PK1 + ST1 wave. The store-backed ones survive; the one whose checkpoints live in the workspace is
-caught asking the model again for every recorded step."""
+PK1 + ST1 wave. The store-backed ones survive; the ones whose state lives in the workspace
+(LangGraph's SqliteSaver, DBOS on SQLite) are caught asking the model again for recorded steps."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +36,9 @@ def test_store_backed_examples_survive_pk1_and_st1(run_wave, name):
     assert result["wave_checks"]["positive_control"] == "pass"
 
 
-def test_langgraph_with_local_sqlite_checkpoints_is_caught_reasking_the_model(run_wave):
-    result, d = run_wave(runner=example("langgraph_sqlite"), **WAVE)
+@pytest.mark.parametrize("name", ["langgraph_sqlite", "dbos_sqlite"])
+def test_frameworks_with_state_in_the_workspace_are_caught_reasking_the_model(run_wave, name):
+    result, d = run_wave(runner=example(name), **WAVE)
     by = _by_fault(result)
     # it never touches the store, so a storage outage has nothing to hit: not_applied, never a pass
     st1 = by["ST1"]
