@@ -91,6 +91,11 @@ def wave_run(
         _err(f"error: {exc}")
         return EXIT_HARNESS
     summary = wave.dir / "SUMMARY.md"
+    if result.get("interrupted"):
+        out.print(f"wave {result['wave_id']}: interrupted by {result['interrupted']}; graded what finished",
+                  highlight=False)
+        out.print(f"SUMMARY: {summary}", highlight=False)
+        return 130 if result["interrupted"] == "SIGINT" else 143
     for e in result.get("harness_errors", []):
         _err(f"harness error: {e}")
     counts = {}

@@ -215,6 +215,7 @@ class WaveRun:
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
         self.timeline: Timeline | None = None
         self.figures: dict = {}
+        self.interrupted: str | None = None
 
     def task_prefix(self, task_id: str) -> str:
         return f"{self.wave_id}/{task_id}/"
@@ -495,6 +496,9 @@ class WaveRun:
             progress.update(bar, completed=done,
                             info=f"running {running}  attempts {attempts}  faults fired {len(self.receipts)}")
 
+        self._loop, self._main = asyncio.get_running_loop(), asyncio.current_task()
+        if self.interrupted:  # a signal came during set-up
+            raise asyncio.CancelledError
         try:
             await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
         finally:
@@ -522,6 +526,11 @@ class WaveRun:
         active = [l for l in ray.get(self.ledger.active.remote(), timeout=60)
                   if l["task_id"].startswith(self.wave_id + "/")]
         live = [l["sandbox_id"] for l in active]
+        if self.interrupted:  # the wave is being stopped: its leases end and every sandbox of it goes
+            for lease in active:
+                ray.get(self.ledger.release.remote(lease["task_id"], lease["fence"], None,
+                                                   f"wave interrupted by {self.interrupted}"), timeout=30)
+            active, live = [], []
         reports = ray.get([h.sweep.remote(self.wave_id, live) for h in self.hosts], timeout=120)
         out = {"wave_id": self.wave_id, "active_leases": active, "nodes": reports,
                "leaked": [r for rep in reports for r in rep["reaped"]]}
@@ -586,6 +595,63 @@ class WaveRun:
         if errors:
             self.timeline("teardown_errors", errors=errors)
 
+    # ------------------------------------------------------------------ signals
+    def _install_signal_handlers(self) -> dict:
+        """SIGINT/SIGTERM stop the wave in order (kill sandboxes, release leases, clear faults, stop the
+        parts, grade what finished); a second one stops at once, still leaving nothing running."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict) -> None:
+        import signal
+
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        import signal
+
+        name = signal.Signals(signum).name
+        if self.interrupted:
+            self._emergency_stop(name)
+        self.interrupted = name
+        sys.stderr.write(f"\n{name}: stopping wave {self.wave_id} in order (again to stop at once)...\n")
+        loop, main = getattr(self, "_loop", None), getattr(self, "_main", None)
+        if loop is not None and main is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(main.cancel)
+
+    def _emergency_stop(self, name: str) -> None:
+        """Second signal: kill what this wave started, by PID and by its markers, and exit now."""
+        from fleet.sandbox import reap_leftover
+        from fleet import cgroups
+
+        for part in (self.proxy, self.store):
+            proc = getattr(part, "proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for wid, sid in cgroups.list_sandboxes(self.wave_id):
+            try:
+                reap_leftover(wid, sid)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.own_fleet and self.fleet is not None:
+            try:
+                self.fleet.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        cgroups.leave_harness(getattr(self, "harness_cg", None))
+        shutil.rmtree(self.private, ignore_errors=True)
+        sys.stderr.write(f"{name} again: stopped at once; results so far in {self.dir}\n")
+        os._exit(130 if name == "SIGINT" else 143)
+
     # ------------------------------------------------------------------ main
     def run(self) -> dict:
         """Run the wave; returns the wave verdict summary. Raises HarnessError on set-up failure."""
@@ -601,6 +667,7 @@ class WaveRun:
         self.timeline = Timeline(self.dir / "timeline.jsonl")
         harness_error = None
         t_wave = time.perf_counter()
+        previous = self._install_signal_handlers()
         try:
             self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.plan["runner"]["name"],
                           faults=self.cfg.faults, seed=self.cfg.seed)
@@ -609,9 +676,14 @@ class WaveRun:
                           effects=self.effects.url,
                           **self.figures)
             asyncio.run(self._run_all())
+        except asyncio.CancelledError:
+            self.timeline("wave_interrupted", signal=self.interrupted)
         except Exception as exc:  # noqa: BLE001
-            harness_error = f"{type(exc).__name__}: {exc}"
-            self.timeline("harness_error", error=harness_error)
+            if self.interrupted:
+                self.timeline("wave_interrupted", signal=self.interrupted, during=f"{type(exc).__name__}: {exc}")
+            else:
+                harness_error = f"{type(exc).__name__}: {exc}"
+                self.timeline("harness_error", error=harness_error)
         finally:
             if self.timeline:
                 self._clear_everything()
@@ -630,8 +702,10 @@ class WaveRun:
                 self._write_json("faults.json", [r.to_dict() for r in self.receipts])
                 self._teardown()
                 self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
-                self.timeline("wave_end", harness_error=harness_error, **self.figures)
+                self.timeline("wave_end", harness_error=harness_error, interrupted=self.interrupted,
+                              **self.figures)
                 self.timeline.close()
+            self._restore_signal_handlers(previous)
         result = grade.grade_wave(self.dir)
         report.write_summary(self.dir, result)
         try:

@@ -414,7 +414,9 @@ def grade_wave(results_dir: str | Path) -> dict:
     }
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)
                                                       for k, v in wave_checks.items()])
+    interrupted = next((e.get("signal") for e in timeline if e["event"] == "wave_interrupted"), None)
     return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
+            "interrupted": interrupted,
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
             "inputs": {"digests": inp.digests, "unreadable": inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}

@@ -18,8 +18,11 @@ def write_summary(d: Path, result: dict) -> Path:
     grades = result["tasks"]
     plan = result["plan"]
     cfg = plan["config"]
-    lines = [f"# Wave {result['wave_id']}", "",
-             f"**Verdict: {result['verdict']}**  ",
+    lines = [f"# Wave {result['wave_id']}", ""]
+    if result.get("interrupted"):
+        lines += [f"**Interrupted by {result['interrupted']}**: the wave was stopped in order; tasks that had not "
+                  "finished are `unknown`.", ""]
+    lines += [f"**Verdict: {result['verdict']}**  ",
              f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
              f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "
              f"{cfg['workload']['steps']} steps per task", ""]

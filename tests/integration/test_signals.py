@@ -1,0 +1,59 @@
+"""SIGINT and SIGTERM stop a wave in order: sandboxes killed, leases released, faults cleared, parts
+stopped, what finished graded, SUMMARY.md marked interrupted, exit 130 / 143, nothing left running.
+The CLI joins the session's Ray through --address (one Ray per test run)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests import leftovers
+
+pytestmark = pytest.mark.integration
+
+
+def _gcs_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_wave_in_order(fleet, tmp_path, sig, code):
+    results = tmp_path / "results"
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", "--tasks", "4", "--concurrency", "2",
+                          "--faults", "ST1", "--seed", "6", "--address", _gcs_address(), "--results", str(results),
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        started = False
+        while time.monotonic() < deadline and p.poll() is None and not started:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            started = bool(tl) and b'"attempt_start"' in tl[0].read_bytes()
+            time.sleep(0.1)
+        assert started, "the wave never started an attempt"
+        time.sleep(0.5)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == code, (out, err)
+    d = next(results.glob("w-*"))
+    assert f"SUMMARY: {d / 'SUMMARY.md'}" in out
+    assert f"Interrupted by {sig.name}" in (d / "SUMMARY.md").read_text()
+    events = [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
+    assert any(e["event"] == "wave_interrupted" for e in events)
+    leases = [orjson.loads(l) for l in (d / "ledger.jsonl").read_bytes().splitlines() if l.strip()]
+    assert all(r["state"] != "active" for r in leases if r["kind"] == "lease"), "a lease was left active"
+    receipts = orjson.loads((d / "faults.json").read_bytes())
+    assert all(r.get("cleared_at") or r["status"] != "applied" for r in receipts)
+    grades = [orjson.loads(p.read_bytes()) for p in d.glob("t*.grade.json")]
+    assert grades and all(g["verdict"] in ("pass", "unknown", "not_applied") for g in grades)
+    assert not leftovers.wait_clean(), "something of the interrupted wave is still running"
