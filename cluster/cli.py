@@ -93,8 +93,8 @@ def wave_run(
     summary = wave.dir / "SUMMARY.md"
     if result.get("interrupted"):
         out.print(f"wave {result['wave_id']}: interrupted by {result['interrupted']}; graded what finished",
-                  highlight=False)
-        out.print(f"SUMMARY: {summary}", highlight=False)
+                  highlight=False, soft_wrap=True)
+        out.print(f"SUMMARY: {summary}", highlight=False, soft_wrap=True)
         return 130 if result["interrupted"] == "SIGINT" else 143
     for e in result.get("harness_errors", []):
         _err(f"harness error: {e}")
@@ -102,8 +102,8 @@ def wave_run(
     for g in result["tasks"]:
         counts[g["verdict"]] = counts.get(g["verdict"], 0) + 1
     out.print(f"wave {result['wave_id']}: {result['verdict']} "
-              f"({', '.join(f'{v} {n}' for v, n in sorted(counts.items()))})", highlight=False)
-    out.print(f"SUMMARY: {summary}", highlight=False)
+              f"({', '.join(f'{v} {n}' for v, n in sorted(counts.items()))})", highlight=False, soft_wrap=True)
+    out.print(f"SUMMARY: {summary}", highlight=False, soft_wrap=True)
     return exit_code(result)
 
 
@@ -124,8 +124,8 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
         _err(f"error: cannot grade {results_dir}: {exc} (the file is damaged; nothing was graded)")
         return EXIT_HARNESS
     write_summary(results_dir, result)
-    out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False)
-    out.print(f"SUMMARY: {results_dir / 'SUMMARY.md'}", highlight=False)
+    out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
+    out.print(f"SUMMARY: {results_dir / 'SUMMARY.md'}", highlight=False, soft_wrap=True)
     return exit_code(result)
 
 
@@ -156,7 +156,7 @@ def league_cmd(
     out.joinpath("LEAGUE.md")
     print((out / "LEAGUE.md").read_text())
     out_console = Console()
-    out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False)
+    out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -166,7 +166,7 @@ def faults_cmd() -> int:
     from faults import CATALOG
 
     for fid, f in sorted(CATALOG.items()):
-        out.print(f"{fid}  {f.family:<11} {f.description}", highlight=False)
+        out.print(f"{fid}  {f.family:<11} {f.description}", highlight=False, soft_wrap=True)
     return 0
 
 

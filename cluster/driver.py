@@ -526,7 +526,8 @@ class WaveRun:
         active = [l for l in ray.get(self.ledger.active.remote(), timeout=60)
                   if l["task_id"].startswith(self.wave_id + "/")]
         live = [l["sandbox_id"] for l in active]
-        if self.interrupted:  # the wave is being stopped: its leases end and every sandbox of it goes
+        if self.interrupted:  # the wave is being stopped: every sandbox of it goes and its leases end
+            ray.get([h.cancel_wave.remote(self.wave_id) for h in self.hosts], timeout=60)
             for lease in active:
                 ray.get(self.ledger.release.remote(lease["task_id"], lease["fence"], None,
                                                    f"wave interrupted by {self.interrupted}"), timeout=30)
@@ -672,6 +673,7 @@ class WaveRun:
             self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.plan["runner"]["name"],
                           faults=self.cfg.faults, seed=self.cfg.seed)
             self._setup()
+            self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it aborts)
             self.timeline("parts_ready", store=self.endpoint.url, proxy=self.proxy.url, model=self.model.url,
                           effects=self.effects.url,
                           **self.figures)

@@ -23,6 +23,9 @@ class SandboxHost:
         self.backend = backend or ProcessBackend()
         self.ledger = ledger
         self.finished: list[dict] = []
+        self.cancelled_waves: set[str] = set()
+        self.closing = False
+        self.in_flight = 0
 
     async def ping(self) -> str:
         return self.node_id
@@ -48,13 +51,24 @@ class SandboxHost:
         (before the workspace is removed) and returned as `artifact`.
         """
         sspec = SandboxSpec(**spec)
+        if sspec.wave_id in self.cancelled_waves:
+            return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled", "node": self.node_id}
         missing = self.backend.command_problem(sspec)
         if missing:
             return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing, "node": self.node_id}
+        self.in_flight += 1
+        try:
+            return await self._run(sspec, lease, ttl_s, capture)
+        finally:
+            self.in_flight -= 1
+
+    async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None) -> dict:
         sb = await self.backend.start(sspec)
         renew = asyncio.create_task(self._renew_loop(sb, lease, ttl_s)) if self.ledger is not None else None
         artifact = None
         try:
+            if sspec.wave_id in self.cancelled_waves or self.closing:  # cancelled while it was starting
+                await self.backend.kill(sb, 0.0, reason="wave cancelled")
             await self.backend.wait(sb)
             if renew is not None:
                 renew.cancel()
@@ -117,11 +131,31 @@ class SandboxHost:
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
 
-    async def shutdown(self, grace_s: float = 1.0) -> int:
+    async def cancel_wave(self, wave_id: str, timeout_s: float = 20.0) -> int:
+        """Stop every attempt of a wave: none starts any more, running ones are killed, and this returns
+        once they are all removed (bounded)."""
+        self.cancelled_waves.add(wave_id)
+        mine = [sb for sb in self.backend.sandboxes.values() if sb.spec.wave_id == wave_id]
+        for sb in mine:
+            await self.backend.kill(sb, 0.0, reason="wave cancelled")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(sb.spec.wave_id == wave_id
+                                                  for sb in self.backend.sandboxes.values()):
+            await asyncio.sleep(0.02)
+        return len(mine)
+
+    async def shutdown(self, grace_s: float = 1.0, timeout_s: float = 20.0) -> int:
+        """Kill every sandbox and wait until each is removed (cgroups, mounts), so nothing outlives the host."""
+        self.closing = True
         n = 0
         for sb in list(self.backend.sandboxes.values()):
             if await self.backend.kill(sb, grace_s, reason="host shutdown"):
                 n += 1
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.backend.sandboxes or self.in_flight):
+            await asyncio.sleep(0.02)
+        for sb in list(self.backend.sandboxes.values()):  # whatever did not go by itself
+            await self.backend.remove(sb)
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
         return n
