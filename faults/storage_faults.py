@@ -66,6 +66,9 @@ class StoreOutage:
             status, detail = NOT_APPLIED, injected.get("why", "window never opened")
         elif "error" in cleared:
             status, detail = "unknown", f"window could not be closed: {cleared['error']}"
+        elif hits == 0 and rule.get("first_hit_at") is None:
+            status, detail = NOT_APPLIED, ("armed, but no request of the task arrived after arming: the window "
+                                           "never opened (does the runner use the store?)")
         elif hits == 0:
             status, detail = NOT_APPLIED, "window opened but no request of the task arrived while it was open"
         else:

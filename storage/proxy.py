@@ -49,6 +49,12 @@ class S3Request:
     key: str
     part: int | None
     upload_id: str | None
+    list_prefix: str | None = None  # `prefix` of a bucket-level listing (ListObjectsV2, ListMultipartUploads)
+
+    @property
+    def target_key(self) -> str:
+        """The key a rule's key_prefix is matched against: the object key, or a listing's prefix."""
+        return self.key if self.key else (self.list_prefix or "")
 
     @classmethod
     def parse(cls, method: str, target: str) -> "S3Request":
@@ -61,7 +67,8 @@ class S3Request:
         part = query.get("partNumber", [None])[0]
         return cls(method=method, bucket=bucket, key=key,
                    part=int(part) if part and part.isdigit() else None,
-                   upload_id=query.get("uploadId", [None])[0])
+                   upload_id=query.get("uploadId", [None])[0],
+                   list_prefix=query.get("prefix", [None])[0] if not key else None)
 
 
 @dataclass
@@ -101,7 +108,7 @@ class Rule:
             return False
         if self.bucket is not None and req.bucket != self.bucket:
             return False
-        if self.key_prefix is not None and not req.key.startswith(self.key_prefix):
+        if self.key_prefix is not None and not req.target_key.startswith(self.key_prefix):
             return False
         if self.part is not None and req.part != self.part:
             return False
@@ -287,7 +294,7 @@ class FaultProxy:
                 req = S3Request.parse(method, target)
                 t0 = time.time()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
-                        "part": req.part, "upload_id": req.upload_id}
+                        "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix}
                 rule = self.match(req)
                 if rule is not None:
                     expect = head.get("expect").lower() == "100-continue"

@@ -7,7 +7,15 @@ def test_parse_path_style_requests():
     r = S3Request.parse("PUT", "/bkt/w1/t000/journal/0001.json?partNumber=3&uploadId=abc")
     assert (r.bucket, r.key, r.part, r.upload_id) == ("bkt", "w1/t000/journal/0001.json", 3, "abc")
     r = S3Request.parse("GET", "/bkt?list-type=2&prefix=x")
-    assert (r.bucket, r.key, r.part) == ("bkt", "", None)
+    assert (r.bucket, r.key, r.part, r.list_prefix) == ("bkt", "", None, "x")
+
+
+def test_a_task_rule_matches_listings_of_its_prefix():
+    """A runner that lists its journal during an outage must meet the outage (it used to slip through)."""
+    rule = Rule(rule_id="r", bucket="bkt", key_prefix="w1/t000/")
+    assert rule.matches(S3Request.parse("GET", "/bkt?list-type=2&prefix=w1%2Ft000%2Fjournal%2F"))
+    assert not rule.matches(S3Request.parse("GET", "/bkt?list-type=2&prefix=w1%2Ft001%2F"))
+    assert not rule.matches(S3Request.parse("GET", "/bkt?list-type=2"))
 
 
 def test_rule_matches_on_bucket_prefix_method_and_part():
