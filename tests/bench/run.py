@@ -220,6 +220,35 @@ def bench_waves(rows: list) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def bench_runners(rows: list) -> None:
+    """Per-step time of each runner in an uninterrupted run, beside the durable reference (same seeds)."""
+    from cluster.league import LeagueConfig, run_league
+
+    runners = ["durable", "naive"]
+    for name in ("openai_journal", "langgraph_s3", "langgraph_sqlite", "dbos_sqlite"):
+        work = ROOT / "examples" / name
+        if (work / ".venv" / "bin" / "python").exists():
+            runners.append({"name": name, "command": ".venv/bin/python agent.py", "workdir": str(work)})
+    root = Path(tempfile.mkdtemp(prefix="sfbench-runners-"))
+    try:
+        league = LeagueConfig(name="bench", runners=runners, fault_sets=[[]],
+                              wave={"tasks": 2, "concurrency": 2, "seed": 13,
+                                    "workload": {"steps": 10, "think_ms": 50}})
+        out = run_league(league, root, progress=False)
+        data = __import__("orjson").loads((out / "league.json").read_bytes())
+        base = None
+        for r in data["rows"]:
+            xs = r["per_step_overhead_s"]
+            if not xs:
+                continue
+            p50 = statistics.median(xs) * 1000
+            base = base or p50
+            rows.append((f"runner time per step, uninterrupted, 10 steps, think 50 ms: {r['runner']} (n={len(xs)})",
+                         f"{p50:.0f} ms", "", f"x{p50 / base:.2f} of durable; start-up spread over the steps"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     rows: list = []
@@ -227,6 +256,7 @@ def main() -> None:
     bench_sandboxes(rows)
     bench_model(rows)
     bench_waves(rows)
+    bench_runners(rows)
     table = ["| measurement | direct / value | through proxy | ratio / note |", "|---|---|---|---|"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     text = ("# Benchmarks\n\nProduced by `make bench` (`python -m tests.bench.run`) on this machine kind "
