@@ -85,6 +85,8 @@ def reference_key(runner: dict, workload: str, steps: int, seed: int) -> str:
     if runner.get("builtin"):
         here = Path(runner["command"][-1]).parent
         code += [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(here.glob("*.py"))]
+    wl = Path(__file__).resolve().parents[1] / "fleet" / "workloads"  # the test's world is part of the key
+    code += [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(wl.glob("*.py"))]
     blob = orjson.dumps({"command": runner["command"], "env": runner.get("env", {}), "code": code,
                          "workdir": dir_digest(runner.get("workdir")), "workload": workload, "steps": steps,
                          "seed": seed}, option=orjson.OPT_SORT_KEYS)

@@ -121,7 +121,12 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     try:
         result = grade_wave(results_dir)
     except Unreadable as exc:
-        _err(f"error: cannot grade {results_dir}: {exc} (the file is damaged; nothing was graded)")
+        _err(f"error: cannot grade {results_dir}: {exc} (the file is damaged; nothing was graded, "
+             "SUMMARY.md and the grade files there are from before)")
+        return EXIT_HARNESS
+    except Exception as exc:  # noqa: BLE001 - a damaged wave dir is a harness problem, never a verdict
+        _err(f"error: cannot grade {results_dir}: {type(exc).__name__}: {exc} (a results file has unexpected "
+             "content; nothing was graded)")
         return EXIT_HARNESS
     write_summary(results_dir, result)
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)

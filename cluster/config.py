@@ -78,7 +78,8 @@ class RunnerSpec(Strict):
         return {"name": name, "command": argv, "env": dict(self.env), "workdir": self.workdir, "builtin": None}
 
 
-CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HOME",
+                 "TMPDIR", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
                  "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
 
 
@@ -144,16 +145,16 @@ class FaultTiming(Strict):
     @field_validator("at_s", "window_s", "after_model_calls")
     @classmethod
     def _range(cls, v):
-        if v is not None and not (0 <= v[0] <= v[1]):
-            raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi, got {list(v)}")
+        if v is not None and not (0 <= v[0] <= v[1] < 1e6):
+            raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi < 1e6 (finite), got {list(v)}")
         return v
 
 
 class WaveConfig(Strict):
     name: str = Field("wave", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
-    tasks: int = Field(4, ge=1, le=100000)
-    concurrency: int = Field(4, ge=1, le=4096)
-    seed: int = Field(1, ge=0)
+    tasks: int = Field(4, ge=1, le=100000, strict=True)
+    concurrency: int = Field(4, ge=1, le=4096, strict=True)
+    seed: int = Field(1, ge=0, strict=True)
     runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
     faults: list[str] = Field(default_factory=list)
     fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)

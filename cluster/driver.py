@@ -572,6 +572,15 @@ class WaveRun:
                             f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
+        counts = {}
+        for key, svc in (("model", self.model), ("effects", self.effects)):
+            if svc is not None:
+                per: dict = {}
+                for r in svc.log.snapshot():
+                    per[r["task"]] = per.get(r["task"], 0) + 1
+                counts[key] = per
+        if counts:
+            self.timeline("service_counts", **counts)
         for svc in (self.model, self.effects):
             if svc is not None:
                 try:
@@ -638,6 +647,9 @@ class WaveRun:
             proc = getattr(part, "proc", None)
             if proc is not None and proc.poll() is None:
                 proc.kill()
+                proc.wait(5)
+        if self.store is not None:
+            self.store.remove_sockets()
         for wid, sid in cgroups.list_sandboxes(self.wave_id):
             try:
                 reap_leftover(wid, sid)
@@ -650,6 +662,13 @@ class WaveRun:
                 pass
         cgroups.leave_harness(getattr(self, "harness_cg", None))
         shutil.rmtree(self.private, ignore_errors=True)
+        try:
+            self.timeline("wave_stopped_at_once", signal=name)
+            (self.dir / "SUMMARY.md").write_text(
+                f"# Wave {self.wave_id}\n\n**Stopped at once by a second {name}**: not graded. What was stored "
+                f"so far can be graded with `sandfleet grade {self.dir}` (unfinished tasks are unknown).\n")
+        except Exception:  # noqa: BLE001
+            pass
         sys.stderr.write(f"{name} again: stopped at once; results so far in {self.dir}\n")
         os._exit(130 if name == "SIGINT" else 143)
 

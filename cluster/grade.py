@@ -80,8 +80,12 @@ class Inputs:
             self.unreadable[name] = f"not valid JSON: {exc}"
             raise Unreadable(f"{name}: not valid JSON: {exc}") from None
 
+    REQUIRED = {"timeline.jsonl": ("event",), "model-calls.jsonl": ("task", "step", "t"),
+                "effects.jsonl": ("task", "effect_id", "t"), "proxy-requests.jsonl": ("t", "method")}
+
     def lines(self, name: str) -> list[dict] | None:
-        """JSON lines; None when the file is missing. Only a torn last line is tolerated."""
+        """JSON lines; None when the file is missing. Only a torn last line is tolerated; a line of the
+        wrong shape makes the file unreadable (never a traceback, never a silent pass)."""
         data = self._bytes(name)
         if data is None:
             return None
@@ -91,12 +95,17 @@ class Inputs:
             if not line.strip():
                 continue
             try:
-                out.append(orjson.loads(line))
+                rec = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 if i == len(raw) - 1:
                     continue
                 self.unreadable[name] = f"line {i + 1}: {exc}"
                 raise Unreadable(f"{name} line {i + 1}: {exc}") from None
+            need = self.REQUIRED.get(name, ())
+            if not isinstance(rec, dict) or any(k not in rec for k in need):
+                self.unreadable[name] = f"line {i + 1}: not a record with {', '.join(need)}"
+                raise Unreadable(f"{name} line {i + 1}: not a record with {', '.join(need) or 'fields'}")
+            out.append(rec)
         return out
 
     def lines_or_none(self, name: str) -> list[dict] | None:
@@ -203,13 +212,35 @@ def grade_task(h: TaskHistory) -> dict:
             return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
         counts = wl.step_counts(h.artifact)
         missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts]
-        applied_fx = {e["effect_id"] for e in (h.effects or [])}
+        # an effect counts when it was applied, or deduplicated against ITSELF (a key reused for another
+        # effect swallows that effect: the service answered with the first one's receipt)
+        applied_fx = {e["effect_id"] for e in (h.effects or [])
+                      if not e.get("deduped") or e.get("same_effect_as_key")}
+        swallowed = sorted({e["effect_id"] for e in (h.effects or []) if e.get("deduped")
+                            and not e.get("same_effect_as_key")} - applied_fx)
         missing_fx = [s.step for s in script if s.kind == "effect" and s.arguments["effect_id"] not in applied_fx]
         if missing or missing_fx:
+            extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
+                     if swallowed else "")
             return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
                     "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
-                              f"effects missing for steps {missing_fx}"}
-        return {"verdict": PASS, "detail": "exited 0; every step's change and effect is there"}
+                              f"effects missing for steps {missing_fx}{extra}"}
+        # the work must come from the model: every step's answer was delivered to the task before its effect
+        if h.calls is None:
+            return {"verdict": UNKNOWN, "detail": "no readable model call log to check the steps came from the model"}
+        given = {}
+        for c in h.calls:
+            if c.get("delivered", True) and c["step"] not in given:
+                given[c["step"]] = c.get("t_done", c["t"])
+        unasked = [s.step for s in script if s.kind in ("workspace", "effect") and s.step not in given]
+        early = sorted({e["step"] for e in (h.effects or []) if e.get("step") is not None
+                        and (e["step"] not in given or e["t"] < given[e["step"]] - 0.05)})
+        if unasked or early:
+            return {"verdict": FAIL, "steps_never_answered": unasked, "effects_before_their_answer": early,
+                    "detail": f"the work did not come from the model: steps {unasked} were never answered to this "
+                              f"task, effects of steps {early} came before their answer"}
+        return {"verdict": PASS, "detail": "exited 0; every step was answered by the model and its change and "
+                                           "effect are there"}
 
     def resume_equivalent():
         if h.artifact_error:
@@ -340,6 +371,20 @@ def grade_wave(results_dir: str | Path) -> dict:
         receipts = []  # every planned fault then has no receipt: unknown
     calls = inp.lines_or_none("model-calls.jsonl")
     effects = inp.lines_or_none("effects.jsonl")
+    # the driver records how many calls and effects each service logged: a log that lost lines is unreadable
+    counts = next((e for e in reversed(timeline) if e["event"] == "service_counts"), None)
+    for name, recs, key in (("model-calls.jsonl", calls, "model"), ("effects.jsonl", effects, "effects")):
+        if counts is None or recs is None:
+            continue
+        got: dict = {}
+        for r in recs:
+            got[r["task"]] = got.get(r["task"], 0) + 1
+        if got != (counts.get(key) or {}):
+            inp.unreadable[name] = "its lines do not add up to the counts the driver recorded (lines lost)"
+            if key == "model":
+                calls = None
+            else:
+                effects = None
     proxy = inp.lines_or_none("proxy-requests.jsonl")
     have_calls, have_fx = calls is not None, effects is not None
     calls, effects = calls or [], effects or []
@@ -415,6 +460,8 @@ def grade_wave(results_dir: str | Path) -> dict:
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)
                                                       for k, v in wave_checks.items()])
     interrupted = next((e.get("signal") for e in timeline if e["event"] == "wave_interrupted"), None)
+    if any(e["event"] == "wave_stopped_at_once" for e in timeline):
+        interrupted = f"{interrupted or 'a signal'}, then stopped at once (nothing was cleaned up in order)"
     return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
             "interrupted": interrupted,
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,

@@ -20,8 +20,8 @@ def write_summary(d: Path, result: dict) -> Path:
     cfg = plan["config"]
     lines = [f"# Wave {result['wave_id']}", ""]
     if result.get("interrupted"):
-        lines += [f"**Interrupted by {result['interrupted']}**: the wave was stopped in order; tasks that had not "
-                  "finished are `unknown`.", ""]
+        how = "" if "at once" in result["interrupted"] else " the wave was stopped in order;"
+        lines += [f"**Interrupted by {result['interrupted']}**:{how} tasks that had not finished are `unknown`.", ""]
     lines += [f"**Verdict: {result['verdict']}**  ",
              f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
              f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "

@@ -272,6 +272,10 @@ def command_problem(argv: list[str], path: str) -> str | None:
         return None
     if shutil.which(exe, path=path) is None:
         return f"runner command not found: {exe} (not on the sandbox PATH {path})"
+    for a in argv[1:]:  # a script named by a relative path would be looked up in the fresh workspace
+        if not os.path.isabs(a) and a.endswith((".py", ".sh", ".js", ".mjs", ".ts", ".rb")) and not a.startswith("-"):
+            return (f"runner script not found: {a} (a relative path is taken from the workspace; give an absolute "
+                    "path, or --runner-workdir with the script in it)")
     return None
 
 

@@ -197,7 +197,10 @@ class EmbeddedStore:
     def stop(self, grace_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
         stop_process(proc, grace_s)
-        # weed names some unix sockets after its ports in /tmp; remove only ours.
+        self.remove_sockets()
+
+    def remove_sockets(self) -> None:
+        """weed names some unix sockets after its ports in /tmp; remove only ours."""
         for port in self.ports.values():
             for sock in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
                 try:

@@ -52,7 +52,7 @@ class PatchRepo:
     def fixture(self, seed: int) -> dict[str, str]:
         r = rng(seed, "fixture")
         return {
-            "README.md": f"# fixture-{seed}\n\nA small repository an agent patches.\n",
+            "README.md": f"# fixture-{r.randrange(16**6):06x}\n\nA small repository an agent patches.\n",
             "src/app.py": f"def main():\n    return {r.randrange(1000)}\n",
             "src/util.py": f"def helper(x):\n    return x * {r.randrange(2, 9)}\n",
             "CHANGELOG.md": "# Changelog\n",

@@ -199,6 +199,14 @@ def test_regrade_of_damaged_inputs_is_unknown_or_a_named_error(durable_wave, tmp
     assert by["t001"]["checks"]["resume_equivalent"]["verdict"] == "unknown"
     assert "model-calls.jsonl" in by["t000"]["inputs"]["unreadable"]
     assert again["verdict"] == "unknown" and exit_code(again) == 2
-    (copy / "timeline.jsonl").write_bytes(b"{broken\n" + (d / "timeline.jsonl").read_bytes())
-    cli = subprocess.run([sys.executable, "-m", "cluster.cli", "grade", str(copy)], capture_output=True, text=True)
-    assert cli.returncode == 2 and "timeline.jsonl line 1" in cli.stderr, cli.stderr
+    # a log that lost whole lines (crash, disk full) is caught by the driver's counts: unknown, never pass
+    (copy / "model-calls.jsonl").write_bytes(b"\n".join(calls[:4]) + b"\n")
+    again = grade_wave(copy)
+    assert all(g["checks"]["no_model_recall"]["verdict"] == "unknown" for g in again["tasks"])
+    assert exit_code(again) == 2
+    for bad in (b"{broken\n", b"[1, 2]\n", b'{"no_event": 1}\n'):
+        (copy / "timeline.jsonl").write_bytes(bad + (d / "timeline.jsonl").read_bytes())
+        cli = subprocess.run([sys.executable, "-m", "cluster.cli", "grade", str(copy)], capture_output=True,
+                             text=True)
+        assert cli.returncode == 2 and "timeline.jsonl line 1" in cli.stderr, cli.stderr
+        assert "Traceback" not in cli.stderr

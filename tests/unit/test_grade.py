@@ -142,3 +142,18 @@ def test_an_unreadable_artifact_is_unknown_never_fail():
     assert g["checks"]["completed"]["verdict"] == UNKNOWN
     assert g["checks"]["resume_equivalent"]["verdict"] == UNKNOWN
     assert g["verdict"] == UNKNOWN
+
+
+def test_work_that_did_not_come_from_the_model_fails_completed():
+    """A runner that computes the steps itself (never asks the model) must not pass."""
+    g = grade_task(hist(calls=[call(STEPS, 90.5, 1)]))  # only the final call
+    c = g["checks"]["completed"]
+    assert c["verdict"] == FAIL and c["steps_never_answered"] and "did not come from the model" in c["detail"]
+
+
+def test_an_idempotency_key_reused_for_another_effect_swallows_it():
+    first, second = EFFECTS[0], EFFECTS[1]
+    swallowed = dict(second, deduped=True, same_effect_as_key=False)
+    g = grade_task(hist(effects=[first, swallowed]))
+    c = g["checks"]["completed"]
+    assert c["verdict"] == FAIL and second["step"] in c["missing_effects"] and "swallowed" in c["detail"]
