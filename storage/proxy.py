@@ -37,6 +37,7 @@ from storage.process import stop_process
 
 CHUNK = 256 * 1024
 MAX_HEAD = 64 * 1024
+HOLD_MAX = 1024 * 1024  # request bodies up to this size are held whole before the store sees the request
 
 
 # --------------------------------------------------------------------------- rules
@@ -269,6 +270,21 @@ class FaultProxy:
         self.control_port = 0
         self.token = os.environ.get("SANDFLEET_PROXY_TOKEN") or None
 
+    @staticmethod
+    async def _upstream_head(ureader, uwriter, body_task) -> Head:
+        """The upstream's next response head; if the client dies while its body is being relayed, the
+        upstream request is aborted at once (never left open to land later)."""
+        head_task = asyncio.ensure_future(read_head(ureader))
+        done, _ = await asyncio.wait({head_task, body_task}, return_when=asyncio.FIRST_COMPLETED)
+        if head_task not in done and body_task.done() and body_task.exception() is not None:
+            head_task.cancel()
+            uwriter.transport.abort()
+            raise ConnectionError("the client died while its body was relayed; upstream request aborted")
+        rhead = await head_task
+        if rhead is None:
+            raise ConnectionError("upstream closed before answering")
+        return rhead
+
     def match(self, req: S3Request) -> Rule | None:
         for rule in list(self.rules.values()):
             if rule.matches(req) and rule.draw():
@@ -308,20 +324,42 @@ class FaultProxy:
                     if expect:
                         return
                     continue
+                expect = head.get("expect").lower() == "100-continue"
+                held = None
+                if not head.chunked and head.length is not None and 0 < head.length <= HOLD_MAX:
+                    # A small body is held whole before the store sees the request: a client that dies
+                    # mid-body never reaches the store (SeaweedFS turns a PUT whose body never arrived
+                    # into an EMPTY object, even over a newer complete one, when its connection closes).
+                    if expect:
+                        cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        await cwriter.drain()
+                    held = await creader.readexactly(head.length)
                 if uwriter is None:
                     ureader, uwriter = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
                 uwriter.write(head.raw)
+                if held is not None and not expect:
+                    uwriter.write(held)
                 await uwriter.drain()
-                body_task = asyncio.create_task(copy_body(creader, uwriter, head))
+                if held is not None:
+                    body_task = asyncio.get_running_loop().create_future()
+                    if not expect:
+                        body_task.set_result(len(held))
+                else:
+                    body_task = asyncio.create_task(copy_body(creader, uwriter, head))
                 while True:
-                    rhead = await read_head(ureader)
-                    if rhead is None:
-                        raise ConnectionError("upstream closed before answering")
-                    cwriter.write(rhead.raw)
-                    await cwriter.drain()
+                    rhead = await self._upstream_head(ureader, uwriter, body_task)
                     status = int(rhead.start.split(" ", 2)[1])
                     if 100 <= status < 200:
+                        if held is not None and expect and not body_task.done():
+                            uwriter.write(held)  # our own 100 went to the client already
+                            await uwriter.drain()
+                            body_task.set_result(len(held))
+                        else:
+                            cwriter.write(rhead.raw)
+                            await cwriter.drain()
                         continue
+                    cwriter.write(rhead.raw)
+                    await cwriter.drain()
                     break
                 no_body = method == "HEAD" or status in (204, 304)
                 closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
@@ -332,6 +370,8 @@ class FaultProxy:
                     body_task.cancel()
                     closing = True
                     req_bytes = 0
+                elif body_task.exception() is not None:
+                    return
                 else:
                     req_bytes = body_task.result()
                 self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
