@@ -424,7 +424,9 @@ class WaveRun:
                 tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
                    exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
                    started_at=result.get("started_at"), ended_at=result.get("ended_at"),
-                   error=result.get("error"), start_error=result.get("start_error"), artifact=captured)
+                   error=result.get("error"), start_error=result.get("start_error"), artifact=captured,
+                   cause=result.get("start_error") or result.get("cause") or result.get("error"),
+                   events=result.get("events"))
                 on_change()
                 if result.get("start_error"):
                     final, why = TaskState.FAILED, result["start_error"]

@@ -343,6 +343,7 @@ def grade_task(h: TaskHistory) -> dict:
             "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
             "verdict": verdict, "signature": signature, "attempts": len(attempts),
             "interrupted": bool(interrupted), "model_recalls": recall.get("model_recalls"),
+            "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "checks": checks}
 

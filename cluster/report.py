@@ -78,12 +78,13 @@ def write_summary(d: Path, result: dict) -> Path:
             lines.append(f"- `{sig}`: {len(tids)} task(s): {', '.join(tids[:10])}")
     else:
         lines.append("- none")
-    lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks | "
+              "why attempts ended |", "|---|---|---|---|---|---|---|"]
     for g in grades + refs:
         bad = ", ".join(f"{k}={c['verdict']}" for k, c in g["checks"].items() if c["verdict"] != PASS) or "-"
+        causes = "; ".join(c for c in g.get("attempt_causes") or [] if c != "exit 0") or "-"
         lines.append(f"| {g['task_id']} | {'+'.join(g['faults']) or '-'} | {g['attempts']} | {g['verdict']} | "
-                     f"{g.get('model_recalls')} | {bad} |")
+                     f"{g.get('model_recalls')} | {bad} | {causes} |")
     lines += ["", "Files: `plan.json`, `timeline.jsonl`, `faults.json`, `<task>.grade.json`, `ledger.jsonl`, "
               "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.jsonl`, "
               "`effects.jsonl`, `artifacts/<task>/`, `timeline.png`, `evidence/<task>/`.", ""]

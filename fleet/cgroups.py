@@ -82,6 +82,25 @@ class SandboxCgroup:
             return []
         return [int(p) for p in text.split()]
 
+    def events(self) -> dict:
+        """Counters that say why an attempt ended: OOM kills, forks refused at pids.max."""
+        out = {"oom_kills": 0, "pids_max_hits": 0}
+        try:
+            for line in (self.dirs["memory"] / "memory.oom_control").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    out["oom_kills"] = int(v)
+        except (OSError, ValueError):
+            pass
+        try:
+            for line in (self.dirs["pids"] / "pids.events").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max":
+                    out["pids_max_hits"] = int(v)
+        except (OSError, ValueError):
+            pass
+        return out
+
     def exists(self) -> bool:
         return any(d.exists() for d in self.dirs.values())
 

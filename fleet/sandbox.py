@@ -110,12 +110,34 @@ class Sandbox:
     def state(self) -> SandboxState:
         return self.life.state
 
+    def cause(self) -> str:
+        """Why the attempt ended, in words a user can act on (exit code alone says little)."""
+        ev = self.extra.get("events", {})
+        code = self.exit_code
+        if code == 0:
+            return "exit 0"
+        if self.killed_by:
+            return f"killed: {self.killed_by}"
+        if ev.get("oom_kills"):
+            return f"OOM kill: the memory limit ({self.spec.memory_mb} MiB) was reached"
+        if self.extra.get("workspace_full"):
+            return f"workspace full (ENOSPC at {self.spec.workspace_mb} MiB)"
+        if ev.get("pids_max_hits"):
+            return f"pids limit ({self.spec.pids_max}) reached {ev['pids_max_hits']} time(s)"
+        if code is not None and (code < 0 or code > 128):
+            sig = -code if code < 0 else code - 128
+            try:
+                return f"signal {signal.Signals(sig).name}"
+            except ValueError:
+                return f"exit {code}"
+        return f"exit {code}"
+
     def describe(self) -> dict:
         return {"sandbox_id": self.spec.sandbox_id, "task_id": self.spec.task_id,
                 "attempt": self.spec.attempt, "state": self.state.value, "pid": self.pid,
                 "exit_code": self.exit_code, "started_at": self.started_at, "ended_at": self.ended_at,
-                "start_ms": self.start_ms, "killed_by": self.killed_by,
-                "history": self.life.history}
+                "start_ms": self.start_ms, "killed_by": self.killed_by, "cause": self.cause(),
+                "events": self.extra.get("events", {}), "history": self.life.history}
 
 
 class SandboxBackend:
@@ -453,6 +475,13 @@ class ProcessBackend(SandboxBackend):
         sb.ended_at = time.time()
         # bwrap's pid 1 ends the namespace with it; wait until the cgroup is empty too
         cg = self._cgroups.get(sb.spec.sandbox_id)
+        if cg is not None:
+            sb.extra["events"] = cg.events()
+        try:
+            st = os.statvfs(sb.spec.workspace)
+            sb.extra["workspace_full"] = st.f_bavail * st.f_frsize < 64 * 1024
+        except OSError:
+            pass
         if cg is not None and cg.pids():
             await asyncio.to_thread(cg.kill_all)
         return code

@@ -86,3 +86,18 @@ def test_league_writes_its_table_and_picture(fleet, tmp_path):
     data = orjson.loads((out / "league.json").read_bytes())
     assert [(r["runner"], r["faults"]) for r in data["rows"]] == [("durable", ["PK1"]), ("naive", ["PK1"])]
     assert all(r["interrupted"] == 1 for r in data["rows"])  # the boundary trigger landed mid-run
+
+
+@pytest.mark.parametrize("code, sandbox, cause", [
+    ("b = bytearray(600 * 1024 * 1024)", {"memory_mb": 128}, "OOM kill"),
+    ("open('/workspace/f', 'wb').write(b'0' * 64 * 1024 * 1024)", {"workspace_mb": 16}, "workspace full"),
+    ("import os, time\nfor i in range(1000):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)",
+     {"pids_max": 32}, "pids limit"),
+])
+def test_an_attempt_says_why_it_ended(run_wave, code, sandbox, cause):
+    """Diagnosable attempts: OOM, a full workspace and the pids limit are named, not just 'exit 137'."""
+    result, d = run_wave(runner={"name": "limits", "command": [sys.executable, "-c", code]}, faults=[], tasks=1,
+                         concurrency=1, seed=3, max_attempts=1, sandbox=sandbox)
+    g = result["tasks"][0]
+    assert g["attempts"] == 1 and cause in g["attempt_causes"][0], g["attempt_causes"]
+    assert cause in (d / "SUMMARY.md").read_text()
