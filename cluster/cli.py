@@ -83,6 +83,15 @@ def wave_run(
     from cluster.grade import exit_code
 
     try:
+        from cluster import sweep
+
+        dead = sweep.find()["waves"]
+        if dead:
+            _err(f"warning: {len(dead)} dead wave(s) left things behind ({', '.join(sorted(dead)[:3])}); "
+                 "run `sandfleet sweep --dry-run` to see them and `sandfleet sweep` to remove them")
+    except OSError:
+        pass
+    try:
         preflight(cfg)
         results.mkdir(parents=True, exist_ok=True)
         wave = WaveRun(cfg, results, progress=not no_progress)
@@ -162,6 +171,27 @@ def league_cmd(
     print((out / "LEAGUE.md").read_text())
     out_console = Console()
     out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+@app.command("sweep")
+def sweep_cmd(
+    wave: Optional[str] = typer.Option(None, "--wave", help="only this wave id"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed, change nothing"),
+) -> int:
+    """Find and remove what dead waves left behind (processes, sandboxes, cgroups, mounts, key files)."""
+    from cluster import sweep
+
+    found = sweep.find(wave)
+    lines = sweep.summary(found)
+    if not lines:
+        out.print("nothing left behind by a dead wave", highlight=False, soft_wrap=True)
+        return EXIT_OK
+    for line in lines:
+        out.print(("would remove: " if dry_run else "found: ") + line, highlight=False, soft_wrap=True)
+    if not dry_run:
+        for line in sweep.remove(found):
+            out.print(f"  {line}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

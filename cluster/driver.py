@@ -232,6 +232,9 @@ class WaveRun:
         self.harness_cg = cgroups.join_harness(f"driver-{os.getpid()}")
         self.private.mkdir(parents=True, exist_ok=True)
         os.chmod(self.private, 0o700)
+        from cluster.sweep import record_driver
+
+        record_driver(self.private)  # a later `sandfleet sweep` knows this wave is dead once this pid is
         t = time.perf_counter()
         if self.cfg.store.url:
             s = self.cfg.store

@@ -57,3 +57,41 @@ def test_a_signal_stops_the_wave_in_order(fleet, tmp_path, sig, code):
     grades = [orjson.loads(p.read_bytes()) for p in d.glob("t*.grade.json")]
     assert grades and all(g["verdict"] in ("pass", "unknown", "not_applied") for g in grades)
     assert not leftovers.wait_clean(), "something of the interrupted wave is still running"
+
+
+def test_sweep_removes_what_a_killed_driver_left(fleet, tmp_path):
+    """SIGKILL of the driver mid-wave leaves the store, the proxy, sandbox cgroups, mounts and key files;
+    `sandfleet sweep` finds them by their markers (the wave's driver is dead) and removes every one."""
+    results = tmp_path / "results"
+    before = leftovers.snapshot()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", "--tasks", "4", "--concurrency", "2",
+                          "--faults", "none", "--seed", "8", "--address", _gcs_address(), "--results", str(results),
+                          "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        started = False
+        while time.monotonic() < deadline and p.poll() is None and not started:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            started = bool(tl) and b'"attempt_start"' in tl[0].read_bytes()
+            time.sleep(0.1)
+        assert started
+        time.sleep(0.5)
+        p.kill()
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    wave = next(results.glob("w-*")).name
+    time.sleep(1.0)
+    left = {k: [x for x in v if x not in before[k]] for k, v in leftovers.snapshot().items()}
+    assert left["processes"] and left["private_dirs"], f"the killed driver left nothing to sweep: {left}"
+    dry = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--dry-run"], capture_output=True,
+                         text=True, timeout=60)
+    assert dry.returncode == 0 and f"would remove: {wave}" in dry.stdout, dry.stdout
+    assert leftovers.snapshot()["private_dirs"] == [x for x in leftovers.snapshot()["private_dirs"]]
+    run = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and f"found: {wave}" in run.stdout, run.stdout + run.stderr
+    assert not leftovers.wait_clean(before), "sweep left something of the dead wave"
+    again = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep"], capture_output=True, text=True,
+                           timeout=60)
+    assert "nothing left behind" in again.stdout

@@ -1,0 +1,159 @@
+"""Crash cleanup: find and remove what a dead wave driver left behind, by the project's markers only.
+
+Every wave records its driver in `/tmp/sandfleet-<wave>/driver.json` (pid and process start time) as
+its first act. A wave is dead when that driver is gone (or the private dir is gone and nothing alive
+refers to the wave). For a dead wave `sandfleet sweep` finds: its store and proxy processes (their
+command lines carry the wave id), its sandbox processes (environment marker `SANDFLEET_SANDBOX=<wave>/`),
+its sandbox cgroup dirs (`<own>/sandfleet/<wave>/...`), its workspace mounts (source
+`sandfleet-ws.<wave>.<sandbox>`), its private dir (keys, identities) and harness cgroup dirs with no
+process left. Nothing without a marker is touched; a live wave is never touched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import orjson
+
+from fleet import cgroups
+
+PRIVATE_GLOB = "sandfleet-w-*"
+WAVE_RE = re.compile(r"w-\d{8}T\d{6}-s\d+-[0-9a-f]{4}")
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def record_driver(private: Path) -> None:
+    """Called by a wave's driver first thing: who owns this wave."""
+    (private / "driver.json").write_bytes(orjson.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
+
+
+def driver_alive(private: Path) -> bool:
+    try:
+        d = orjson.loads((private / "driver.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return _start_time(d["pid"]) == d["start"]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def find(wave: str | None = None) -> dict:
+    """Leftovers of dead waves, grouped by kind; nothing is changed."""
+    waves: dict[str, dict] = {}
+
+    def entry(w: str) -> dict:
+        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "private_dir": None})
+
+    private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
+    for w, p in private.items():
+        entry(w)["private_dir"] = str(p)
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        cmd = _cmdline(pid)
+        env = _environ(pid)
+        m = re.search(rb"SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode() + rb")/", env)
+        if m:
+            entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+            continue
+        if "weed mini" in cmd or "storage.proxy" in cmd:
+            m2 = WAVE_RE.search(cmd)
+            if m2:
+                entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+    for w, sid in cgroups.list_sandboxes():
+        entry(w)["cgroups"].append(sid)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        parts = line.split(" - ", 1)
+        if len(parts) == 2:
+            src = parts[1].split()[1]
+            if src.startswith("sandfleet-ws."):
+                w = src.split(".")[1]
+                entry(w)["mounts"].append(line.split()[4])
+    dead = {}
+    for w, e in waves.items():
+        if wave and w != wave:
+            continue
+        p = private.get(w)
+        alive = driver_alive(p) if p is not None else False
+        if not alive:
+            dead[w] = e
+    harness = []
+    for d in cgroups.harness_dirs():
+        try:
+            if not Path(d, "cgroup.procs").read_text().split():
+                harness.append(d)
+        except OSError:
+            pass
+    return {"waves": dead, "harness_cgroups": harness}
+
+
+def remove(found: dict) -> list[str]:
+    """Remove what `find` listed; returns what was done, one line each."""
+    from fleet.sandbox import reap_leftover, unmount_workspace
+
+    done = []
+    for w, e in found["waves"].items():
+        for p in e["processes"]:
+            if _cmdline(str(p["pid"]))[:160] == p["cmd"]:  # still the same process
+                try:
+                    os.kill(p["pid"], signal.SIGKILL)
+                    done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
+                except ProcessLookupError:
+                    pass
+        for sid in e["cgroups"]:
+            r = reap_leftover(w, sid)
+            done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
+        for m in e["mounts"]:
+            unmount_workspace(m)
+            done.append(f"unmounted {m}")
+        if e["private_dir"]:
+            shutil.rmtree(e["private_dir"], ignore_errors=True)
+            done.append(f"removed {e['private_dir']}")
+    # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now
+    deadline = time.monotonic() + 5
+    while True:
+        empty = find(None)["harness_cgroups"] if found["waves"] else found["harness_cgroups"]
+        for d in empty:
+            try:
+                os.rmdir(d)
+                done.append(f"removed harness cgroup {d}")
+            except OSError:
+                pass
+        busy = [d for d in cgroups.harness_dirs() if d.split("/")[-1].startswith("driver-")
+                and not _start_time(int(d.rsplit("-", 1)[1]))]
+        if not busy or time.monotonic() > deadline:
+            return done
+        time.sleep(0.1)
+
+
+def summary(found: dict) -> list[str]:
+    lines = []
+    for w, e in sorted(found["waves"].items()):
+        lines.append(f"{w}: {len(e['processes'])} process(es), {len(e['cgroups'])} sandbox cgroup(s), "
+                     f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}")
+    for d in found["harness_cgroups"]:
+        lines.append(f"empty harness cgroup {d}")
+    return lines
