@@ -31,8 +31,34 @@ def _can_run_real_parts() -> str | None:
     return None
 
 
+SUITE_LOCK = "/run/sandfleet-test-suite.lock"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_lock():
+    """One suite at a time on a machine: the leftover checks below see every sandfleet process,
+    cgroup and mount on the host, so a second suite (or CI beside a developer's run) would read
+    the first one's live waves as leaks. Waits (bounded) for the other suite instead."""
+    import fcntl
+
+    fd = os.open(SUITE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + 30 * 60
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                pytest.fail(f"another sandfleet test suite held {SUITE_LOCK} for 30 minutes")
+            time.sleep(1.0)
+    yield
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
 @pytest.fixture(scope="session")
-def baseline():
+def baseline(suite_lock):
     from fleet import cgroups
 
     return {"snapshot": leftovers.snapshot(), "ports": leftovers.listening_ports(), "harness": cgroups.harness_dirs()}
