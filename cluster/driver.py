@@ -74,6 +74,19 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
     return sorted(binds), hide
 
 
+def _exit_text(rc: int | None) -> str:
+    if rc is None:
+        return "running"
+    if rc < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit {rc}"
+
+
 class HarnessError(RuntimeError):
     """The harness could not run the wave (not a verdict about the runner)."""
 
@@ -216,6 +229,7 @@ class WaveRun:
         self.timeline: Timeline | None = None
         self.figures: dict = {}
         self.interrupted: str | None = None
+        self.harness_fault: dict | None = None
 
     def task_prefix(self, task_id: str) -> str:
         return f"{self.wave_id}/{task_id}/"
@@ -265,7 +279,17 @@ class WaveRun:
             os.makedirs(self.fleet.state_dir)
             self.fleet.start()
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
+        else:
+            replaced = self.fleet.heal()  # a lent fleet may have lost an actor in an earlier wave
+            if replaced:
+                self.timeline("fleet_healed", replaced=replaced)
         self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
+        import ray
+
+        self.part_pids = {"store": getattr(getattr(self.store, "proc", None), "pid", None),
+                          "fault proxy": self.proxy.proc.pid, "driver": os.getpid(),
+                          "lease ledger": ray.get(self.ledger.ping.remote(), timeout=60),
+                          "sandbox hosts": [i["pid"] for i in self.fleet.host_info]}
 
     def _attempt_credentials(self, tid: str, sandbox_id: str) -> str:
         """The attempt's own key (scoped to the task's prefix) in a directory the sandbox sees read-only."""
@@ -352,6 +376,83 @@ class WaveRun:
             tl("fault_clear", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
                status=receipt.status, detail=receipt.detail)
 
+    # ------------------------------------------------------------------ health
+    PROBE_S = 0.5
+    CONNECT_TIMEOUT_S = 2.0
+    ACTOR_TIMEOUT_S = 20.0
+
+    def _part_lost(self, part: str, why: str, since: float | None = None) -> None:
+        """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
+
+        Tasks it touched (any not ended before the last good probe) are graded `unknown`, never `fail`."""
+        if self.harness_fault is not None:
+            return
+        hints = {"store": "the embedded S3 store (weed mini) died: re-run the wave",
+                 "fault proxy": "the fault proxy died: re-run the wave",
+                 "lease ledger": "the lease ledger actor died: re-run the wave (check Ray's logs for why)",
+                 "model endpoint": "the model endpoint stopped: re-run the wave",
+                 "effects service": "the effects service stopped: re-run the wave"}
+        hint = hints.get(part, f"{part} was lost: re-run the wave (check Ray's logs for why)")
+        self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
+        self.timeline("harness_fault", **self.harness_fault)
+        sys.stderr.write(f"harness fault: {part}: {why}; stopping the wave (tasks it touched are unknown)\n")
+        loop, main = getattr(self, "_loop", None), getattr(self, "_main", None)
+        if loop is not None and main is not None and not main.done():
+            main.cancel()
+
+    async def _probe(self, actors: bool) -> tuple[str, str, bool] | None:
+        """The first part that is not healthy: (part, why, certain). Dead processes and actors are certain."""
+        from urllib.parse import urlsplit
+
+        from ray.exceptions import RayActorError
+
+        for part, proc in (("store", getattr(self.store, "proc", None)), ("fault proxy", self.proxy.proc)):
+            if proc is not None and proc.poll() is not None:
+                return part, f"pid {proc.pid} exited ({_exit_text(proc.returncode)})", True
+        for part, svc in (("model endpoint", self.model), ("effects service", self.effects)):
+            if not svc.thread.is_alive():
+                return part, "its server thread ended", True
+        u = urlsplit(self.endpoint.url)
+        for part, host, port in (("store", u.hostname, u.port or 80), ("fault proxy", "127.0.0.1", self.proxy.port),
+                                 ("model endpoint", "127.0.0.1", self.model.server.server_address[1]),
+                                 ("effects service", "127.0.0.1", self.effects.server.server_address[1])):
+            try:
+                _, w = await asyncio.wait_for(asyncio.open_connection(host, port), self.CONNECT_TIMEOUT_S)
+                w.close()
+            except (OSError, asyncio.TimeoutError) as exc:
+                return part, f"no connection to {host}:{port} ({exc or 'timed out'})", False
+        if actors:
+            from fleet.host import awaitable
+
+            for part, actor in [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
+                                                                   zip(self.fleet.node_ids, self.hosts)]:
+                try:
+                    await asyncio.wait_for(awaitable(actor.ping.remote()), self.ACTOR_TIMEOUT_S)
+                except RayActorError as exc:
+                    return part, f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
+                except asyncio.TimeoutError:
+                    return part, f"no answer to a ping within {self.ACTOR_TIMEOUT_S:.0f} s", False
+        return None
+
+    async def _watch_parts(self) -> None:
+        """Probe every part the wave started or uses, every PROBE_S; actors every other round."""
+        strikes: dict[str, int] = {}
+        last_ok = time.time()
+        n = 0
+        while self.harness_fault is None:
+            await asyncio.sleep(self.PROBE_S)
+            n += 1
+            problem = await self._probe(actors=n % 2 == 0)
+            if problem is None:
+                strikes.clear()
+                last_ok = time.time()
+                continue
+            part, why, certain = problem
+            strikes[part] = strikes.get(part, 0) + 1
+            self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
+            if certain or strikes[part] >= 2:
+                self._part_lost(part, why, since=last_ok)
+
     # ------------------------------------------------------------------ tasks
     async def _run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
         from ray.exceptions import RayActorError
@@ -371,6 +472,8 @@ class WaveRun:
             final = TaskState.FAILED
             why = ""
             while True:
+                if self.harness_fault is not None:
+                    return  # the wave is ending on a harness fault: this task gets no end (graded unknown)
                 if loop.time() >= deadline:
                     final, why = TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s"
                     break
@@ -378,7 +481,12 @@ class WaveRun:
                     final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
                     break
                 sandbox_id = f"{tid}-a{run.attempts + 1}"
-                lease = await self.ledger.acquire.remote(self.lease_key(tid), "node-0", sandbox_id, self.cfg.lease_ttl_s)
+                try:
+                    lease = await self.ledger.acquire.remote(self.lease_key(tid), "node-0", sandbox_id,
+                                                             self.cfg.lease_ttl_s)
+                except RayActorError as exc:
+                    self._part_lost("lease ledger", f"the actor died ({str(exc).strip().splitlines()[0][:200]})")
+                    return
                 if lease is None:
                     tl("lease_busy", task=tid)
                     await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
@@ -399,7 +507,8 @@ class WaveRun:
                         "files": {f"repo/{p}": text for p, text in fixture.items()},
                         "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
                         "relays": self.relay_targets}
-                tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0")
+                tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0",
+                   lease_acquired_at=lease.get("acquired_at"))
                 run.current = (host, sandbox_id)
                 self.registry.set_attempt(tid, attempt)
                 ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")
@@ -408,18 +517,27 @@ class WaveRun:
                     result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ref.future())),
                                                     max(0.1, deadline - loop.time()))
                 except asyncio.TimeoutError:
-                    await host.kill.remote(sandbox_id, 1.0, "deadline")
                     try:
+                        await host.kill.remote(sandbox_id, 1.0, "deadline")
                         result = await ref
                     except RayActorError as exc:
-                        result = {"exit_code": None, "error": str(exc)}
+                        result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
                 except RayActorError as exc:
-                    result = {"exit_code": None, "error": f"host lost: {exc}"}
+                    result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
                 finally:
                     run.current = None
                     self.registry.set_attempt(tid, None)
                 code = result.get("exit_code")
-                await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
+                if result.get("host_lost"):
+                    tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+                       error=result["error"][:300], cause="harness fault: the sandbox host was lost")
+                    self._part_lost("sandbox host node-0", "the actor died while it ran attempt "
+                                    f"{sandbox_id} ({result['error'].strip().splitlines()[0][:200]})")
+                    return
+                try:
+                    await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
+                except RayActorError as exc:
+                    self._part_lost("lease ledger", f"the actor died ({str(exc).strip().splitlines()[0][:200]})")
                 await asyncio.to_thread(self._revoke, sandbox_id)  # the lease ended: its key is dead
                 captured = None
                 if "artifact" in result:
@@ -431,6 +549,8 @@ class WaveRun:
                    cause=result.get("start_error") or result.get("cause") or result.get("error"),
                    events=result.get("events"))
                 on_change()
+                if self.harness_fault is not None:
+                    return  # this attempt may have ended because of the fault: no verdict from it
                 if result.get("start_error"):
                     final, why = TaskState.FAILED, result["start_error"]
                     break
@@ -504,9 +624,12 @@ class WaveRun:
         self._loop, self._main = asyncio.get_running_loop(), asyncio.current_task()
         if self.interrupted:  # a signal came during set-up
             raise asyncio.CancelledError
+        watch = asyncio.create_task(self._watch_parts())
         try:
             await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
         finally:
+            watch.cancel()
+            await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end
             for fts in self.fault_tasks.values():
                 for ft in fts:
                     ft.cancel()
@@ -526,21 +649,56 @@ class WaveRun:
                 self.timeline("proxy_clear_failed", error=str(exc))
 
     def _sweep(self) -> dict:
+        """End what is left of the wave and record it. A stopped wave (signal, harness fault) ends all its
+        sandboxes and leases; otherwise sandboxes with no active lease are leaks. A host or ledger that is
+        gone does not stop the sweep: the driver then reaps the wave's sandboxes by their markers itself."""
         import ray
 
-        active = [l for l in ray.get(self.ledger.active.remote(), timeout=60)
-                  if l["task_id"].startswith(self.wave_id + "/")]
-        live = [l["sandbox_id"] for l in active]
-        if self.interrupted:  # the wave is being stopped: every sandbox of it goes and its leases end
-            ray.get([h.cancel_wave.remote(self.wave_id) for h in self.hosts], timeout=60)
-            for lease in active:
-                ray.get(self.ledger.release.remote(lease["task_id"], lease["fence"], None,
-                                                   f"wave interrupted by {self.interrupted}"), timeout=30)
-            active, live = [], []
-        reports = ray.get([h.sweep.remote(self.wave_id, live) for h in self.hosts], timeout=120)
-        out = {"wave_id": self.wave_id, "active_leases": active, "nodes": reports,
-               "leaked": [r for rep in reports for r in rep["reaped"]]}
+        from fleet import cgroups
+        from fleet.sandbox import reap_leftover
+
+        stopping = self.interrupted or (self.harness_fault and f"harness fault ({self.harness_fault['part']})")
+        problems = []
+        try:
+            active = [l for l in ray.get(self.ledger.active.remote(), timeout=30)
+                      if l["task_id"].startswith(self.wave_id + "/")]
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"ledger: {type(exc).__name__}: {str(exc)[:200]}")
+            active = None
+        live = [l["sandbox_id"] for l in active or []]
+        if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
+            for h in self.hosts:
+                try:
+                    ray.get(h.cancel_wave.remote(self.wave_id), timeout=30)
+                except Exception as exc:  # noqa: BLE001
+                    problems.append(f"cancel on host: {type(exc).__name__}")
+            for lease in active or []:
+                try:
+                    ray.get(self.ledger.release.remote(lease["task_id"], lease["fence"], None,
+                                                       f"wave stopped: {stopping}"), timeout=10)
+                except Exception as exc:  # noqa: BLE001
+                    problems.append(f"release {lease['task_id']}: {type(exc).__name__}")
+                    break
+            live = []
+        reports = []
+        for n, h in zip(self.fleet.node_ids, self.hosts):
+            try:
+                reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"sweep on {n}: {type(exc).__name__}: {str(exc)[:200]}")
+        by_driver = []
+        if problems:  # a part is gone: reap the wave's sandboxes here, by marker (same machine)
+            for wid, sid in cgroups.list_sandboxes(self.wave_id):
+                try:
+                    by_driver.append(reap_leftover(wid, sid))
+                except Exception as exc:  # noqa: BLE001
+                    by_driver.append({"sandbox_id": sid, "error": str(exc)})
+        out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
+               "leaked": [r for rep in reports for r in rep["reaped"]], "problems": problems,
+               "reaped_by_driver": by_driver}
         (self.dir / "sandbox-sweep.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        if problems and not self.harness_fault:
+            raise HarnessError("; ".join(problems))
         return out
 
     def _snapshot_store(self) -> None:
@@ -577,6 +735,10 @@ class WaveRun:
                             f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"ledger dump: {exc}")
+        try:  # how the hosts' lease renewals went (cumulative over a lent fleet's life)
+            self.timeline("lease_renewals", hosts=ray.get([h.renewals.remote() for h in self.hosts], timeout=10))
+        except Exception:  # noqa: BLE001 - a lost host has no figures
+            pass
         counts = {}
         for key, svc in (("model", self.model), ("effects", self.effects)):
             if svc is not None:
@@ -699,11 +861,15 @@ class WaveRun:
             self._setup()
             self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it aborts)
             self.timeline("parts_ready", store=self.endpoint.url, proxy=self.proxy.url, model=self.model.url,
-                          effects=self.effects.url,
+                          effects=self.effects.url, pids=self.part_pids,
                           **self.figures)
             asyncio.run(self._run_all())
         except asyncio.CancelledError:
-            self.timeline("wave_interrupted", signal=self.interrupted)
+            if self.harness_fault is not None and not self.interrupted:
+                f = self.harness_fault
+                harness_error = f"harness fault: {f['part']}: {f['why']}. {f['hint']}"
+            else:
+                self.timeline("wave_interrupted", signal=self.interrupted)
         except Exception as exc:  # noqa: BLE001
             if self.interrupted:
                 self.timeline("wave_interrupted", signal=self.interrupted, during=f"{type(exc).__name__}: {exc}")

@@ -128,6 +128,7 @@ class TaskHistory:
     artifact: dict[str, bytes] | None = None
     artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
     reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
+    harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
 
 
 def _check(fn) -> dict:
@@ -172,7 +173,11 @@ def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], 
                 if fx:
                     reasons.append(f"the step's effect {fx[0]['effect_id']} was recorded at {fx[0]['t']:.3f}")
                 end = (windows.get(p.get("attempt")) or {}).get("end") or c["t"]
-                w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])]
+                # a write the attempt sent after the answer and before it ended, that the store had COMMITTED
+                # (answered 2xx) before the step was asked again: a resuming runner could have seen it. A write
+                # still in flight when the new attempt looked (a slow store) could not have been seen.
+                w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])
+                     and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"]]
                 if w:
                     reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
                 if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:
@@ -336,12 +341,20 @@ def grade_task(h: TaskHistory) -> dict:
                                                           "(it did not run to an end)"}
         else:
             checks[name] = _check(fn)
+    hf = h.harness_fault
+    touched = hf is not None and (end is None or end.get("wall", 0.0) >= hf["since_wall"])
+    if touched:  # what the harness's own death may have caused is never the runner's failure
+        for c in checks.values():
+            if c["verdict"] == FAIL or end is None:
+                c["verdict"] = UNKNOWN if c["verdict"] == FAIL else c["verdict"]
+                c["detail"] = f"harness fault ({hf['part']}: {hf['why']}) while this task ran; {c['detail']}"
     verdict = merge(c["verdict"] for c in checks.values())
     signature = "+".join(sorted(k for k, c in checks.items() if c["verdict"] == FAIL)) or None
     recall = checks["no_model_recall"]
     return {"task_id": tid, "role": task.get("role", "task"), "seed": task["seed"], "runner": task["runner"],
             "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
             "verdict": verdict, "signature": signature, "attempts": len(attempts),
+            "harness_fault": hf["part"] if touched else None,
             "interrupted": bool(interrupted), "model_recalls": recall.get("model_recalls"),
             "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
@@ -398,6 +411,9 @@ def grade_wave(results_dir: str | Path) -> dict:
     except Unreadable:
         audit = None
     harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
+    hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
+    if hfault is not None and not any(err.startswith("harness fault:") for err in harness_errors):
+        harness_errors.insert(0, f"harness fault: {hfault['part']}: {hfault['why']}. {hfault.get('hint', '')}")
     wave_id = plan["wave_id"]
 
     def history(task: dict) -> TaskHistory:
@@ -411,7 +427,8 @@ def grade_wave(results_dir: str | Path) -> dict:
             writes=None if proxy is None else [
                 r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
                 and 200 <= (r.get("status") or 0) < 300],
-            artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why)
+            artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
+            harness_fault=hfault)
 
     refs = {t["task_id"]: t for t in plan.get("references", [])}
     ref_grades = []
@@ -452,7 +469,9 @@ def grade_wave(results_dir: str | Path) -> dict:
     leaks = {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
              "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
     wave_checks = {
-        "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] else (UNKNOWN if leaks["sandboxes"] is None else FAIL),
+        # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
+        "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] else (
+            UNKNOWN if leaks["sandboxes"] is None or hfault is not None else FAIL),
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),
         "positive_control": merge(g["verdict"] for g in ref_grades),
@@ -464,7 +483,7 @@ def grade_wave(results_dir: str | Path) -> dict:
     if any(e["event"] == "wave_stopped_at_once" for e in timeline):
         interrupted = f"{interrupted or 'a signal'}, then stopped at once (nothing was cleaned up in order)"
     return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
-            "interrupted": interrupted,
+            "interrupted": interrupted, "harness_fault": hfault,
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
             "inputs": {"digests": inp.digests, "unreadable": inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}

@@ -55,6 +55,27 @@ class RaySession:
             self.tmpdir = None
 
 
+def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
+    """Remove a (killed) host's harness cgroup once its process is gone; its parent too when empty."""
+    import time
+    from pathlib import Path
+
+    d = Path(info.get("cgroup") or "")
+    deadline = time.monotonic() + timeout_s
+    while d.name and d.is_dir():
+        try:
+            d.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+            continue
+        try:
+            d.parent.rmdir()
+        except OSError:
+            pass
+
+
 class FleetSession:
     """Ray plus the long-lived actors a wave uses: one lease ledger and one sandbox host per node.
 
@@ -83,6 +104,37 @@ class FleetSession:
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         return self
 
+    def heal(self, timeout_s: float = 15.0) -> list[str]:
+        """Replace a ledger or host actor that died (a lent fleet outlives the wave that lost it). The ledger
+        reopens its SQLite file, so leases and fences carry on. Returns what was replaced."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        from fleet.host import start_host_actor
+        from fleet.ledger import start_ledger_actor
+
+        replaced = []
+        try:
+            ray.get(self.ledger.ping.remote(), timeout=timeout_s)
+        except (RayActorError, GetTimeoutError):
+            ray.kill(self.ledger)
+            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"))
+            ray.get(self.ledger.ping.remote(), timeout=120)
+            replaced.append("ledger")
+        for i, (n, h) in enumerate(zip(self.node_ids, list(self.hosts))):
+            try:
+                ray.get(h.ping.remote(), timeout=timeout_s)
+                if "ledger" not in replaced:
+                    continue
+            except (RayActorError, GetTimeoutError):
+                pass
+            ray.kill(h)  # a host bound to a replaced ledger is replaced too
+            _drop_harness_dir(self.host_info[i])
+            self.hosts[i] = start_host_actor(n, self.ledger)
+            self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
+            replaced.append(f"host {n}")
+        return replaced
+
     def stop(self) -> None:
         import ray
 
@@ -93,6 +145,8 @@ class FleetSession:
                 except Exception:  # noqa: BLE001
                     pass
                 ray.kill(h)
+            for info in getattr(self, "host_info", []):
+                _drop_harness_dir(info)  # a host that died could not leave its harness cgroup itself
             if self.ledger is not None:
                 ray.kill(self.ledger)
         self.hosts, self.ledger = [], None

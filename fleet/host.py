@@ -1,7 +1,9 @@
 """The sandbox host: one async actor per node that owns many sandboxes.
 
-It starts an attempt's sandbox, renews the attempt's lease while the sandbox
-lives (a refused renewal means the attempt was fenced: the sandbox is killed),
+It starts an attempt's sandbox, renews the attempt's lease from the moment the
+attempt reaches the host until it ends (one batched ledger call per tick for every
+lease the host holds, so renewals do not wait for a sandbox to start nor grow with
+load; a refused renewal means the attempt was fenced: the sandbox is killed),
 kills sandboxes on request (faults), and sweeps sandboxes that carry a wave's
 marker but hold no active lease. `SandboxHost` is a plain class; `start_host_actor`
 makes it remote at the edge.
@@ -17,6 +19,11 @@ from fleet import cgroups
 from fleet.sandbox import ProcessBackend, SandboxBackend, SandboxSpec, reap_leftover
 
 
+def awaitable(ref):
+    """A Ray ObjectRef as a plain asyncio future (cancelled at once by wait_for); anything else as is."""
+    return asyncio.wrap_future(ref.future()) if hasattr(ref, "future") else ref
+
+
 class SandboxHost:
     def __init__(self, node_id: str, backend: SandboxBackend | None = None, ledger: Any = None):
         self.node_id = node_id
@@ -26,6 +33,9 @@ class SandboxHost:
         self.cancelled_waves: set[str] = set()
         self.closing = False
         self.in_flight = 0
+        self.held: dict[str, dict] = {}  # sandbox_id -> the lease it runs under (renewed by _renew_all)
+        self._renewer: asyncio.Task | None = None
+        self.renew_stats = {"ticks": 0, "renewed": 0, "refused": 0, "errors": 0, "late_max_s": 0.0}
 
     async def ping(self) -> str:
         return self.node_id
@@ -35,14 +45,47 @@ class SandboxHost:
         self._harness_cg = cgroups.join_harness(f"host-{self.node_id}-{os.getpid()}")
         return {"pid": os.getpid(), "cgroup": str(self._harness_cg)}
 
-    async def _renew_loop(self, sb, lease: dict, ttl_s: float) -> None:
-        version = lease["version"]
-        while True:
-            await asyncio.sleep(ttl_s / 3)
-            ok, version = await self.ledger.renew.remote(lease["task_id"], lease["fence"], version, ttl_s)
-            if not ok:
-                await self.backend.kill(sb, 0.0, reason="fenced: lease renewal refused")
-                return
+    async def _renew_all(self) -> None:
+        """Every tick (a quarter of the shortest TTL held), renew all held leases in one ledger call."""
+        while self.held:
+            tick = min(h["ttl"] for h in self.held.values()) / 4
+            due = time.monotonic() + tick
+            await asyncio.sleep(tick)
+            self.renew_stats["late_max_s"] = max(self.renew_stats["late_max_s"], round(time.monotonic() - due, 3))
+            batch = list(self.held.items())
+            if not batch:
+                continue
+            self.renew_stats["ticks"] += 1
+            try:
+                res = await asyncio.wait_for(awaitable(self.ledger.renew_many.remote(
+                    [(h["task_id"], h["fence"], h["version"], h["ttl"]) for _, h in batch])), max(1.0, tick * 2))
+            except Exception:  # noqa: BLE001 - slow or lost ledger: leases run on until expiry; retry next tick
+                self.renew_stats["errors"] += 1
+                continue
+            for (sid, h), (ok, version) in zip(batch, res):
+                if self.held.get(sid) is not h:
+                    continue  # the attempt ended meanwhile
+                if ok:
+                    h["version"] = version
+                    self.renew_stats["renewed"] += 1
+                    continue
+                self.renew_stats["refused"] += 1
+                h["refused"] = True
+                self.held.pop(sid, None)
+                if h["sb"] is not None:
+                    asyncio.create_task(self.backend.kill(h["sb"], 0.0, reason="fenced: lease renewal refused"))
+        self._renewer = None
+
+    def _hold(self, sandbox_id: str, lease: dict, ttl_s: float) -> dict:
+        h = {"task_id": lease["task_id"], "fence": lease["fence"], "version": lease["version"], "ttl": ttl_s,
+             "sb": None, "refused": False}
+        self.held[sandbox_id] = h
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_all())
+        return h
+
+    async def renewals(self) -> dict:
+        return dict(self.renew_stats, held=len(self.held))
 
     async def run_attempt(self, spec: dict, lease: dict, ttl_s: float, capture: str | None = None) -> dict:
         """Run one attempt to its end; returns the sandbox's description (exit code, timings, history).
@@ -63,21 +106,27 @@ class SandboxHost:
             self.in_flight -= 1
 
     async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None) -> dict:
-        sb = await self.backend.start(sspec)
-        renew = asyncio.create_task(self._renew_loop(sb, lease, ttl_s)) if self.ledger is not None else None
+        # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
+        held = self._hold(sspec.sandbox_id, lease, ttl_s) if self.ledger is not None and lease else None
         artifact = None
         try:
-            if sspec.wave_id in self.cancelled_waves or self.closing:  # cancelled while it was starting
-                await self.backend.kill(sb, 0.0, reason="wave cancelled")
-            await self.backend.wait(sb)
-            if renew is not None:
-                renew.cancel()
-            if capture and sb.exit_code == 0:
-                artifact = await self.backend.collect(sb, capture)
+            sb = await self.backend.start(sspec)
+            try:
+                if held is not None:
+                    held["sb"] = sb
+                if held is not None and held["refused"]:
+                    await self.backend.kill(sb, 0.0, reason="fenced: lease renewal refused")
+                elif sspec.wave_id in self.cancelled_waves or self.closing:  # cancelled while it was starting
+                    await self.backend.kill(sb, 0.0, reason="wave cancelled")
+                await self.backend.wait(sb)
+                self.held.pop(sspec.sandbox_id, None)
+                if capture and sb.exit_code == 0:
+                    artifact = await self.backend.collect(sb, capture)
+            finally:
+                await self.backend.remove(sb)
         finally:
-            if renew is not None:
-                renew.cancel()
-            await self.backend.remove(sb)
+            if held is not None and self.held.get(sspec.sandbox_id) is held:
+                self.held.pop(sspec.sandbox_id, None)
         out = sb.describe()
         if artifact is not None:
             out["artifact"] = artifact

@@ -384,10 +384,13 @@ class ProcessBackend(SandboxBackend):
                 os.lchown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID)
 
     async def _start(self, sb: Sandbox) -> None:
+        # Blocking work (mount, file writes, cgroup writes, fork/exec) runs in threads: the host's event loop
+        # keeps renewing leases and serving kills while many sandboxes start at once.
         spec = sb.spec
-        self._prepare_workspace(spec)
+        await asyncio.to_thread(self._prepare_workspace, spec)
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
-        cg.create(spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares, spec.cpu_quota)
+        await asyncio.to_thread(cg.create, spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares,
+                                spec.cpu_quota)
         self._cgroups[spec.sandbox_id] = cg
         net = await SandboxNet(spec.relays).open()
         self._nets[spec.sandbox_id] = net
@@ -401,23 +404,26 @@ class ProcessBackend(SandboxBackend):
         launch_env = dict(env, SF_NETNS=f"/proc/self/fd/{net.nsfd}")
         rfd, wfd = os.pipe()
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *self.bwrap_args(spec)],
-                                    env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/",
-                                    pass_fds=(net.nsfd,))
+            proc = await asyncio.to_thread(
+                subprocess.Popen, ["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *self.bwrap_args(spec)],
+                env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/", pass_fds=(net.nsfd,))
         finally:
             os.close(wfd)
         self._procs[spec.sandbox_id] = proc
         sb.pid = proc.pid
         self._pump_log(spec, rfd)
-        try:
+        def place() -> None:
             for f in cg.procs_files():
                 with open(f, "w") as fh:
                     fh.write(str(proc.pid))
             proc.stdin.write(b"go\n")
             proc.stdin.close()
+
+        try:
+            await asyncio.to_thread(place)
         except OSError as exc:
             proc.kill()
-            proc.wait(5)
+            await asyncio.to_thread(proc.wait, 5)
             raise SandboxError(f"could not place sandbox {spec.sandbox_id} in its cgroups: {exc}") from exc
 
     def _pump_log(self, spec: SandboxSpec, rfd: int) -> None:
@@ -527,15 +533,15 @@ class ProcessBackend(SandboxBackend):
         proc = self._procs.pop(sid, None)
         if proc is not None:
             try:
-                proc.wait(5)
+                await asyncio.to_thread(proc.wait, 5)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(5)
+                await asyncio.to_thread(proc.wait, 5)
         self._drain_and_close_log(sid)
         net = self._nets.pop(sid, None)
         if net is not None:
             await net.close()
-        cg.remove()
+        await asyncio.to_thread(cg.remove)
         ws = sb.spec.workspace
         await asyncio.to_thread(unmount_workspace, ws)
         if os.path.isdir(ws):

@@ -1,9 +1,14 @@
 """A LangGraph checkpoint saver on S3 (boto3), for any S3-compatible endpoint.
 
-Layout under `prefix` (one object per checkpoint, one per pending write):
+Layout under `prefix` (one object per checkpoint, one per `put_writes` call):
 
     <prefix>lg/<thread>/<ns>/cp/<checkpoint_id>.json            checkpoint + metadata + parent id
-    <prefix>lg/<thread>/<ns>/w/<checkpoint_id>/<task_id>.<idx>.json   one pending write
+    <prefix>lg/<thread>/<ns>/w/<checkpoint_id>/<task_id>.<idx>.json   a task's writes, idx = the first's
+
+A task's writes go in ONE object: they land together or not at all, like the SQL savers' single
+transaction. (One object per write tore under a kill: a node's `messages` write stored, its branch
+write not, and on resume LangGraph took the node as done and the graph ended early. Found by
+sandfleet's PK1 right after a model answer.)
 
 Checkpoint ids are uuid6 (monotonic, sortable), so the latest checkpoint is the largest key.
 Every object is created with a conditional write (`IfNoneMatch="*"`): a checkpoint is immutable,
@@ -137,7 +142,7 @@ class S3Saver(BaseCheckpointSaver[str]):
         for key in self._keys(f"{base}w/{checkpoint_id}/"):
             w = self._get(key)
             if w is not None:
-                writes.append(w)
+                writes += w["writes"] if "writes" in w else [w]
         writes.sort(key=lambda w: (w["task_path"], w["task_id"], w["idx"]))  # writes_sort_key order
         parent = rec.get("parent_id")
         return CheckpointTuple(
@@ -207,11 +212,14 @@ class S3Saver(BaseCheckpointSaver[str]):
         checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = config["configurable"]["checkpoint_id"]
         base = f"{self._base(thread_id, checkpoint_ns)}w/{checkpoint_id}/"
-        for i, (channel, value) in enumerate(writes):
-            idx = WRITES_IDX_MAP.get(channel, i)
-            rec = {"task_id": task_id, "task_path": task_path, "idx": idx, "channel": channel,
-                   "value": self._dump(value), "fence": self.fence, "t": time.time()}
-            self._put(f"{base}{urllib.parse.quote(task_id, safe='')}.{idx}.json", rec, create_only=idx >= 0)
+        recs = [{"task_id": task_id, "task_path": task_path, "idx": WRITES_IDX_MAP.get(channel, i),
+                 "channel": channel, "value": self._dump(value), "fence": self.fence, "t": time.time()}
+                for i, (channel, value) in enumerate(writes)]
+        if not recs:
+            return
+        first = recs[0]["idx"]
+        self._put(f"{base}{urllib.parse.quote(task_id, safe='')}.{first}.json", {"writes": recs},
+                  create_only=all(r["idx"] >= 0 for r in recs))
 
     def delete_thread(self, thread_id: str) -> None:
         prefix = f"{self.prefix}lg/{urllib.parse.quote(str(thread_id), safe='')}/"

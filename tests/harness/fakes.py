@@ -69,7 +69,7 @@ class LocalLedger:
 
     def __init__(self, ledger):
         self.inner = ledger
-        for name in ("acquire", "renew", "release", "revoke", "active", "dump"):
+        for name in ("acquire", "renew", "renew_many", "release", "revoke", "active", "dump", "ping"):
             setattr(self, name, _Method(getattr(ledger, name)))
 
 

@@ -86,6 +86,17 @@ def test_a_reask_after_the_step_wrote_to_the_store_fails():
     assert "journal/0003" in g["checks"]["no_model_recall"]["detail"]
 
 
+def test_a_write_the_store_committed_only_after_the_reask_is_forgiven():
+    # attempt 1 journaled step 3 just before the kill, but the store answered that PUT only after attempt 2 had
+    # looked and asked again (a slow first write): no runner could have seen it
+    calls = [call(s, 90.5 + s, 1) for s in range(4)] + [call(s, 102 + s, 2) for s in range(3, STEPS + 1)]
+    late = {"t": 93.9, "ms": 8500.0, "key": "w/t000/journal/0003.json"}  # committed at 102.4, asked again at 105
+    assert grade_task(hist(calls=calls, writes=[late]))["checks"]["no_model_recall"]["verdict"] == FAIL
+    later = dict(late, ms=12000.0)  # committed at 105.9, after the re-ask
+    c = grade_task(hist(calls=calls, writes=[later]))["checks"]["no_model_recall"]
+    assert c["verdict"] == PASS and c["forgiven_in_flight"] == 1
+
+
 def test_a_reask_after_the_steps_effect_fails():
     step = min(WL.effect_steps(SEED, STEPS).values())
     calls = [call(s, 90.5 + s, 1) for s in range(step + 1)] + [call(s, 102 + s, 2) for s in range(step, STEPS + 1)]

@@ -1,0 +1,85 @@
+"""The harness survives its own faults: SIGKILL of the fault proxy, the store or the sandbox host actor
+mid-wave ends the wave with exit 2 and one line naming the part; no task is graded `fail` for it, and
+nothing is left behind. The CLI joins the session's Ray through --address, so the actors it makes (and
+the host killed here) are its own, not the session's."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from fleet import cgroups
+from tests import leftovers
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+tasks: 6
+concurrency: 3
+seed: 21
+runner: durable
+faults: none
+workload: {steps: 12, think_ms: 200}
+deadline_s: 120
+"""
+
+
+def _gcs_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+def _events(d):
+    return [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
+
+
+@pytest.mark.parametrize("part", ["fault proxy", "store", "sandbox host"])
+def test_a_killed_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part):
+    results = tmp_path / "results"
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text(CONFIG)
+    before, harness_before = leftovers.snapshot(), cgroups.harness_dirs()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address", _gcs_address(),
+                          "--results", str(results), "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        running = 0
+        while time.monotonic() < deadline and p.poll() is None and running < 2:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            running = tl[0].read_bytes().count(b'"attempt_start"') if tl else 0
+            time.sleep(0.1)
+        assert running >= 2, "the wave never had two attempts running"
+        d = next(results.glob("w-*"))
+        pids = next(e for e in _events(d) if e["event"] == "parts_ready")["pids"]
+        victim = pids["sandbox hosts"][0] if part == "sandbox host" else pids[part]
+        time.sleep(0.5)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = p.communicate(timeout=120)
+        print(f"{part}: the wave ended {time.monotonic() - killed_at:.1f} s after the kill")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 2, (out, err)
+    assert f"harness fault: {part}" in err, err
+    events = _events(d)
+    fault = next(e for e in events if e["event"] == "harness_fault")
+    assert fault["part"].startswith(part)
+    grades = [orjson.loads(g.read_bytes()) for g in d.glob("*.grade.json")]
+    assert grades, "nothing was graded"
+    assert not [g["task_id"] for g in grades if g["verdict"] == "fail"], "a runner was blamed for the harness"
+    assert any((g["harness_fault"] or "").startswith(part) for g in grades)
+    assert "harness fault" in (d / "SUMMARY.md").read_text()
+    # no task started after the fault was seen
+    t_fault = fault["t"]
+    assert not [e for e in events if e["event"] == "attempt_start" and e["t"] > t_fault + 0.5]
+    assert not leftovers.wait_clean(before), "the wave left something behind"
+    assert cgroups.harness_dirs() == harness_before, "a harness cgroup was left behind"
