@@ -88,7 +88,8 @@ def wave_run(
         dead = sweep.find()["waves"]
         if dead:
             _err(f"warning: {len(dead)} dead wave(s) left things behind ({', '.join(sorted(dead)[:3])}); "
-                 "run `sandfleet sweep --dry-run` to see them and `sandfleet sweep` to remove them")
+                 "`sandfleet wave resume RESULTS/<wave>` continues one, `sandfleet sweep --dry-run` lists what "
+                 "they left and `sandfleet sweep` removes it")
     except OSError:
         pass
     try:
@@ -99,6 +100,12 @@ def wave_run(
     except HarnessError as exc:
         _err(f"error: {exc}")
         return EXIT_HARNESS
+    return _report(wave, result)
+
+
+def _report(wave, result: dict) -> int:
+    from cluster.grade import exit_code
+
     summary = wave.dir / "SUMMARY.md"
     if result.get("interrupted"):
         out.print(f"wave {result['wave_id']}: interrupted by {result['interrupted']}; graded what finished",
@@ -114,6 +121,61 @@ def wave_run(
               f"({', '.join(f'{v} {n}' for v, n in sorted(counts.items()))})", highlight=False, soft_wrap=True)
     out.print(f"SUMMARY: {summary}", highlight=False, soft_wrap=True)
     return exit_code(result)
+
+
+@wave_app.command("resume")
+def wave_resume(
+    results_dir: Path = typer.Argument(..., help="the results directory of a wave whose driver died"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> int:
+    """Continue a wave whose driver died: finished tasks keep their results, the others run on (next fence)."""
+    import orjson
+
+    from cluster import sweep
+    from cluster.config import ConfigError, build_config
+    from cluster.driver import HarnessError, WaveRun, preflight
+    from cluster.grade import exit_code
+
+    try:
+        plan = orjson.loads((results_dir / "plan.json").read_bytes())
+        wave_id = plan["wave_id"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        _err(f"error: argument RESULTS_DIR: {results_dir} is not a wave's results directory ({exc}); "
+             "pass results/<wave id>")
+        return EXIT_BAD_INPUT
+    try:
+        ended = b'"event":"wave_end"' in (results_dir / "timeline.jsonl").read_bytes()
+    except OSError:
+        ended = False
+    if ended:
+        _err(f"error: wave {wave_id} already ended; grade it again with `sandfleet grade {results_dir}`")
+        return EXIT_HARNESS
+    private = Path(f"/tmp/sandfleet-{wave_id}")
+    if sweep.driver_alive(private):
+        d = orjson.loads((private / "driver.json").read_bytes())
+        _err(f"error: wave {wave_id} is still running (driver pid {d['pid']}); resume only a wave whose driver died")
+        return EXIT_HARNESS
+    if not (private / "store").is_dir() and not plan["config"].get("store", {}).get("url"):
+        _err(f"error: cannot resume {wave_id}: its store data ({private}/store) is gone (was it swept?). "
+             f"Grade what finished with `sandfleet grade {results_dir}`")
+        return EXIT_HARNESS
+    try:
+        cfg = build_config(plan["config"], {"address": address}, source=str(results_dir / "plan.json"))
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    try:
+        preflight(cfg)
+        found = sweep.find(wave_id)
+        for line in sweep.remove(found, keep_data=True) if found["waves"] else []:
+            out.print(f"swept: {line}", highlight=False, soft_wrap=True)
+        wave = WaveRun(cfg, progress=not no_progress, resume_dir=results_dir)
+        result = wave.run()
+    except HarnessError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    return _report(wave, result)
 
 
 @app.command("grade")

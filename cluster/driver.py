@@ -158,8 +158,9 @@ def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
 
 
 class Timeline:
-    def __init__(self, path: Path):
-        self.t0 = time.monotonic()
+    def __init__(self, path: Path, since_wall: float | None = None):
+        """`since_wall`: the wall time of an earlier segment's t=0 (a resumed wave's clock continues)."""
+        self.t0 = time.monotonic() - (time.time() - since_wall if since_wall is not None else 0.0)
         self.f = open(path, "ab")
 
     def __call__(self, event: str, **fields) -> dict:
@@ -178,6 +179,7 @@ class TaskRun:
     life: Lifecycle = field(default_factory=lambda: Lifecycle(TASK_TRANSITIONS, TaskState.PENDING))
     current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
     attempts: int = 0
+    finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
 
 
 class FaultContextImpl:
@@ -203,11 +205,18 @@ class FaultContextImpl:
 
 class WaveRun:
     def __init__(self, cfg: WaveConfig, results_root: str | Path = "results", progress: bool = True,
-                 fleet: FleetSession | None = None):
+                 fleet: FleetSession | None = None, resume_dir: str | Path | None = None):
         self.cfg = cfg
-        self.results_root = Path(results_root).resolve()
-        self.wave_id = new_wave_id(cfg.seed)
-        self.dir = self.results_root / self.wave_id
+        self.resume_plan = None
+        if resume_dir is not None:  # `wave resume`: the same wave, results dir and private dir
+            self.dir = Path(resume_dir).resolve()
+            self.resume_plan = orjson.loads((self.dir / "plan.json").read_bytes())
+            self.results_root = self.dir.parent
+            self.wave_id = self.resume_plan["wave_id"]
+        else:
+            self.results_root = Path(results_root).resolve()
+            self.wave_id = new_wave_id(cfg.seed)
+            self.dir = self.results_root / self.wave_id
         self.private = Path(f"/tmp/sandfleet-{self.wave_id}")
         self.bucket = "sf-" + hashlib.sha256(self.wave_id.encode()).hexdigest()[:16]
         self.show_progress = progress
@@ -230,6 +239,8 @@ class WaveRun:
         self.figures: dict = {}
         self.interrupted: str | None = None
         self.harness_fault: dict | None = None
+        self.resumed: dict | None = None  # what a resumed wave kept: finished tasks, attempts, fired faults
+        self.prior_receipts: list[dict] = []
 
     def task_prefix(self, task_id: str) -> str:
         return f"{self.wave_id}/{task_id}/"
@@ -273,10 +284,13 @@ class WaveRun:
         self.binds, self.hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
+        if self.resumed is not None:  # the services carry on from what their logs recorded
+            self.model.log.preload(self.dir / "model-calls.jsonl")
+            self.effects.preload(self.dir / "effects.jsonl")
         if self.fleet is None:  # a lent fleet is already running: nothing to time
             t = time.perf_counter()
             self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"))
-            os.makedirs(self.fleet.state_dir)
+            os.makedirs(self.fleet.state_dir, exist_ok=self.resumed is not None)
             self.fleet.start()
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
         else:
@@ -460,6 +474,8 @@ class WaveRun:
         task = run.plan
         tid = task["task_id"]
         tl = self.timeline
+        if run.finished_before:
+            return
         async with sem:
             loop = asyncio.get_running_loop()
             launched = loop.time()
@@ -467,7 +483,9 @@ class WaveRun:
             run.life.to(TaskState.RUNNING, "launched")
             tl("task_start", task=tid, seed=task["seed"], runner=task["runner"])
             ctx = FaultContextImpl(self)
-            self.fault_tasks[tid] = [asyncio.create_task(self._fire(FaultSpec(**f), ctx)) for f in task["faults"]]
+            fired = (self.resumed or {}).get("fired", set())
+            self.fault_tasks[tid] = [asyncio.create_task(self._fire(FaultSpec(**f), ctx)) for f in task["faults"]
+                                     if f["instance"] not in fired]
             host = self.hosts[0]
             final = TaskState.FAILED
             why = ""
@@ -603,6 +621,10 @@ class WaveRun:
         sem = asyncio.Semaphore(self.cfg.concurrency)
         # references first: they are the positive control every task is compared with
         self.runs = {t["task_id"]: TaskRun(plan=t) for t in self.plan["references"] + self.plan["tasks"]}
+        for tid, run in self.runs.items():
+            if self.resumed is not None:
+                run.finished_before = tid in self.resumed["finished"]
+                run.attempts = self.resumed["attempts"].get(tid, 0)
         progress = None
         if self.show_progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -839,25 +861,75 @@ class WaveRun:
         sys.stderr.write(f"{name} again: stopped at once; results so far in {self.dir}\n")
         os._exit(130 if name == "SIGINT" else 143)
 
+    # ------------------------------------------------------------------ resume
+    def _prepare_resume(self) -> None:
+        """Read what the dead driver recorded: tasks that ended keep their results; attempts it left running
+        are closed in the timeline (they were reaped); faults that fired keep their receipts."""
+        events = []
+        for i, line in enumerate((self.dir / "timeline.jsonl").read_bytes().splitlines(), 1):
+            if line.strip():
+                try:
+                    events.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    if i < len((self.dir / "timeline.jsonl").read_bytes().splitlines()):
+                        raise HarnessError(f"{self.dir / 'timeline.jsonl'} line {i} is damaged: cannot resume")
+        if not events or events[0].get("event") != "wave_start":
+            raise HarnessError(f"{self.dir / 'timeline.jsonl'} has no wave_start: not a wave that ran")
+        if any(e["event"] == "wave_end" for e in events):
+            raise HarnessError(f"wave {self.wave_id} already ended; grade it again with `sandfleet grade {self.dir}`")
+        finished = {e["task"] for e in events if e["event"] == "task_end"}
+        attempts: dict[str, int] = {}
+        open_attempts = {}
+        for e in events:
+            if e["event"] == "attempt_start":
+                attempts[e["task"]] = attempts.get(e["task"], 0) + 1
+                open_attempts[e["sandbox"]] = e
+            elif e["event"] == "attempt_end":
+                open_attempts.pop(e.get("sandbox"), None)
+        fired = {}
+        for e in events:
+            if e["event"] == "fault_clear":
+                fired[e["instance"]] = {"fault_id": e["fault"], "instance": e["instance"], "task_id": e["task"],
+                                        "status": e["status"], "target": {}, "detail": e.get("detail", ""),
+                                        "fired_at": None, "cleared_at": e["wall"],
+                                        "evidence": {"from": "the timeline of the driver that died"}}
+        self.prior_receipts = list(fired.values())
+        self.resumed = {"finished": finished, "attempts": attempts, "fired": set(fired)}
+        self.timeline = Timeline(self.dir / "timeline.jsonl", since_wall=events[0]["wall"])
+        now = time.time()
+        for sid, e in open_attempts.items():  # reaped by the resume's sweep: they ended with the driver
+            self.timeline("attempt_end", task=e["task"], attempt=e["attempt"], fence=e["fence"], sandbox=sid,
+                          exit_code=None, killed_by="driver died", ended_at=now, started_at=e["wall"],
+                          cause="the wave's driver died; the attempt was reaped when the wave resumed")
+        unfinished = sorted(t["task_id"] for t in self.plan["references"] + self.plan["tasks"]
+                            if t["task_id"] not in finished)
+        self.timeline("wave_resumed", finished=sorted(finished), unfinished=unfinished,
+                      closed_attempts=sorted(open_attempts), faults_fired_before=sorted(fired))
+
     # ------------------------------------------------------------------ main
     def run(self) -> dict:
         """Run the wave; returns the wave verdict summary. Raises HarnessError on set-up failure."""
-        self.dir.mkdir(parents=True, exist_ok=False)
-        latest = self.results_root / "latest"
-        if latest.is_symlink() or not latest.exists():
-            tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
-            tmp.symlink_to(self.wave_id)
-            os.replace(tmp, latest)
-        self.plan = build_plan(self.cfg, self.wave_id, self.cache)
-        self._write_json("plan.json", self.plan)
-        self._seed_cached_references()
-        self.timeline = Timeline(self.dir / "timeline.jsonl")
+        if self.resume_plan is not None:
+            self.plan = self.resume_plan
+            self._prepare_resume()
+        else:
+            self.dir.mkdir(parents=True, exist_ok=False)
+            latest = self.results_root / "latest"
+            if latest.is_symlink() or not latest.exists():
+                tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
+                tmp.symlink_to(self.wave_id)
+                os.replace(tmp, latest)
+            self.plan = build_plan(self.cfg, self.wave_id, self.cache)
+            self._write_json("plan.json", self.plan)
+            self._seed_cached_references()
+            self.timeline = Timeline(self.dir / "timeline.jsonl")
         harness_error = None
         t_wave = time.perf_counter()
         previous = self._install_signal_handlers()
         try:
-            self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks, runner=self.plan["runner"]["name"],
-                          faults=self.cfg.faults, seed=self.cfg.seed)
+            if self.resumed is None:
+                self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks,
+                              runner=self.plan["runner"]["name"], faults=self.cfg.faults, seed=self.cfg.seed)
             self._setup()
             self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it aborts)
             self.timeline("parts_ready", store=self.endpoint.url, proxy=self.proxy.url, model=self.model.url,
@@ -891,7 +963,7 @@ class WaveRun:
                 except Exception as exc:  # noqa: BLE001
                     harness_error = harness_error or f"store snapshot failed: {exc}"
                     self.timeline("harness_error", error=f"store snapshot: {exc}")
-                self._write_json("faults.json", [r.to_dict() for r in self.receipts])
+                self._write_json("faults.json", self.prior_receipts + [r.to_dict() for r in self.receipts])
                 self._teardown()
                 self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
                 self.timeline("wave_end", harness_error=harness_error, interrupted=self.interrupted,

@@ -484,6 +484,7 @@ def grade_wave(results_dir: str | Path) -> dict:
         interrupted = f"{interrupted or 'a signal'}, then stopped at once (nothing was cleaned up in order)"
     return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
             "interrupted": interrupted, "harness_fault": hfault,
+            "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
             "inputs": {"digests": inp.digests, "unreadable": inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}

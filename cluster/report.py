@@ -31,6 +31,10 @@ def write_summary(d: Path, result: dict) -> Path:
         fleet = (f"Ray and actors {fig['fleet_start_s']} s" if "fleet_start_s" in fig
                  else "Ray and actors lent, already running")
         lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, {fleet}).", ""]
+    for r in result.get("resumed") or []:
+        lines += [f"Resumed after its driver died (at +{r['t']:.1f} s): {len(r['finished'])} task(s) that had ended "
+                  f"kept their results, {len(r['unfinished'])} ran on; attempts reaped: "
+                  f"{', '.join(r['closed_attempts']) or 'none'}.", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
 

@@ -110,8 +110,9 @@ def find(wave: str | None = None) -> dict:
     return {"waves": dead, "harness_cgroups": harness}
 
 
-def remove(found: dict) -> list[str]:
-    """Remove what `find` listed; returns what was done, one line each."""
+def remove(found: dict, keep_data: bool = False) -> list[str]:
+    """Remove what `find` listed; returns what was done, one line each. `keep_data` (for `wave resume`) keeps
+    the private dir's store data and ledger, removing only its keys, workspaces and driver record."""
     from fleet.sandbox import reap_leftover, unmount_workspace
 
     done = []
@@ -129,7 +130,15 @@ def remove(found: dict) -> list[str]:
         for m in e["mounts"]:
             unmount_workspace(m)
             done.append(f"unmounted {m}")
-        if e["private_dir"]:
+        if e["private_dir"] and keep_data:
+            for sub in ("creds", "ws", "driver.json"):
+                p = Path(e["private_dir"], sub)
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+            done.append(f"removed the keys and workspaces of {e['private_dir']} (kept its store and ledger)")
+        elif e["private_dir"]:
             shutil.rmtree(e["private_dir"], ignore_errors=True)
             done.append(f"removed {e['private_dir']}")
     # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now

@@ -24,6 +24,13 @@ class EffectsService(JsonService):
         self._seen_lock = threading.Lock()
         self._maps: dict[tuple, dict] = {}
 
+    def preload(self, path) -> None:
+        """A resumed wave: the Idempotency-Keys seen before the driver died still deduplicate."""
+        for r in self.log.preload(path):
+            if r.get("idempotency_key") and not r.get("deduped"):
+                self._seen.setdefault((r["task"], r["idempotency_key"]),
+                                      {"effect_id": r["effect_id"], "receipt": r["receipt"], "applied_at": r["t"]})
+
     def _steps(self, entry: TaskEntry) -> dict[str, int]:
         k = (entry.workload, entry.seed, entry.steps)
         if k not in self._maps:

@@ -69,6 +69,22 @@ class CallLog:
                 self.f.write(orjson.dumps(rec) + b"\n")
                 self.f.flush()
 
+    def preload(self, path: str | Path) -> list[dict]:
+        """A resumed wave: take the records an earlier driver logged (a torn last line is dropped)."""
+        recs = []
+        try:
+            lines = Path(path).read_bytes().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                recs.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+        with self.lock:
+            self.records[:0] = recs
+        return recs
+
     def snapshot(self) -> list[dict]:
         with self.lock:
             return [dict(r) for r in self.records]
