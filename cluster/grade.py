@@ -416,6 +416,10 @@ def grade_wave(results_dir: str | Path) -> dict:
         harness_errors.insert(0, f"harness fault: {hfault['part']}: {hfault['why']}. {hfault.get('hint', '')}")
     wave_id = plan["wave_id"]
 
+    # keys whose PUT an injected ST6 cut: the store may hold an empty object there whatever was written
+    # later, so no write to them counts as a record a resuming runner could have read
+    cut_keys = {r.get("key") for r in proxy or [] if r.get("cut")}
+
     def history(task: dict) -> TaskHistory:
         tid = task["task_id"]
         prefix = f"{wave_id}/{tid}/"
@@ -426,7 +430,7 @@ def grade_wave(results_dir: str | Path) -> dict:
             effects=[e for e in effects if e["task"] == tid] if have_fx else None,
             writes=None if proxy is None else [
                 r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
-                and 200 <= (r.get("status") or 0) < 300],
+                and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in cut_keys],
             artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
             harness_fault=hfault)
 

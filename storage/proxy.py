@@ -88,12 +88,15 @@ class Rule:
     ratio: float = 1.0
     seed: int = 0
     duration_s: float | None = None  # window opens at the first matching request and lasts this long
+    max_hits: int | None = None  # the rule stops hitting after this many hits
+    hold_s: float = 0.5  # cut_body: how long the store's connection stays open with the head only
     fault: str | None = None
     opened_at: float = field(default_factory=time.time)
     matched: int = 0
     hits: int = 0
     first_hit_at: float | None = None
     last_hit_at: float | None = None
+    hit_keys: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.action not in ACTIONS:
@@ -122,7 +125,7 @@ class Rule:
     def draw(self) -> bool:
         """Count the match and decide (seeded) whether this request is hit."""
         self.matched += 1
-        if self.expired():
+        if self.expired() or (self.max_hits is not None and self.hits >= self.max_hits):
             return False
         hit = self.ratio >= 1.0 or self._rng.random() < self.ratio
         if hit:
@@ -163,8 +166,9 @@ def error_response(rule: Rule, req: S3Request, close: bool) -> bytes:
     return head + (b"" if req.method == "HEAD" else body)
 
 
-# An action is how a hit request is answered. New ST faults register here.
-ACTIONS: dict[str, Callable] = {"error": error_response}
+# An action is how a hit request is answered. New ST faults register here. `cut_body` has no canned answer:
+# the proxy relays the head alone and then drops both connections (FaultProxy._cut).
+ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None}
 
 
 # --------------------------------------------------------------------------- HTTP helpers
@@ -285,6 +289,31 @@ class FaultProxy:
             raise ConnectionError("upstream closed before answering")
         return rhead
 
+    async def _cut(self, head: Head, req: S3Request, rule: Rule, creader, cwriter, base: dict) -> None:
+        """ST6, a request cut after its head: the store gets the head and never the body, its connection
+        stays open `hold_s` and is then closed; the client's connection is reset at once (as when the writer
+        or the network dies mid-request). SeaweedFS then stores an EMPTY object under the key, even over a
+        newer complete write (docs/store-hazards.md)."""
+        t0 = base["t"]
+        if len(rule.hit_keys) < 20:
+            rule.hit_keys.append(req.target_key)
+        cwriter.transport.abort()  # the writer is gone; it never sends its body
+        uw = None
+        try:
+            _, uw = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+            # without `Expect: 100-continue` the store takes the body as coming right after the head
+            lines = head.raw.split(b"\r\n")
+            uw.write(b"\r\n".join(l for l in lines if not l.lower().startswith(b"expect:")))
+            await uw.drain()
+            await asyncio.sleep(rule.hold_s)
+        except OSError:
+            pass
+        finally:
+            if uw is not None:
+                uw.close()
+        self.record(**base, status=None, req_bytes=0, resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
+                    cut=True, withheld=head.length, ms=round((time.time() - t0) * 1000, 3))
+
     def match(self, req: S3Request) -> Rule | None:
         for rule in list(self.rules.values()):
             if rule.matches(req) and rule.draw():
@@ -312,6 +341,9 @@ class FaultProxy:
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix}
                 rule = self.match(req)
+                if rule is not None and rule.action == "cut_body":
+                    await self._cut(head, req, rule, creader, cwriter, base)
+                    return
                 if rule is not None:
                     expect = head.get("expect").lower() == "100-continue"
                     req_bytes = 0

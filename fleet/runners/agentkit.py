@@ -187,6 +187,10 @@ class TaskStore:
         self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body)
 
     @transient
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.env.bucket, Key=key)
+
+    @transient
     def put_new(self, key: str, body: bytes) -> bool:
         """Conditional create (`IfNoneMatch="*"`); False when the key already exists."""
         try:

@@ -9,6 +9,10 @@ external effect carries an `Idempotency-Key` derived from the task and the
 effect, so re-running a recorded `publish` after a kill is a deduplicated retry,
 never a second effect. A commit that loses the race (412: a zombie or an earlier
 attempt committed that step) adopts the committed record.
+
+A record is trusted only if it reads back as the record of its step: the store can
+hold an EMPTY object where a write was made (a PUT cut after its head, fault ST6,
+docs/store-hazards.md). An unreadable record is removed and its step done again.
 """
 from __future__ import annotations
 
@@ -35,6 +39,29 @@ def run_tool(env: Env, call: dict) -> str:
     return f"error: unknown tool {name}"
 
 
+def parse(raw: bytes | None, step: int) -> dict | None:
+    """The journal record of `step`, or None when the bytes are not one (missing, empty, torn, other step)."""
+    try:
+        rec = json.loads(raw or b"")
+        return rec if rec.get("step") == step and rec.get("call", {}).get("function") else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def commit(store: TaskStore, key: str, record: dict) -> dict:
+    """Create the step's record, or adopt the one already committed; replace one that is unreadable."""
+    for _ in range(3):
+        if store.put_new(key, json.dumps(record).encode()):
+            return record
+        got = parse(store.get(key), record["step"])
+        if got is not None:
+            log(f"commit {key} lost the race; adopting the committed record")
+            return got
+        log(f"commit {key}: the committed object is unreadable (the store emptied it?); replacing it")
+        store.delete(key)
+    raise RuntimeError(f"cannot commit {key}: the store keeps an unreadable object there")
+
+
 def run() -> None:
     env = Env.load()
     store = TaskStore(env)
@@ -42,9 +69,13 @@ def run() -> None:
     messages = env.first_messages()
     done = 0
     for key in store.keys("journal/"):
-        rec = json.loads(store.get(key))
-        if rec["step"] != done:
-            raise RuntimeError(f"journal gap: expected step {done}, found {rec['step']} at {key}")
+        if key != f"{jprefix}{done:04d}.json":
+            raise RuntimeError(f"journal gap: expected step {done}, found {key}")
+        rec = parse(store.get(key), done)
+        if rec is None:  # not a record: the step was not durably recorded; do it again from here
+            log(f"journal {key} is unreadable; removing it and resuming from step {done}")
+            store.delete(key)
+            break
         messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
         done += 1
     log(f"resumed attempt={env.attempt} fence={env.fence} recorded_steps={done}")
@@ -62,9 +93,7 @@ def run() -> None:
         record = {"step": step, "call": call, "fence": env.fence, "attempt": env.attempt}
         announce(env, f"before-commit:{step}")
         key = f"{jprefix}{step:04d}.json"
-        if not store.put_new(key, json.dumps(record).encode()):
-            log(f"commit {key} lost the race; adopting the committed record")
-            record = json.loads(store.get(key))
+        record = commit(store, key, record)
         log(f"step {step} committed fence={record['fence']}")
         announce(env, f"after-commit:{step}")
         messages += tool_messages(record["call"], run_tool(env, record["call"]))

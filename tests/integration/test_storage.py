@@ -76,6 +76,39 @@ def test_st1_window_answers_503_xml_only_for_its_prefix(store_and_proxy):
     assert ctl.rules()["rules"] == []
 
 
+def test_st6_cuts_one_put_after_its_head_and_the_store_empties_the_newer_write(store_and_proxy):
+    """ST6 through the proxy: a writer's PUT is cut after its head (its connection reset, the store never
+    gets the body); the next writer's complete PUT is answered 200; when the proxy closes the store's side
+    of the cut request, SeaweedFS replaces the record with an EMPTY object (the hazard runners must survive,
+    docs/store-hazards.md). The rule cuts one PUT only."""
+    import socket
+    import time
+
+    from storage.hazards import signed_put_head
+
+    _, ep, proxy, _ = store_and_proxy
+    ctl = proxy.control()
+    ctl.open_rule(rule_id="st6-test", action="cut_body", methods=["PUT"], bucket="sf-test", key_prefix="cut/",
+                  max_hits=1, hold_s=0.5, fault="ST6")
+    try:
+        body = b"x" * 137
+        s = socket.create_connection(("127.0.0.1", proxy.port))
+        s.sendall(signed_put_head(proxy.url, ep.creds, "sf-test", "cut/rec", body) + body)
+        assert s.recv(100) == b"", "the cut writer got an answer"
+        s.close()
+        time.sleep(0.1)
+        c = s3_client(proxy.url, ep.creds, max_attempts=1)
+        c.put_object(Bucket="sf-test", Key="cut/rec", Body=b"complete record")  # the next writer: 200
+    finally:
+        closed = ctl.close_rule("st6-test")
+    assert closed["hits"] == 1 and closed["hit_keys"] == ["cut/rec"]
+    time.sleep(5)
+    got = s3_client(ep.url, ep.creds).get_object(Bucket="sf-test", Key="cut/rec")["Body"].read()
+    assert got == b"", f"the store kept {got!r}: SeaweedFS no longer empties a cut PUT's key; revisit ST6"
+    log = [orjson.loads(l) for l in (store_and_proxy[3] / "proxy.jsonl").read_bytes().splitlines()]
+    assert any(r.get("cut") and r["key"] == "cut/rec" and r["withheld"] == 137 for r in log)
+
+
 def test_proxy_control_api_needs_the_harness_token(store_and_proxy):
     from storage.proxy import ProxyControl
 
@@ -118,37 +151,10 @@ def test_attempt_keys_are_scoped_to_their_prefix_and_dead_after_revoke(tmp_path)
         store.stop()
 
 
-def _signed_put_head(url: str, creds, bucket: str, key: str, body: bytes) -> bytes:
-    """The head of a SigV4-signed PUT, as a client would send it before its body."""
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials as BotoCreds
-    import hashlib
-    import urllib.parse
-
-    req = AWSRequest(method="PUT", url=f"{url}/{bucket}/{key}", data=body,
-                     headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest(),
-                              "Content-Length": str(len(body))})
-    S3SigV4Auth(BotoCreds(creds.access_key, creds.secret_key), "s3", "us-east-1").add_auth(req)
-    host = urllib.parse.urlsplit(url).netloc
-    lines = [f"PUT /{bucket}/{key} HTTP/1.1", f"Host: {host}"] + [f"{k}: {v}" for k, v in req.headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
 def _partial_put_then_full_put(url: str, ep, bucket: str, key: str) -> bytes:
-    import socket
-    import time as _t
+    from storage.hazards import head_only_put_then_full_put
 
-    body = b"x" * 137
-    host, port = url.split("//")[1].split(":")
-    s = socket.create_connection((host, int(port)))
-    s.sendall(_signed_put_head(url, ep.creds, bucket, key, body))  # a client killed before its body
-    _t.sleep(0.3)
-    s3_client(url, ep.creds).put_object(Bucket=bucket, Key=key, Body=b"complete record")  # the next attempt
-    _t.sleep(0.3)
-    s.close()  # the dead client's connection goes away after the good write
-    _t.sleep(5)
-    return s3_client(ep.url, ep.creds).get_object(Bucket=bucket, Key=key)["Body"].read()
+    return head_only_put_then_full_put(url, ep.creds, bucket, key, read_url=ep.url)
 
 
 def test_a_dead_clients_partial_put_never_replaces_a_newer_write(store_and_proxy):

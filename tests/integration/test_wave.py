@@ -210,3 +210,14 @@ def test_regrade_of_damaged_inputs_is_unknown_or_a_named_error(durable_wave, tmp
                              text=True)
         assert cli.returncode == 2 and "timeline.jsonl line 1" in cli.stderr, cli.stderr
         assert "Traceback" not in cli.stderr
+
+
+def test_durable_survives_puts_cut_after_their_head(run_wave):
+    """ST6 on every task: each task's next PUT after the planned time is cut after its head (receipt
+    `applied`, naming the key); the durable runner retries, verifies what it reads back, and passes."""
+    result, d = run_wave(runner="durable", tasks=4, concurrency=2, faults=["ST6"], seed=5,
+                         workload={"steps": 8, "think_ms": 100}, deadline_s=90)
+    receipts = orjson.loads((d / "faults.json").read_bytes())
+    assert len(receipts) == 4 and all(r["status"] == "applied" and r["evidence"]["keys"] for r in receipts)
+    bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
+    assert not bad, bad
