@@ -58,6 +58,11 @@ def wave_run(
     results: Path = typer.Option(Path("results"), "--results", help="results root"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+    enumerate_boundaries: bool = typer.Option(
+        False, "--enumerate-boundaries", help="run one uninterrupted task, count its boundaries (model answers, "
+                                              "effects, store writes), then kill one task at each"),
+    boundaries: Optional[int] = typer.Option(None, "--boundaries",
+                                             help="with --enumerate-boundaries: a seeded sample of at most N"),
 ) -> int:
     """Run a wave and grade it; prints where SUMMARY.md is."""
     from cluster.config import ConfigError, load_config
@@ -70,7 +75,8 @@ def wave_run(
         return EXIT_BAD_INPUT
     if runner_cmd is not None:
         runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
-    overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address}
+    overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address,
+                 "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries}
     if faults is not None:
         overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)
     try:

@@ -141,13 +141,29 @@ class FaultTiming(Strict):
     window_s: tuple[float, float] | None = None
     after_model_calls: tuple[int, int] | None = Field(
         None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
+    after_effects: tuple[int, int] | None = Field(
+        None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
+    after_store_writes: tuple[int, int] | None = Field(
+        None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
+    variant: Literal["after", "ambiguous"] | None = Field(
+        None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
+                          "applied the write but the proxy holds its answer")
 
-    @field_validator("at_s", "window_s", "after_model_calls")
+    @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes")
     @classmethod
     def _range(cls, v):
         if v is not None and not (0 <= v[0] <= v[1] < 1e6):
             raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi < 1e6 (finite), got {list(v)}")
         return v
+
+    @model_validator(mode="after")
+    def _one_boundary(self):
+        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes") if getattr(self, k)]
+        if len(kinds) > 1:
+            raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
+        if self.variant and not self.after_store_writes:
+            raise ValueError("variant applies to after_store_writes only")
+        return self
 
 
 class WaveConfig(Strict):
@@ -165,6 +181,30 @@ class WaveConfig(Strict):
     max_attempts: int = Field(6, ge=1, le=100)
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
     address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
+    enumerate_boundaries: bool = Field(False, description="run one uninterrupted task, count its boundaries K, "
+                                                          "then plan one PK1 task per boundary and variant")
+    boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
+                                   description="with enumerate_boundaries: a seeded sample of at most this many")
+
+    @model_validator(mode="after")
+    def _enumeration(self):
+        if self.boundaries is not None and not self.enumerate_boundaries:
+            raise ValueError("boundaries is a sample size for enumerate_boundaries; set that too")
+        if self.enumerate_boundaries and [f for f in self.faults if f != "PK1"]:
+            raise ValueError(f"enumerate_boundaries plans PK1 at every boundary; faults {self.faults} cannot be "
+                             "combined with it (use faults: none or [PK1])")
+        return self
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str):
+        if v in ("local", "auto"):
+            return v
+        host, _, port = v.split("://", 1)[-1].rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected 'local' (a private Ray), 'auto', or HOST:PORT of a Ray head's GCS, "
+                             "e.g. 127.0.0.1:6379")
+        return v
 
     @field_validator("runner", mode="before")
     @classmethod
@@ -183,7 +223,10 @@ class WaveConfig(Strict):
             if not v.strip():
                 raise ValueError("an empty fault list must be said explicitly: `none` (or give fault ids, "
                                  f"e.g. PK1,ST1; valid fault ids: {', '.join(sorted(CATALOG))})")
-            v = [s.strip() for s in v.split(",") if s.strip()]
+            items = [s.strip() for s in v.split(",")]
+            if any(not s for s in items):
+                raise ValueError(f"an empty fault id in {v!r}; give comma-separated ids without gaps, e.g. PK1,ST1")
+            v = items
         if not isinstance(v, list):
             raise ValueError("faults must be a list of fault ids")
         bad = [f for f in v if f not in CATALOG]

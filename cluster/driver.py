@@ -106,6 +106,14 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
     in the cache (same runner code, workload and seed) is reused instead of run again.
     """
     runner = cfg.runner_spec()
+    if cfg.enumerate_boundaries:  # phase 1 runs the reference alone; its boundaries plan the tasks
+        seed = task_seed(cfg.seed, 0)
+        key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
+        base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
+        return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+                "runner": runner, "tasks": [], "enumerate": {"pending": True},
+                "references": [{"task_id": REF + "t000", "role": "reference", "reference_of": "t000", **base,
+                                "faults": [], "reference": {"task_id": REF + "t000", "key": key, "cached": False}}]}
     task_ids = [f"t{i:03d}" for i in range(cfg.tasks)]
     faults = plan_faults(cfg.seed, task_ids, cfg.faults, cfg.fault_params())
     tasks, refs = [], []
@@ -121,6 +129,29 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
                          "reference": {"task_id": REF + tid, "key": key, "cached": False}})
     return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
             "runner": runner, "tasks": tasks, "references": refs}
+
+
+def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
+    """One PK1 task per boundary of the uninterrupted reference run (and per variant of a store write), all on
+    the reference's seed; a seeded sample of `limit` when there are more."""
+    ref = plan["references"][0]
+    points = [("model_call", n, None) for n in range(1, counts["model_call"] + 1)]
+    points += [("effect", n, None) for n in range(1, counts["effect"] + 1)]
+    points += [("store_write", n, v) for n in range(1, counts["store_write"] + 1) for v in ("ambiguous", "after")]
+    if limit is not None and len(points) > limit:
+        keep = set(derive(plan["seed"], "boundaries").sample(range(len(points)), limit))
+        points = [p for i, p in enumerate(points) if i in keep]
+    tasks = []
+    for i, (kind, n, variant) in enumerate(points):
+        tid = f"t{i:03d}"
+        params = {"after": n, "variant": variant or "after"}
+        spec = FaultSpec(fault_id="PK1", instance=f"{tid}-PK1", task_id=tid, trigger=kind, at_s=0.0,
+                         seed=derive(plan["seed"], tid, "PK1").randrange(2**31), params=params)
+        tasks.append({"task_id": tid, "role": "task", "seed": ref["seed"], "runner": ref["runner"],
+                      "workload": ref["workload"], "steps": ref["steps"], "faults": [spec.to_dict()],
+                      "boundary": {"kind": kind, "n": n, "variant": variant},
+                      "reference": {"task_id": ref["task_id"], "key": ref["reference"]["key"], "cached": False}})
+    return tasks
 
 
 def preflight(cfg: WaveConfig) -> None:
@@ -199,7 +230,15 @@ class FaultContextImpl:
             await asyncio.sleep(0.002)
         return True
 
+    async def wait_effects(self, task_id: str, n: int) -> bool:
+        """Polls the effects service's per-task count of answered effects (cancelled when the task ends)."""
+        while self.wave.effects.answered(task_id) < n:
+            await asyncio.sleep(0.002)
+        return True
+
     def proxy(self):
+        if self.wave.lost("fault proxy"):
+            raise RuntimeError("the fault proxy is lost (harness fault)")
         return self.wave.proxy.control()
 
 
@@ -289,7 +328,13 @@ class WaveRun:
             self.effects.preload(self.dir / "effects.jsonl")
         if self.fleet is None:  # a lent fleet is already running: nothing to time
             t = time.perf_counter()
-            self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"))
+            # a private Ray's temp dir is recorded in the wave's private dir: a sweep after a dead driver ends
+            # that Ray's processes too (its path is short: Ray's unix socket paths must fit in 107 bytes)
+            ray_tmp = f"/tmp/sfray-{hashlib.sha256(self.wave_id.encode()).hexdigest()[:10]}"
+            if self.cfg.address == "local":
+                (self.private / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
+            self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
+                                      ray_tmpdir=ray_tmp if self.cfg.address == "local" else None)
             os.makedirs(self.fleet.state_dir, exist_ok=self.resumed is not None)
             self.fleet.start()
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
@@ -375,7 +420,9 @@ class WaveRun:
                 await fault.settle(spec, ctx, injected)
         except asyncio.CancelledError:
             if not injected:
-                injected = {"applied": False, "why": "the task ended before the planned time"}
+                why = ("the task ended" if self.harness_fault is None and not self.interrupted
+                       else f"the wave stopped ({self._stop_why()})")
+                injected = {"applied": False, "why": f"{why} before the planned time"}
         except Exception as exc:  # noqa: BLE001 - a crashed injection is `unknown`, never a pass
             injected = dict(injected, error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -391,81 +438,136 @@ class WaveRun:
                status=receipt.status, detail=receipt.detail)
 
     # ------------------------------------------------------------------ health
-    PROBE_S = 0.5
-    CONNECT_TIMEOUT_S = 2.0
-    ACTOR_TIMEOUT_S = 20.0
+    PROBE_S = 0.5  # processes and services: dead at once; not answering HTTP in ANSWER_S, PROBE_STRIKES times
+    ANSWER_S = 3.0
+    PROBE_STRIKES = 3
+    ACTOR_PROBE_S = 1.0  # actors: dead at once; no answer to a ping in ACTOR_TIMEOUT_S, ACTOR_STRIKES times
+    ACTOR_TIMEOUT_S = 5.0
+    ACTOR_STRIKES = 3
 
     def _part_lost(self, part: str, why: str, since: float | None = None) -> None:
         """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
 
-        Tasks it touched (any not ended before the last good probe) are graded `unknown`, never `fail`."""
+        Tasks it touched (any not ended before the part's last good probe) are graded `unknown`, never `fail`."""
         if self.harness_fault is not None:
             return
-        hints = {"store": "the embedded S3 store (weed mini) died: re-run the wave",
-                 "fault proxy": "the fault proxy died: re-run the wave",
-                 "lease ledger": "the lease ledger actor died: re-run the wave (check Ray's logs for why)",
-                 "model endpoint": "the model endpoint stopped: re-run the wave",
-                 "effects service": "the effects service stopped: re-run the wave"}
-        hint = hints.get(part, f"{part} was lost: re-run the wave (check Ray's logs for why)")
+        hints = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
+                 "fault proxy": "the fault proxy failed: re-run the wave",
+                 "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
+                 "model endpoint": "the model endpoint failed: re-run the wave",
+                 "effects service": "the effects service failed: re-run the wave"}
+        hint = hints.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
         self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
         self.timeline("harness_fault", **self.harness_fault)
-        sys.stderr.write(f"harness fault: {part}: {why}; stopping the wave (tasks it touched are unknown)\n")
         loop, main = getattr(self, "_loop", None), getattr(self, "_main", None)
         if loop is not None and main is not None and not main.done():
             main.cancel()
 
-    async def _probe(self, actors: bool) -> tuple[str, str, bool] | None:
-        """The first part that is not healthy: (part, why, certain). Dead processes and actors are certain."""
-        from urllib.parse import urlsplit
+    def lost(self, part: str) -> bool:
+        """Is `part` the one a harness fault named (calls to it would only wait for their timeouts)?"""
+        return self.harness_fault is not None and self.harness_fault["part"].startswith(part)
 
-        from ray.exceptions import RayActorError
+    def _stop_why(self) -> str:
+        if self.interrupted:
+            return f"interrupted by {self.interrupted}"
+        if self.harness_fault is not None:
+            return f"harness fault: {self.harness_fault['part']}"
+        return "stopped"
 
+    @staticmethod
+    async def _answers_http(host: str, port: int, timeout: float, path: str = "/") -> str | None:
+        """None when something answers HTTP at host:port within `timeout` (any status); else why not. A stopped
+        process still accepts connections (the kernel does): only an answer proves it alive."""
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"no connection to {host}:{port} ({exc or 'timed out'})"
+        try:
+            w.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            await w.drain()
+            return None if await asyncio.wait_for(r.read(1), timeout) else f"{host}:{port} closed without answering"
+        except (OSError, asyncio.TimeoutError):
+            return f"{host}:{port} took the connection but did not answer within {timeout:.0f} s (hung?)"
+        finally:
+            w.close()
+
+    def _dead_process(self) -> tuple[str, str] | None:
         for part, proc in (("store", getattr(self.store, "proc", None)), ("fault proxy", self.proxy.proc)):
             if proc is not None and proc.poll() is not None:
-                return part, f"pid {proc.pid} exited ({_exit_text(proc.returncode)})", True
+                return part, f"pid {proc.pid} exited ({_exit_text(proc.returncode)})"
         for part, svc in (("model endpoint", self.model), ("effects service", self.effects)):
             if not svc.thread.is_alive():
-                return part, "its server thread ended", True
-        u = urlsplit(self.endpoint.url)
-        for part, host, port in (("store", u.hostname, u.port or 80), ("fault proxy", "127.0.0.1", self.proxy.port),
-                                 ("model endpoint", "127.0.0.1", self.model.server.server_address[1]),
-                                 ("effects service", "127.0.0.1", self.effects.server.server_address[1])):
-            try:
-                _, w = await asyncio.wait_for(asyncio.open_connection(host, port), self.CONNECT_TIMEOUT_S)
-                w.close()
-            except (OSError, asyncio.TimeoutError) as exc:
-                return part, f"no connection to {host}:{port} ({exc or 'timed out'})", False
-        if actors:
-            from fleet.host import awaitable
-
-            for part, actor in [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
-                                                                   zip(self.fleet.node_ids, self.hosts)]:
-                try:
-                    await asyncio.wait_for(awaitable(actor.ping.remote()), self.ACTOR_TIMEOUT_S)
-                except RayActorError as exc:
-                    return part, f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
-                except asyncio.TimeoutError:
-                    return part, f"no answer to a ping within {self.ACTOR_TIMEOUT_S:.0f} s", False
+                return part, "its server thread ended"
         return None
 
-    async def _watch_parts(self) -> None:
-        """Probe every part the wave started or uses, every PROBE_S; actors every other round."""
+    async def _probe_services(self) -> dict[str, tuple[str, bool] | None]:
+        """{part: None (healthy) or (why, certain)} for the store, proxy, model endpoint, effects service."""
+        from urllib.parse import urlsplit
+
+        dead = self._dead_process()
+        if dead is not None:
+            return {dead[0]: (dead[1], True)}
+        u = urlsplit(self.endpoint.url)
+        targets = {"store": (u.hostname, u.port or 80, "/"),
+                   "fault proxy": ("127.0.0.1", self.proxy.control_port, "/stats"),  # answers 401 itself
+                   "model endpoint": ("127.0.0.1", self.model.server.server_address[1], "/v1/models"),
+                   "effects service": ("127.0.0.1", self.effects.server.server_address[1], "/")}
+        got = await asyncio.gather(*(self._answers_http(h, port, self.ANSWER_S, path)
+                                     for h, port, path in targets.values()))
+        return {part: (why, False) if why else None for part, why in zip(targets, got)}
+
+    async def _probe_actors(self) -> dict[str, tuple[str, bool] | None]:
+        from ray.exceptions import RayActorError
+
+        from fleet.host import awaitable
+
+        actors = [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
+                                                    zip(self.fleet.node_ids, self.hosts)]
+
+        async def one(actor):
+            try:
+                await asyncio.wait_for(awaitable(actor.ping.remote()), self.ACTOR_TIMEOUT_S)
+                return None
+            except RayActorError as exc:
+                return f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
+            except asyncio.TimeoutError:
+                return f"no answer to a ping within {self.ACTOR_TIMEOUT_S:.0f} s (hung?)", False
+
+        got = await asyncio.gather(*(one(a) for _, a in actors))
+        return {part: r for (part, _), r in zip(actors, got)}
+
+    async def _watch(self, probe, every: float, strikes_needed: int) -> None:
+        """Run `probe` every `every` s; a part certainly lost, or failing `strikes_needed` probes in a row, is a
+        harness fault. Strikes and the last good time are kept per part."""
         strikes: dict[str, int] = {}
-        last_ok = time.time()
-        n = 0
+        last_ok: dict[str, float] = {}
+        t0 = time.time()
         while self.harness_fault is None:
-            await asyncio.sleep(self.PROBE_S)
-            n += 1
-            problem = await self._probe(actors=n % 2 == 0)
-            if problem is None:
-                strikes.clear()
-                last_ok = time.time()
-                continue
-            part, why, certain = problem
-            strikes[part] = strikes.get(part, 0) + 1
-            self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
-            if certain or strikes[part] >= 2:
-                self._part_lost(part, why, since=last_ok)
+            await asyncio.sleep(every)
+            for part, bad in (await probe()).items():
+                if bad is None:
+                    strikes[part] = 0
+                    last_ok[part] = time.time()
+                    continue
+                why, certain = bad
+                strikes[part] = strikes.get(part, 0) + 1
+                self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
+                if certain or strikes[part] >= strikes_needed:
+                    self._part_lost(part, why, since=last_ok.get(part, t0))
+                    return
+
+    async def _watch_parts(self) -> None:
+        """Every part the wave started or uses, watched until the wave ends."""
+        await asyncio.gather(self._watch(self._probe_services, self.PROBE_S, self.PROBE_STRIKES),
+                             self._watch(self._probe_actors, self.ACTOR_PROBE_S, self.ACTOR_STRIKES))
+
+    def _diagnose(self, exc: BaseException) -> bool:
+        """An unexpected error in the wave loop: if a part is dead, it is the cause (a harness fault)."""
+        dead = self._dead_process() if self.proxy is not None and self.model is not None else None
+        if dead is None:
+            return False
+        self._part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
+        return True
 
     # ------------------------------------------------------------------ tasks
     async def _run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
@@ -534,6 +636,10 @@ class WaveRun:
                 try:
                     result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ref.future())),
                                                     max(0.1, deadline - loop.time()))
+                except asyncio.CancelledError:  # the wave is stopping: the sweep ends this attempt's sandbox
+                    tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+                       killed_by="wave stopped", ended_at=time.time(), cause=f"the wave stopped ({self._stop_why()})")
+                    raise
                 except asyncio.TimeoutError:
                     try:
                         await host.kill.remote(sandbox_id, 1.0, "deadline")
@@ -648,7 +754,15 @@ class WaveRun:
             raise asyncio.CancelledError
         watch = asyncio.create_task(self._watch_parts())
         try:
-            await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
+            if (self.plan.get("enumerate") or {}).get("pending"):
+                await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
+                self._plan_boundaries()
+                for t in self.plan["tasks"]:
+                    self.runs[t["task_id"]] = TaskRun(plan=t)
+                if progress is not None:
+                    progress.update(bar, total=len(self.runs))
+            await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()
+                                   if r.life.state == TaskState.PENDING))
         finally:
             watch.cancel()
             await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end
@@ -659,10 +773,36 @@ class WaveRun:
             if progress is not None:
                 progress.stop()
 
+    def _plan_boundaries(self) -> None:
+        """Phase 2 of an enumerated wave: count the reference run's boundaries from what the harness logged."""
+        ref = self.plan["references"][0]["task_id"]
+        g = self.runs[ref]
+        if g.life.state != TaskState.DONE and not g.finished_before:
+            raise HarnessError(f"the uninterrupted run {ref} did not complete ({g.life.state.value}): there are "
+                               "no boundaries to enumerate; see its runner.log")
+        prefix = self.task_prefix(ref)
+        writes = 0
+        for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
+            r = orjson.loads(line)
+            if (r.get("key") or "").startswith(prefix) and r.get("method") in ("PUT", "POST", "DELETE") \
+                    and 200 <= (r.get("status") or 0) < 300:
+                writes += 1
+        counts = {"model_call": sum(1 for c in self.model.log.snapshot() if c["task"] == ref and c.get("delivered")),
+                  "effect": sum(1 for e in self.effects.log.snapshot() if e["task"] == ref), "store_write": writes}
+        self.plan["tasks"] = enumerate_tasks(self.plan, counts, self.cfg.boundaries)
+        self.plan["enumerate"] = {"pending": False, "counts": counts, "tasks": len(self.plan["tasks"]),
+                                  "sampled": self.cfg.boundaries}
+        self._write_json("plan.json", self.plan)
+        self.timeline("boundaries_enumerated", counts=counts, tasks=len(self.plan["tasks"]))
+        for t in self.plan["tasks"]:
+            self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
+
     # ------------------------------------------------------------------ teardown pieces
     def _clear_everything(self) -> None:
         """Belt and braces after the per-fault clears: no proxy rule survives the wave."""
-        if self.proxy is not None and self.proxy.proc is not None:
+        if self.lost("fault proxy"):
+            self.timeline("proxy_rules_not_cleared", why="the fault proxy is lost; it is stopped instead")
+        elif self.proxy is not None and self.proxy.proc is not None:
             try:
                 left = self.proxy.control().close_all()
                 if left:
@@ -681,7 +821,17 @@ class WaveRun:
 
         stopping = self.interrupted or (self.harness_fault and f"harness fault ({self.harness_fault['part']})")
         problems = []
+        for part, actor in [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
+                                                               zip(self.fleet.node_ids, self.hosts)]:
+            if self.lost(part):  # hung or dead: end it now rather than wait for each call's timeout
+                problems.append(f"{part} lost (harness fault)")
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001
+                    pass
         try:
+            if self.lost("lease ledger"):
+                raise RuntimeError("the lease ledger is lost")
             active = [l for l in ray.get(self.ledger.active.remote(), timeout=30)
                       if l["task_id"].startswith(self.wave_id + "/")]
         except Exception as exc:  # noqa: BLE001
@@ -689,7 +839,9 @@ class WaveRun:
             active = None
         live = [l["sandbox_id"] for l in active or []]
         if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
-            for h in self.hosts:
+            for n, h in zip(self.fleet.node_ids, self.hosts):
+                if self.lost(f"sandbox host {n}"):
+                    continue
                 try:
                     ray.get(h.cancel_wave.remote(self.wave_id), timeout=30)
                 except Exception as exc:  # noqa: BLE001
@@ -704,6 +856,8 @@ class WaveRun:
             live = []
         reports = []
         for n, h in zip(self.fleet.node_ids, self.hosts):
+            if self.lost(f"sandbox host {n}"):
+                continue
             try:
                 reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
             except Exception as exc:  # noqa: BLE001
@@ -746,7 +900,16 @@ class WaveRun:
         errors = []
         if self.ledger is not None:
             try:
-                dump = ray.get(self.ledger.dump.remote(), timeout=60)
+                try:
+                    if self.lost("lease ledger"):
+                        raise RuntimeError("the lease ledger actor is lost")
+                    dump = ray.get(self.ledger.dump.remote(), timeout=60)
+                except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
+                    from fleet.ledger import LeaseLedger
+
+                    led = LeaseLedger(os.path.join(self.fleet.state_dir, "ledger.db"))
+                    dump = led.dump()
+                    led.close()
                 with open(self.dir / "ledger.jsonl", "wb") as f:
                     mine = self.wave_id + "/"
                     for row in dump["leases"]:
@@ -776,10 +939,10 @@ class WaveRun:
                     svc.stop()
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"stop {type(svc).__name__}: {exc}")
-        for part in (self.proxy, self.store):
+        for name, part in (("fault proxy", self.proxy), ("store", self.store)):
             if part is not None:
                 try:
-                    part.stop()
+                    part.stop(grace_s=0.0) if self.lost(name) else part.stop()  # a lost part gets no grace
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"stop {type(part).__name__}: {exc}")
         if self.own_fleet and self.fleet is not None:
@@ -945,6 +1108,9 @@ class WaveRun:
         except Exception as exc:  # noqa: BLE001
             if self.interrupted:
                 self.timeline("wave_interrupted", signal=self.interrupted, during=f"{type(exc).__name__}: {exc}")
+            elif self.harness_fault is not None or self._diagnose(exc):
+                f = self.harness_fault
+                harness_error = f"harness fault: {f['part']}: {f['why']}. {f['hint']}"
             else:
                 harness_error = f"{type(exc).__name__}: {exc}"
                 self.timeline("harness_error", error=harness_error)

@@ -314,20 +314,45 @@ def grade_task(h: TaskHistory) -> dict:
         return {"verdict": PASS, **out, "detail": f"no recorded step asked again; {len(a['forgiven'])} in-flight "
                                                  "answer(s) lost to interruptions"}
 
+    starts = {e.get("sandbox"): e for e in h.events if e["event"] == "attempt_start"}
+
+    def exercised(r: dict) -> str | None:
+        """Why an applied kill tested something (the killed attempt had done something durable before it:
+        a model answer delivered, an effect, a store write answered 2xx), or None when it tested nothing."""
+        sid = (r.get("target") or {}).get("sandbox_id")
+        start, at = starts.get(sid), r.get("fired_at")
+        if start is None or at is None or h.calls is None:
+            return "unknown attempt or time: counted as exercised"
+        attempt, t0 = start["attempt"], start["wall"]
+        if any(c.get("attempt") == attempt and c.get("delivered", True) and c.get("t_done", c["t"]) <= at
+               for c in h.calls):
+            return "a model answer had been delivered to the killed attempt"
+        if any(e.get("attempt") == attempt and e["t"] <= at for e in h.effects or []):
+            return "the killed attempt had sent an external effect"
+        if any(t0 <= w["t"] <= at for w in h.writes or []):
+            return "the killed attempt had a store write answered"
+        return None
+
     def fault_applied():
         if not task["faults"]:
             return {"verdict": PASS, "detail": "no fault planned"}
         mine = {r["instance"]: r for r in h.receipts if r["task_id"] == tid}
-        verdicts, details = [], []
+        verdicts, details, idle = [], [], []
         for f in task["faults"]:
             r = mine.get(f["instance"])
             if r is None:
                 verdicts.append(UNKNOWN)
                 details.append(f"{f['instance']}: no receipt")
                 continue
+            if r.get("fault_id") == "PK1" and r["status"] == "applied" and exercised(r) is None:
+                idle.append(f["instance"])
+                verdicts.append(NOT_APPLIED)
+                details.append(f"{f['instance']}: not_exercised (the kill landed before the attempt had a model "
+                               f"answer, an effect or a store write: it tested nothing; {r['detail']})")
+                continue
             verdicts.append({"applied": PASS, "not_applied": NOT_APPLIED}.get(r["status"], UNKNOWN))
             details.append(f"{f['instance']}: {r['status']} ({r['detail']})")
-        return {"verdict": merge(verdicts), "detail": "; ".join(details)}
+        return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle}
 
     names = [("completed", completed)]
     if not is_ref:
@@ -355,7 +380,8 @@ def grade_task(h: TaskHistory) -> dict:
             "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
             "verdict": verdict, "signature": signature, "attempts": len(attempts),
             "harness_fault": hf["part"] if touched else None,
-            "interrupted": bool(interrupted), "model_recalls": recall.get("model_recalls"),
+            "interrupted": bool(interrupted), "ended": end is not None, "model_recalls": recall.get("model_recalls"),
+            "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
             "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "checks": checks}

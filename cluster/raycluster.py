@@ -13,9 +13,10 @@ import tempfile
 
 
 class RaySession:
-    def __init__(self, address: str = "local", num_cpus: int | None = None):
+    def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None):
         self.address = address
         self.num_cpus = num_cpus
+        self.want_tmpdir = tmpdir  # a wave's own Ray: a path that carries the wave's marker (for the sweep)
         self.tmpdir: str | None = None
         self.owned = False
 
@@ -34,7 +35,11 @@ class RaySession:
             return ray
         if self.address == "local":
             # Short path: Ray's unix sockets live under it.
-            self.tmpdir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
+            if self.want_tmpdir:
+                os.makedirs(self.want_tmpdir, mode=0o700, exist_ok=True)
+                self.tmpdir = self.want_tmpdir
+            else:
+                self.tmpdir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
             os.environ["RAY_TMPDIR"] = self.tmpdir
             ray.init(address="local", _temp_dir=self.tmpdir, include_dashboard=False,
                      _node_ip_address="127.0.0.1",
@@ -83,8 +88,8 @@ class FleetSession:
     lends it to every wave (ledger keys carry the wave id, hosts are wave-agnostic).
     """
 
-    def __init__(self, address: str = "local", state_dir: str | None = None):
-        self.ray_session = RaySession(address)
+    def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None):
+        self.ray_session = RaySession(address, tmpdir=ray_tmpdir)
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="sandfleet-fleet-", dir="/tmp")
         self._own_state_dir = state_dir is None
         self.ledger = None

@@ -38,7 +38,9 @@ def write_summary(d: Path, result: dict) -> Path:
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
 
-    interrupted = [g for g in grades if g["interrupted"]]
+    idle = [g for g in grades if g.get("not_exercised")]
+    # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested something
+    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
     survived = [g for g in interrupted if g["verdict"] == PASS]
     double = [g for g in grades if g["checks"]["no_double_apply"]["verdict"] == FAIL]
     wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
@@ -51,7 +53,9 @@ def write_summary(d: Path, result: dict) -> Path:
     cached = sum(1 for t in plan["tasks"] if (t.get("reference") or {}).get("cached"))
     per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
     lines += ["## Durability", "",
-              f"- Resume survival rate (interrupted tasks that pass): {rsr}",
+              f"- Resume survival rate (interrupted tasks that pass): {rsr}" + (
+                  f"; {len(idle)} task(s) left out: their kill was not exercised (it landed before the attempt "
+                  "did anything durable)" if idle else ""),
               f"- Double-apply tasks: {len(double)}",
               f"- Model recalls of recorded steps: {recalls}",
               f"- Replay cost: {wasted} wasted model call(s), {wasted_tokens} token(s) over {n_int} "

@@ -67,8 +67,13 @@ def find(wave: str | None = None) -> dict:
         return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "private_dir": None})
 
     private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
+    ray_tmp = {}  # a wave's private Ray: its temp dir, recorded in the wave's private dir
     for w, p in private.items():
         entry(w)["private_dir"] = str(p)
+        try:
+            ray_tmp[w] = orjson.loads((p / "ray.json").read_bytes())["tmpdir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     me = str(os.getpid())
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or pid == me:
@@ -83,6 +88,12 @@ def find(wave: str | None = None) -> dict:
             m2 = WAVE_RE.search(cmd)
             if m2:
                 entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+                continue
+        for w, tmp in ray_tmp.items():  # Ray's processes name their temp dir on their command lines
+            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp):
+                entry(w)["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+                entry(w).setdefault("ray_tmpdir", tmp)
+                break
     for w, sid in cgroups.list_sandboxes():
         entry(w)["cgroups"].append(sid)
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -130,6 +141,15 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         for m in e["mounts"]:
             unmount_workspace(m)
             done.append(f"unmounted {m}")
+        tmp = e.get("ray_tmpdir")
+        if tmp is None and e["private_dir"]:
+            try:
+                tmp = orjson.loads(Path(e["private_dir"], "ray.json").read_bytes())["tmpdir"]
+            except (OSError, ValueError, KeyError, TypeError):
+                tmp = None
+        if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            done.append(f"removed the dead wave's Ray temp dir {tmp}")
         if e["private_dir"] and keep_data:
             for sub in ("creds", "ws", "driver.json"):
                 p = Path(e["private_dir"], sub)

@@ -60,6 +60,9 @@ class FaultContext(Protocol):
     async def wait_model_answers(self, task_id: str, n: int) -> bool:
         """Until the task's Nth model answer was delivered (True), or the task ended (False)."""
 
+    async def wait_effects(self, task_id: str, n: int) -> bool:
+        """Until the task's Nth external effect was answered (True), or the task ended (False)."""
+
     def proxy(self) -> Any: ...
 
 

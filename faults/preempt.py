@@ -13,37 +13,92 @@ class SigkillSandbox:
 
     id = "PK1"
     family = "preemption"
-    description = "SIGKILL the sandbox at a seeded time after launch (or after its Nth model answer)"
+    description = ("SIGKILL the sandbox at a seeded time after launch, or at a boundary of the runner: right after "
+                   "its Nth model answer, external effect or store write (ambiguous: write applied, answer held)")
     default_window = (0.6, 1.8)
 
+    # boundary kinds: config key -> (trigger, what the receipt calls it)
+    BOUNDARIES = {"after_model_calls": ("model_call", "model answer"), "after_effects": ("effect", "external effect"),
+                  "after_store_writes": ("store_write", "store write")}
+
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
-        if "after_model_calls" in base:
-            lo, hi = base["after_model_calls"]
-            n = rng.randint(int(lo), int(hi))
-            return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id,
-                             trigger="model_call", at_s=0.0, seed=rng.randrange(2**31), params={"after_calls": n})
+        for key, (trigger, _) in self.BOUNDARIES.items():
+            if key in base:
+                lo, hi = base[key]
+                n = rng.randint(int(lo), int(hi))
+                params = {"after": n, "variant": base.get("variant", "after")}
+                return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id,
+                                 trigger=trigger, at_s=0.0, seed=rng.randrange(2**31), params=params)
         lo, hi = base.get("at_s", self.default_window)
         return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), seed=rng.randrange(2**31), params={})
 
+    async def _store_write(self, spec: FaultSpec, ctx: FaultContext) -> dict | None:
+        """Arm a proxy boundary rule at the task's Nth 2xx write; returns None once it fired."""
+        import asyncio
+
+        n, variant = spec.params["after"], spec.params.get("variant", "after")
+        ctl = ctx.proxy()
+        await asyncio.to_thread(ctl.open_rule, rule_id=spec.instance, action="boundary", methods=["PUT", "POST", "DELETE"],
+                                bucket=ctx.bucket, key_prefix=ctx.task_prefix(spec.task_id), nth=n, variant=variant,
+                                fault=self.id)
+        while True:
+            rules = await asyncio.to_thread(ctl.rules)
+            rule = next((r for r in rules["rules"] if r["rule_id"] == spec.instance), None)
+            if rule is None:
+                return {"applied": False, "why": "the boundary rule was closed before it fired"}
+            if rule["first_hit_at"] is not None:
+                self_key = (rule.get("hit_keys") or ["?"])[0]
+                return {"boundary_key": self_key}
+            await asyncio.sleep(0.005)
+
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        at = {}
+        n = spec.params.get("after", spec.params.get("after_calls"))
         if spec.trigger == "model_call":
-            n = spec.params["after_calls"]
             if not await ctx.wait_model_answers(spec.task_id, n):
                 return {"applied": False, "why": f"the task ended before its model answer #{n} was delivered"}
+        elif spec.trigger == "effect":
+            if not await ctx.wait_effects(spec.task_id, n):
+                return {"applied": False, "why": f"the task ended before its external effect #{n} was answered"}
+        elif spec.trigger == "store_write":
+            at = await self._store_write(spec, ctx)
+            if "applied" in at:
+                return at
         current = await ctx.current_sandbox(spec.task_id)
         if current is None:
             return {"applied": False, "why": "the task had no running sandbox at the planned time"}
         host, sandbox_id = current
         out = await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}")
         out["sandbox_id"] = sandbox_id
+        out.update(at)
         return out
 
     async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
         return None  # a kill is over once sent
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
-        return {}  # a kill has nothing to heal: the driver starts the next attempt
+        if spec.trigger == "store_write":  # release what the boundary rule held (the runner is gone)
+            import asyncio
+
+            try:
+                await asyncio.to_thread(ctx.proxy().close_rule, spec.instance)
+            except RuntimeError:
+                pass  # never opened, or already closed
+        return {}  # a kill has nothing else to heal: the driver starts the next attempt
+
+    def _where(self, spec: FaultSpec, injected: dict) -> str:
+        n = spec.params.get("after", spec.params.get("after_calls"))
+        if spec.trigger == "model_call":
+            return f", right after model answer #{n}"
+        if spec.trigger == "effect":
+            return f", right after external effect #{n} was answered"
+        if spec.trigger == "store_write":
+            if spec.params.get("variant") == "ambiguous":
+                return (f", when the store had applied write #{n} ({injected.get('boundary_key')}) but before the "
+                        "runner got its answer (ambiguous commit)")
+            return f", right after the runner got the answer to store write #{n} ({injected.get('boundary_key')})"
+        return ""
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
         applied = injected.get("applied")
@@ -52,7 +107,6 @@ class SigkillSandbox:
                        status=APPLIED if ok else (UNKNOWN if applied is None else NOT_APPLIED),
                        target={"sandbox_id": injected.get("sandbox_id"), "pid": injected.get("pid"),
                                "node": injected.get("node")},
-                       detail=("SIGKILL to every process of the sandbox" + (
-                           f", right after model answer #{spec.params['after_calls']}"
-                           if spec.trigger == "model_call" else "")) if ok else injected.get("why", ""),
+                       detail=("SIGKILL to every process of the sandbox" + self._where(spec, injected))
+                       if ok else injected.get("why", ""),
                        fired_at=injected.get("at"))

@@ -113,15 +113,17 @@ class SandboxCgroup:
                 if state.read_text().strip() == "FROZEN":
                     return True
                 time.sleep(0.005)
-        except FileNotFoundError:  # removed meanwhile: the sandbox already ended
-            pass
+        except OSError as exc:  # removed meanwhile (ENOENT, or ENODEV mid-read): the sandbox already ended
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
         return False
 
     def thaw(self) -> None:
         try:
             (self.dirs["freezer"] / "freezer.state").write_text("THAWED")
-        except FileNotFoundError:
-            pass
+        except OSError as exc:  # removed meanwhile
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
 
     def kill_all(self, timeout_s: float = 10.0) -> bool:
         """Freeze, SIGKILL every member, thaw, and wait until the cgroup is empty."""

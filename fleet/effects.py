@@ -23,6 +23,7 @@ class EffectsService(JsonService):
         self._seen: dict[tuple[str, str], dict] = {}
         self._seen_lock = threading.Lock()
         self._maps: dict[tuple, dict] = {}
+        self._answered: dict[str, int] = {}
 
     def preload(self, path) -> None:
         """A resumed wave: the Idempotency-Keys seen before the driver died still deduplicate."""
@@ -63,4 +64,11 @@ class EffectsService(JsonService):
                "same_effect_as_key": deduped and first["effect_id"] == eid}
         rec["t_done"] = time.time()
         self.log.append(rec)  # recorded before it is answered: a runner never sees an unrecorded effect
-        self.send_json(h, 200, {**first, "deduped": deduped})
+        if self.send_json(h, 200, {**first, "deduped": deduped}):
+            with self._seen_lock:
+                self._answered[entry.task_id] = self._answered.get(entry.task_id, 0) + 1
+
+    def answered(self, task_id: str) -> int:
+        """How many effect answers reached the task's runner (the PK1 `after_effects` boundary)."""
+        with self._seen_lock:
+            return self._answered.get(task_id, 0)

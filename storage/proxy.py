@@ -90,6 +90,9 @@ class Rule:
     duration_s: float | None = None  # window opens at the first matching request and lasts this long
     max_hits: int | None = None  # the rule stops hitting after this many hits
     hold_s: float = 0.5  # cut_body: how long the store's connection stays open with the head only
+    nth: int = 1  # boundary: the Nth write the store answered 2xx is the boundary
+    variant: str = "after"  # boundary: "ambiguous" holds that answer from the client; "after" delivers it
+    counted: int = 0  # boundary: 2xx writes seen so far
     fault: str | None = None
     opened_at: float = field(default_factory=time.time)
     matched: int = 0
@@ -103,6 +106,8 @@ class Rule:
             raise ValueError(f"rule.action={self.action!r} is not one of {sorted(ACTIONS)}")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"rule.ratio={self.ratio!r} must be within [0, 1]")
+        if self.variant not in ("after", "ambiguous"):
+            raise ValueError(f"rule.variant={self.variant!r} must be 'after' or 'ambiguous'")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"rule.duration_s={self.duration_s!r} must be > 0 or null")
         self._rng = random.Random(self.seed)
@@ -168,7 +173,10 @@ def error_response(rule: Rule, req: S3Request, close: bool) -> bytes:
 
 # An action is how a hit request is answered. New ST faults register here. `cut_body` has no canned answer:
 # the proxy relays the head alone and then drops both connections (FaultProxy._cut).
-ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None}
+# `boundary` answers nothing itself: it watches 2xx writes and, at the Nth, holds the task's traffic until the
+# rule is closed (FaultProxy._boundary), so a kill lands exactly at that write.
+ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None, "boundary": None}
+WRITES = ("PUT", "POST", "DELETE")
 
 
 # --------------------------------------------------------------------------- HTTP helpers
@@ -273,6 +281,7 @@ class FaultProxy:
         self.port = 0
         self.control_port = 0
         self.token = os.environ.get("SANDFLEET_PROXY_TOKEN") or None
+        self.released: dict[str, asyncio.Event] = {}  # boundary rules: set when the rule is closed
 
     @staticmethod
     async def _upstream_head(ureader, uwriter, body_task) -> Head:
@@ -316,7 +325,34 @@ class FaultProxy:
 
     def match(self, req: S3Request) -> Rule | None:
         for rule in list(self.rules.values()):
-            if rule.matches(req) and rule.draw():
+            if rule.action != "boundary" and rule.matches(req) and rule.draw():
+                return rule
+        return None
+
+    def _boundary_rules(self, req: S3Request) -> list[Rule]:
+        return [r for r in self.rules.values() if r.action == "boundary" and r.matches(req)]
+
+    async def _gate(self, req: S3Request) -> None:
+        """After an `after` boundary fired, the task's next requests wait until the rule is closed (the kill)."""
+        for rule in self._boundary_rules(req):
+            if rule.first_hit_at is not None:
+                ev = self.released.setdefault(rule.rule_id, asyncio.Event())
+                await asyncio.wait_for(ev.wait(), 60)
+                raise ConnectionError(f"held at boundary {rule.rule_id}")
+
+    async def _boundary(self, req: S3Request, status: int) -> Rule | None:
+        """Count a 2xx write against the boundary rules; the rule whose Nth it is fires (returned)."""
+        if req.method not in WRITES or not 200 <= status < 300:
+            return None
+        for rule in self._boundary_rules(req):
+            if rule.first_hit_at is not None:
+                continue
+            rule.counted += 1
+            if rule.counted == rule.nth:
+                rule.hits, rule.first_hit_at = 1, time.time()
+                rule.last_hit_at = rule.first_hit_at
+                if len(rule.hit_keys) < 20:
+                    rule.hit_keys.append(req.target_key)
                 return rule
         return None
 
@@ -340,6 +376,7 @@ class FaultProxy:
                 t0 = time.time()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix}
+                await self._gate(req)
                 rule = self.match(req)
                 if rule is not None and rule.action == "cut_body":
                     await self._cut(head, req, rule, creader, cwriter, base)
@@ -390,6 +427,15 @@ class FaultProxy:
                             cwriter.write(rhead.raw)
                             await cwriter.drain()
                         continue
+                    fired = await self._boundary(req, status)
+                    if fired is not None and fired.variant == "ambiguous":
+                        # the store applied the write; its answer never reaches the runner (killed meanwhile)
+                        self.record(**base, status=status, req_bytes=body_task.result() if body_task.done()
+                                    and not body_task.exception() else 0, resp_bytes=0, rule=fired.rule_id,
+                                    fault=fired.fault, held=True, ms=round((time.time() - t0) * 1000, 3))
+                        ev = self.released.setdefault(fired.rule_id, asyncio.Event())
+                        await asyncio.wait_for(ev.wait(), 60)
+                        return
                     cwriter.write(rhead.raw)
                     await cwriter.drain()
                     break
@@ -456,12 +502,14 @@ class FaultProxy:
             rule = self.rules.pop(rid, None)
             if rule is None:
                 return 404, {"error": f"no open rule {rid!r}"}
+            self.released.setdefault(rid, asyncio.Event()).set()
             closed = dict(rule.public(), closed_at=time.time())
             self.closed_rules.append(closed)
             return 200, closed
         if method == "DELETE" and path == "/rules":
             closed = []
             for rid in list(self.rules):
+                self.released.setdefault(rid, asyncio.Event()).set()
                 closed.append(dict(self.rules.pop(rid).public(), closed_at=time.time()))
             self.closed_rules.extend(closed)
             return 200, {"closed": closed}

@@ -39,8 +39,12 @@ def _events(d):
     return [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
 
 
-@pytest.mark.parametrize("part", ["fault proxy", "store", "sandbox host"])
-def test_a_killed_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part):
+@pytest.mark.parametrize("part, sig", [("fault proxy", signal.SIGKILL), ("store", signal.SIGKILL),
+                                       ("sandbox host", signal.SIGKILL), ("lease ledger", signal.SIGKILL),
+                                       ("fault proxy", signal.SIGSTOP), ("sandbox host", signal.SIGSTOP)])
+def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part, sig):
+    """SIGSTOP: the part is alive but hung (a stopped process still accepts connections; only an answer
+    counts), which must be found too, within bounded probes."""
     results = tmp_path / "results"
     cfg = tmp_path / "wave.yaml"
     cfg.write_text(CONFIG)
@@ -60,14 +64,19 @@ def test_a_killed_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part):
         pids = next(e for e in _events(d) if e["event"] == "parts_ready")["pids"]
         victim = pids["sandbox hosts"][0] if part == "sandbox host" else pids[part]
         time.sleep(0.5)
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, sig)
         killed_at = time.monotonic()
         out, err = p.communicate(timeout=120)
-        print(f"{part}: the wave ended {time.monotonic() - killed_at:.1f} s after the kill")
+        print(f"{part} {sig.name}: the wave ended {time.monotonic() - killed_at:.1f} s after the signal")
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+        if sig == signal.SIGSTOP:
+            try:
+                os.kill(victim, signal.SIGCONT)  # normally already gone: the wave kills a hung part
+            except ProcessLookupError:
+                pass
     assert p.returncode == 2, (out, err)
     assert f"harness fault: {part}" in err, err
     events = _events(d)

@@ -10,6 +10,9 @@ on every run, not by the luck of a kill's timing:
 - recall: attempt 1 dies right after committing its 3rd step; attempt 2 replays the
   journal but asks the model again for that last recorded step.
 - noise: an uninterrupted run appends a random line (not deterministic).
+- effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
+  never dies by itself: only a kill that lands in that gap shows it (boundary
+  enumeration must find it every time).
 """
 from __future__ import annotations
 
@@ -44,7 +47,10 @@ def run() -> None:
             break
         call = reply["tool_calls"][0]
         call = {"id": call["id"], "type": "function", "function": call["function"]}
-        if DEFECT == "double_effect" and call["function"]["name"] == "publish":
+        if DEFECT == "effect_gap" and call["function"]["name"] == "publish":
+            publish(env, json.loads(call["function"]["arguments"]), idempotency_key=None)  # effect before commit
+            result = "sent"
+        elif DEFECT == "double_effect" and call["function"]["name"] == "publish":
             publish(env, json.loads(call["function"]["arguments"]), idempotency_key=None)  # effect before commit
             if env.attempt == 1:
                 log("dying between the effect and its commit")

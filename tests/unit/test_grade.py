@@ -168,3 +168,16 @@ def test_an_idempotency_key_reused_for_another_effect_swallows_it():
     g = grade_task(hist(effects=[first, swallowed]))
     c = g["checks"]["completed"]
     assert c["verdict"] == FAIL and second["step"] in c["missing_effects"] and "swallowed" in c["detail"]
+
+
+def test_a_kill_before_the_attempt_did_anything_durable_is_not_exercised():
+    events = [dict(e, sandbox=f"t000-a{e['attempt']}") if e.get("attempt") else e for e in EVENTS]
+    # attempt 1 started at 90.0; its first answer is delivered at 90.6: a kill at 90.3 tested nothing
+    early = [{"task_id": "t000", "instance": "t000-PK1", "fault_id": "PK1", "status": "applied", "detail": "kill",
+              "target": {"sandbox_id": "t000-a1"}, "fired_at": 90.3}]
+    g = grade_task(hist(events=events, receipts=early))
+    c = g["checks"]["fault_applied"]
+    assert c["verdict"] == NOT_APPLIED and "not_exercised" in c["detail"] and g["not_exercised"] == ["t000-PK1"]
+    late = [dict(early[0], fired_at=92.0)]  # after answers were delivered to attempt 1
+    g = grade_task(hist(events=events, receipts=late))
+    assert g["checks"]["fault_applied"]["verdict"] == PASS and g["not_exercised"] == []

@@ -43,4 +43,4 @@ def test_pk1_after_the_nth_model_answer_is_planned_from_the_seed():
     b = plan_faults(9, ["t000", "t001"], ["PK1"], {"PK1": {"after_model_calls": (2, 6)}})
     assert a == b
     for specs in a.values():
-        assert specs[0].trigger == "model_call" and 2 <= specs[0].params["after_calls"] <= 6
+        assert specs[0].trigger == "model_call" and 2 <= specs[0].params["after"] <= 6

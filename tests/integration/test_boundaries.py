@@ -1,0 +1,58 @@
+"""Faults at the runner's own boundaries: boundary enumeration kills one task at every model answer,
+external effect and store write (ambiguous and after) of an uninterrupted run, so a runner's gap between
+an effect and its commit is found on every wave, not by the luck of a clock; durable survives them all."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cluster.grade import exit_code
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+DEFECTIVE = str(ROOT / "tests" / "runners" / "defective.py")
+WAVE = dict(enumerate_boundaries=True, concurrency=4, workload={"steps": 6, "think_ms": 20}, deadline_s=60)
+
+
+def _receipts(d):
+    return {r["task_id"]: r for r in orjson.loads((d / "faults.json").read_bytes())}
+
+
+def test_durable_passes_a_kill_at_every_boundary(run_wave):
+    result, d = run_wave(runner="durable", seed=31, **WAVE)
+    plan = orjson.loads((d / "plan.json").read_bytes())
+    counts = plan["enumerate"]["counts"]
+    assert counts["model_call"] == 7 and counts["effect"] >= 1 and counts["store_write"] >= 6, counts
+    kinds = [t["boundary"]["kind"] for t in plan["tasks"]]
+    assert len(plan["tasks"]) == counts["model_call"] + counts["effect"] + 2 * counts["store_write"]
+    assert {"model_call", "effect", "store_write"} <= set(kinds)
+    assert {t["seed"] for t in plan["tasks"]} == {plan["references"][0]["seed"]}
+    receipts = _receipts(d)
+    by_id = {g["task_id"]: g for g in result["tasks"]}
+    for t in plan["tasks"]:
+        g, r = by_id[t["task_id"]], receipts[t["task_id"]]
+        assert g["verdict"] != "fail", (t["boundary"], g["signature"], g["checks"])
+        if g["verdict"] != "pass":  # only a kill that could not land: the runner had already exited 0
+            assert r["status"] == "not_applied" and "exited 0" in r["detail"], (t["boundary"], r)
+    applied = [r for r in receipts.values() if r["status"] == "applied"]
+    assert len(applied) >= len(plan["tasks"]) - 2
+    ambiguous = [receipts[t["task_id"]] for t in plan["tasks"] if t["boundary"]["variant"] == "ambiguous"]
+    assert any("ambiguous commit" in r["detail"] for r in ambiguous)
+
+
+def test_an_effect_sent_before_its_commit_is_caught_at_every_effect_boundary(run_wave):
+    runner = {"name": "defective-effect_gap", "command": [sys.executable, DEFECTIVE], "env": {"DEFECT": "effect_gap"}}
+    result, d = run_wave(runner=runner, seed=31, **WAVE)
+    plan = orjson.loads((d / "plan.json").read_bytes())
+    by_id = {g["task_id"]: g for g in result["tasks"]}
+    at_effects = [t["task_id"] for t in plan["tasks"] if t["boundary"]["kind"] == "effect"]
+    assert at_effects, "the runner's effects were not enumerated"
+    for tid in at_effects:  # the kill lands in the gap every time: the effect is sent twice
+        g = by_id[tid]
+        assert g["checks"]["no_double_apply"]["verdict"] == "fail", (tid, g["checks"]["no_double_apply"])
+    # the reference (uninterrupted) run of the same runner passes: the defect only shows under a kill
+    assert all(g["verdict"] == "pass" for g in result["references"])
+    assert exit_code(result) == 1
