@@ -184,6 +184,43 @@ def wave_resume(
     return _report(wave, result)
 
 
+@wave_app.command("replay")
+def wave_replay(
+    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: the task to run again"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> int:
+    """Run one task of a wave again: same seed, same faults at the same times, boundaries or windows."""
+    import orjson
+
+    from cluster.config import ConfigError, build_config
+    from cluster.driver import HarnessError, WaveRun, preflight
+
+    wave_dir, task_id = task_path.parent, task_path.name
+    try:
+        plan = orjson.loads((wave_dir / "plan.json").read_bytes())
+        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / "plan.json"))
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
+             "results/<wave id>/<task id>, e.g. results/latest/t003")
+        return EXIT_BAD_INPUT
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    if not any(t["task_id"] == task_id for t in plan.get("tasks", [])):
+        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
+             f"{', '.join(t['task_id'] for t in plan.get('tasks', [])[:20])}")
+        return EXIT_BAD_INPUT
+    try:
+        preflight(cfg)
+        wave = WaveRun(cfg, wave_dir.parent, progress=not no_progress, replay=(plan, task_id))
+        result = wave.run()
+    except HarnessError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    return _report(wave, result)
+
+
 @app.command("grade")
 def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory")) -> int:
     """Re-grade a finished wave from its stored files (runs nothing)."""

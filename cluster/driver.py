@@ -131,6 +131,25 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
             "runner": runner, "tasks": tasks, "references": refs}
 
 
+def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCache | None = None) -> dict:
+    """A wave of one task of `original`: the same seed, the same faults at the same times, boundaries or
+    windows, and its reference (from the cache when it is there)."""
+    task = next((t for t in original["tasks"] if t["task_id"] == task_id), None)
+    if task is None:
+        raise HarnessError(f"wave {original['wave_id']} has no task {task_id!r}; its tasks: "
+                           f"{', '.join(t['task_id'] for t in original['tasks'][:20])}")
+    task = orjson.loads(orjson.dumps(task))
+    ref = task["reference"]
+    ref["cached"] = cache is not None and cache.get(ref["key"]) is not None
+    refs = [] if ref["cached"] else [{
+        "task_id": ref["task_id"], "role": "reference", "reference_of": task_id, "seed": task["seed"],
+        "runner": task["runner"], "workload": task["workload"], "steps": task["steps"], "faults": [],
+        "reference": dict(ref)}]
+    return {"wave_id": wave_id, "seed": original["seed"], "created_at": time.time(), "config": original["config"],
+            "runner": original["runner"], "tasks": [task], "references": refs,
+            "replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}
+
+
 def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
     """One PK1 task per boundary of the uninterrupted reference run (and per variant of a store write), all on
     the reference's seed; a seeded sample of `limit` when there are more."""
@@ -244,8 +263,10 @@ class FaultContextImpl:
 
 class WaveRun:
     def __init__(self, cfg: WaveConfig, results_root: str | Path = "results", progress: bool = True,
-                 fleet: FleetSession | None = None, resume_dir: str | Path | None = None):
+                 fleet: FleetSession | None = None, resume_dir: str | Path | None = None,
+                 replay: tuple[dict, str] | None = None):
         self.cfg = cfg
+        self.replay = replay  # (the original plan, the task id) for `wave replay`
         self.resume_plan = None
         if resume_dir is not None:  # `wave resume`: the same wave, results dir and private dir
             self.dir = Path(resume_dir).resolve()
@@ -1082,7 +1103,8 @@ class WaveRun:
                 tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
                 tmp.symlink_to(self.wave_id)
                 os.replace(tmp, latest)
-            self.plan = build_plan(self.cfg, self.wave_id, self.cache)
+            self.plan = (replay_plan(self.replay[0], self.replay[1], self.wave_id, self.cache) if self.replay
+                         else build_plan(self.cfg, self.wave_id, self.cache))
             self._write_json("plan.json", self.plan)
             self._seed_cached_references()
             self.timeline = Timeline(self.dir / "timeline.jsonl")

@@ -378,6 +378,8 @@ def grade_task(h: TaskHistory) -> dict:
     recall = checks["no_model_recall"]
     return {"task_id": tid, "role": task.get("role", "task"), "seed": task["seed"], "runner": task["runner"],
             "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
+            "triggers": [f.get("trigger", "time") + (f":{f['params']['variant']}" if f.get("trigger") == "store_write"
+                                                     else "") for f in task["faults"]],
             "verdict": verdict, "signature": signature, "attempts": len(attempts),
             "harness_fault": hf["part"] if touched else None,
             "interrupted": bool(interrupted), "ended": end is not None, "model_recalls": recall.get("model_recalls"),

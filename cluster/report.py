@@ -10,7 +10,8 @@ from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 
 def _cell(g: dict) -> str:
-    return f"{g['runner']} × {'+'.join(g['faults']) or 'none'}"
+    faults = [f if t == "time" else f"{f}@{t}" for f, t in zip(g["faults"], g.get("triggers") or ["time"] * 9)]
+    return f"{g['runner']} × {g.get('workload') or '?'} × {'+'.join(faults) or 'none'}"
 
 
 def write_summary(d: Path, result: dict) -> Path:
@@ -19,6 +20,9 @@ def write_summary(d: Path, result: dict) -> Path:
     plan = result["plan"]
     cfg = plan["config"]
     lines = [f"# Wave {result['wave_id']}", ""]
+    if plan.get("replay_of"):
+        r = plan["replay_of"]
+        lines += [f"Replay of task {r['task_id']} of wave {r['wave_id']} (same seed, same faults).", ""]
     if result.get("interrupted"):
         how = "" if "at once" in result["interrupted"] else " the wave was stopped in order;"
         lines += [f"**Interrupted by {result['interrupted']}**:{how} tasks that had not finished are `unknown`.", ""]
@@ -83,7 +87,8 @@ def write_summary(d: Path, result: dict) -> Path:
     lines += ["## Failure signatures", ""]
     if sigs:
         for sig, tids in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
-            lines.append(f"- `{sig}`: {len(tids)} task(s): {', '.join(tids[:10])}")
+            lines.append(f"- `{sig}`: {len(tids)} task(s): {', '.join(tids[:10])}; replay one: "
+                         f"`sandfleet wave replay {d / tids[0]}`")
     else:
         lines.append("- none")
     lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks | "

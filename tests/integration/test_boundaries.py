@@ -3,6 +3,7 @@ external effect and store write (ambiguous and after) of an uninterrupted run, s
 an effect and its commit is found on every wave, not by the luck of a clock; durable survives them all."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,12 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTIVE = str(ROOT / "tests" / "runners" / "defective.py")
 WAVE = dict(enumerate_boundaries=True, concurrency=4, workload={"steps": 6, "think_ms": 20}, deadline_s=60)
+
+
+def _gcs_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def _receipts(d):
@@ -56,3 +63,18 @@ def test_an_effect_sent_before_its_commit_is_caught_at_every_effect_boundary(run
     # the reference (uninterrupted) run of the same runner passes: the defect only shows under a kill
     assert all(g["verdict"] == "pass" for g in result["references"])
     assert exit_code(result) == 1
+    # the failure's replay command runs that task again with the same plan, and it fails the same way
+    tid = at_effects[0]
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "replay", str(d / tid), "--address",
+                        _gcs_address(), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "sandfleet wave replay " in (d / "SUMMARY.md").read_text()
+    new = Path(next(l for l in r.stdout.splitlines() if l.startswith("SUMMARY: "))[len("SUMMARY: "):]).parent
+    replay = orjson.loads((new / "plan.json").read_bytes())
+    original = next(t for t in plan["tasks"] if t["task_id"] == tid)
+    assert replay["replay_of"] == {"wave_id": plan["wave_id"], "task_id": tid}
+    assert [t["task_id"] for t in replay["tasks"]] == [tid]
+    assert {k: v for k, v in replay["tasks"][0].items() if k != "reference"} == \
+        {k: v for k, v in original.items() if k != "reference"}
+    g = orjson.loads((new / f"{tid}.grade.json").read_bytes())
+    assert g["signature"] == by_id[tid]["signature"]

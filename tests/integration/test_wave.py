@@ -132,7 +132,7 @@ def test_grade_regrades_a_finished_wave_without_running(durable_wave):
     assert cli.returncode == 0, cli.stderr
     assert "SUMMARY:" in cli.stdout
     summary = (d / "SUMMARY.md").read_text()
-    assert "durable × PK1" in summary and "Resume survival rate" in summary
+    assert "durable × patch-repo × PK1" in summary and "Resume survival rate" in summary
 
 
 def test_wave_results_layout(durable_wave):
