@@ -229,9 +229,10 @@ class WaveConfig(Strict):
             v = items
         if not isinstance(v, list):
             raise ValueError("faults must be a list of fault ids")
-        bad = [f for f in v if f not in CATALOG]
+        bad = [f for item in v for f in str(item).split("+") if f not in CATALOG]
         if bad:
-            raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+            raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))} "
+                             "(A+B puts both on one task, e.g. ST1+PK1)")
         return v
 
     @field_validator("workload")

@@ -38,7 +38,7 @@ class LeagueConfig(Strict):
     @classmethod
     def _faults(cls, v):
         for fs in v:
-            bad = [f for f in fs if f not in CATALOG]
+            bad = [f for item in fs for f in item.split("+") if f not in CATALOG]
             if bad:
                 raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
         return v

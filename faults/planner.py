@@ -3,7 +3,8 @@
 One `random.Random` is derived per wave, per task and per fault from the wave
 seed, so two plans of the same seed and config are equal (a test proves it).
 Faults are dealt round-robin over the tasks after a seeded shuffle, so every
-selected fault kind is exercised once there are as many tasks as kinds.
+selected fault kind is exercised once there are as many tasks as kinds. An item `A+B` puts both on one
+task (`ST1+PK1`: the kill lands inside the outage, while the runner retries).
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ def plan_faults(wave_seed: int, task_ids: list[str], fault_ids: list[str],
     order = list(fault_ids)
     derive(wave_seed, "deal").shuffle(order)
     for i, task_id in enumerate(task_ids):
-        fid = order[i % len(order)]
-        rng = derive(wave_seed, task_id, fid)
-        out[task_id].append(CATALOG[fid].plan(task_id, rng, params.get(fid, {})))
+        combo = order[i % len(order)].split("+")  # "ST1+PK1": both on this task, the kill during the outage
+        for fid in combo:
+            rng = derive(wave_seed, task_id, fid)
+            base = dict(params.get(fid, {}))
+            if fid == "PK1" and "ST1" in combo:
+                base = {"during": f"{task_id}-ST1"}
+            out[task_id].append(CATALOG[fid].plan(task_id, rng, base))
     return out

@@ -22,6 +22,10 @@ class SigkillSandbox:
                   "after_store_writes": ("store_write", "store write")}
 
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
+        if "during" in base:  # inside another fault's window (ST1+PK1): a seeded time after it opened
+            return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="during",
+                             at_s=0.0, seed=rng.randrange(2**31),
+                             params={"during": base["during"], "into_s": round(rng.uniform(0.1, 0.6), 3)})
         for key, (trigger, _) in self.BOUNDARIES.items():
             if key in base:
                 lo, hi = base[key]
@@ -52,6 +56,23 @@ class SigkillSandbox:
                 return {"boundary_key": self_key}
             await asyncio.sleep(0.005)
 
+    async def _during(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        """Wait until the other fault's proxy window has opened (its first hit), then `into_s` more."""
+        import asyncio
+        import time
+
+        rid = spec.params["during"]
+        while True:
+            rules = await asyncio.to_thread(ctx.proxy().rules)
+            rule = next((r for r in rules["rules"] if r["rule_id"] == rid), None)
+            if rule is not None and rule["first_hit_at"] is not None:
+                break
+            if rule is None and any(r["rule_id"] == rid for r in rules["closed"]):
+                return {"applied": False, "why": f"{rid} closed without its window opening"}
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(max(0.0, rule["first_hit_at"] + spec.params["into_s"] - time.time()))
+        return {"window_opened_at": rule["first_hit_at"]}
+
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         at = {}
         n = spec.params.get("after", spec.params.get("after_calls"))
@@ -63,6 +84,10 @@ class SigkillSandbox:
                 return {"applied": False, "why": f"the task ended before its external effect #{n} was answered"}
         elif spec.trigger == "store_write":
             at = await self._store_write(spec, ctx)
+            if "applied" in at:
+                return at
+        elif spec.trigger == "during":
+            at = await self._during(spec, ctx)
             if "applied" in at:
                 return at
         current = await ctx.current_sandbox(spec.task_id)
@@ -93,6 +118,8 @@ class SigkillSandbox:
             return f", right after model answer #{n}"
         if spec.trigger == "effect":
             return f", right after external effect #{n} was answered"
+        if spec.trigger == "during":
+            return f", {spec.params['into_s']} s into the {spec.params['during']} outage (the runner was retrying)"
         if spec.trigger == "store_write":
             if spec.params.get("variant") == "ambiguous":
                 return (f", when the store had applied write #{n} ({injected.get('boundary_key')}) but before the "

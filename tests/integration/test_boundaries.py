@@ -77,4 +77,25 @@ def test_an_effect_sent_before_its_commit_is_caught_at_every_effect_boundary(run
     assert {k: v for k, v in replay["tasks"][0].items() if k != "reference"} == \
         {k: v for k, v in original.items() if k != "reference"}
     g = orjson.loads((new / f"{tid}.grade.json").read_bytes())
-    assert g["signature"] == by_id[tid]["signature"]
+    # the same defect is caught again (whether the kill also beat the journal commit, adding a recall, is
+    # a race between the kill and a runner that does not wait: the plan is the same, not the timing)
+    assert "no_double_apply" in g["signature"] and "no_double_apply" in by_id[tid]["signature"]
+
+
+def test_a_kill_while_the_runner_is_still_starting_is_not_exercised(run_wave):
+    """PK1 at 0.3-0.6 s lands while the runner is still importing (2 s before its first call): the kill is
+    applied but tests nothing, so it is `not_exercised`, never counted as a survived interruption."""
+    runner = {"name": "defective-slow_start", "command": [sys.executable, DEFECTIVE], "env": {"DEFECT": "slow_start"}}
+    result, d = run_wave(runner=runner, tasks=2, concurrency=2, seed=33, faults=["PK1"],
+                         fault_timing={"PK1": {"at_s": [0.3, 0.6]}}, workload={"steps": 4, "think_ms": 20},
+                         deadline_s=90)
+    receipts = _receipts(d)
+    for g in result["tasks"]:
+        assert receipts[g["task_id"]]["status"] == "applied"
+        c = g["checks"]["fault_applied"]
+        assert c["verdict"] == "not_applied" and "not_exercised" in c["detail"], c
+        assert g["not_exercised"] == [f"{g['task_id']}-PK1"]
+        assert g["checks"]["completed"]["verdict"] == "pass"  # the next attempt did the work
+    summary = (d / "SUMMARY.md").read_text()
+    assert "2 task(s) left out: their kill was not exercised" in summary
+    assert exit_code(result) == 2

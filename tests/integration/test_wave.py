@@ -221,3 +221,22 @@ def test_durable_survives_puts_cut_after_their_head(run_wave):
     assert len(receipts) == 4 and all(r["status"] == "applied" and r["evidence"]["keys"] for r in receipts)
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
     assert not bad, bad
+
+
+def test_durable_survives_a_kill_inside_a_storage_outage(run_wave):
+    """ST1+PK1 on one task: the kill lands inside the outage's window, while the runner is retrying its store
+    calls; both receipts are applied and durable still passes."""
+    # the outage is armed after the first steps (armed at once it meets the runner's start-up listing, and a
+    # kill then is rightly `not_exercised`)
+    result, d = run_wave(runner="durable", tasks=3, concurrency=3, faults=["ST1+PK1"], seed=13,
+                         fault_timing={"ST1": {"at_s": [0.9, 1.1]}}, workload={"steps": 8, "think_ms": 100},
+                         deadline_s=90)
+    receipts = orjson.loads((d / "faults.json").read_bytes())
+    assert sorted(r["fault_id"] for r in receipts) == ["PK1"] * 3 + ["ST1"] * 3
+    for r in receipts:
+        assert r["status"] == "applied", r
+        if r["fault_id"] == "PK1":
+            assert "outage" in r["detail"], r["detail"]
+    bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
+    assert not bad, bad
+    assert "ST1+PK1@during" in (d / "SUMMARY.md").read_text()

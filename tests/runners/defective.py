@@ -10,6 +10,8 @@ on every run, not by the luck of a kill's timing:
 - recall: attempt 1 dies right after committing its 3rd step; attempt 2 replays the
   journal but asks the model again for that last recorded step.
 - noise: an uninterrupted run appends a random line (not deterministic).
+- slow_start: spends 2 s "importing" before its first call (like a big agent framework); otherwise
+  the durable pattern. A kill in that time tests nothing: `not_exercised`.
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -31,6 +33,10 @@ DEFECT = os.environ.get("DEFECT", "")
 
 
 def run() -> None:
+    if DEFECT == "slow_start":
+        import time
+
+        time.sleep(2.0)
     env = Env.load()
     store = TaskStore(env)
     messages = env.first_messages()
