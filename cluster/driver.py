@@ -301,6 +301,7 @@ class WaveRun:
         self.harness_fault: dict | None = None
         self.resumed: dict | None = None  # what a resumed wave kept: finished tasks, attempts, fired faults
         self.prior_receipts: list[dict] = []
+        self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
 
     def task_prefix(self, task_id: str) -> str:
         return f"{self.wave_id}/{task_id}/"
@@ -376,6 +377,7 @@ class WaveRun:
         creds = self.endpoint.creds
         if self.keys is not None:
             creds = self.keys.issue(sandbox_id, self.bucket, self.task_prefix(tid))
+            self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
         d = self.private / "creds" / sandbox_id
         d.mkdir(parents=True, exist_ok=True)
         src = CredentialSource(d / "credentials.json")
@@ -649,7 +651,7 @@ class WaveRun:
                         "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
                         "relays": self.relay_targets}
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0",
-                   lease_acquired_at=lease.get("acquired_at"))
+                   lease_acquired_at=lease.get("acquired_at"), akid=self.akids.get(sandbox_id))
                 run.current = (host, sandbox_id)
                 self.registry.set_attempt(tid, attempt)
                 ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")

@@ -129,6 +129,8 @@ class TaskHistory:
     artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
     reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
     harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
+    foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
+    damaged_by: list[dict] = field(default_factory=list)  # other tasks' applied writes into its prefix
 
 
 def _check(fn) -> dict:
@@ -354,18 +356,36 @@ def grade_task(h: TaskHistory) -> dict:
             details.append(f"{f['instance']}: {r['status']} ({r['detail']})")
         return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle}
 
+    def no_foreign_writes():
+        fw = h.foreign_writes or []
+        if not fw:
+            return {"verdict": PASS, "detail": "every write of its attempts stayed under its own prefix"}
+        landed = [w for w in fw if 200 <= (w["status"] or 0) < 300]
+        w = fw[0]
+        return {"verdict": FAIL, "writes": fw[:20],
+                "detail": f"{len(fw)} write(s) outside its own prefix ({len(landed)} applied, {len(fw) - len(landed)} "
+                          f"refused by the store); first: {w['method']} {w['key']} -> {w['status']}"}
+
     names = [("completed", completed)]
     if not is_ref:
         names.append(("resume_equivalent", resume_equivalent))
     names += [("no_double_apply", no_double_apply), ("no_model_recall", no_model_recall)]
     if not is_ref:
         names.append(("fault_applied", fault_applied))
+    if h.foreign_writes is not None:  # attributable (per-attempt keys): the writer answers for its writes
+        names.append(("no_foreign_writes", no_foreign_writes))
     for name, fn in names:
         if end is None:
             checks[name] = {"verdict": UNKNOWN, "detail": "the task has no task_end in the timeline "
                                                           "(it did not run to an end)"}
         else:
             checks[name] = _check(fn)
+    if h.damaged_by:  # another task wrote into this one's prefix: what failed is not this runner's doing
+        d0 = h.damaged_by[0]
+        for c in checks.values():
+            if c["verdict"] == FAIL:
+                c["verdict"] = UNKNOWN
+                c["detail"] = f"damaged by task {d0['by']} ({d0['method']} {d0['key']}); {c['detail']}"
     hf = h.harness_fault
     touched = hf is not None and (end is None or end.get("wall", 0.0) >= hf["since_wall"])
     if touched:  # what the harness's own death may have caused is never the runner's failure
@@ -447,6 +467,24 @@ def grade_wave(results_dir: str | Path) -> dict:
     # keys whose PUT an injected ST6 cut: the store may hold an empty object there whatever was written
     # later, so no write to them counts as a record a resuming runner could have read
     cut_keys = {r.get("key") for r in proxy or [] if r.get("cut")}
+    # attribution: every request signed by an attempt's own key belongs to that attempt's task
+    owner = {e["akid"]: e["task"] for e in timeline if e["event"] == "attempt_start" and e.get("akid")}
+    bucket = (audit or {}).get("bucket") or "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
+    foreign: dict[str, list] = {}
+    damaged: dict[str, list] = {}
+    if owner and proxy is not None:
+        for r in proxy:
+            tid_w = owner.get(r.get("akid"))
+            if tid_w is None or r.get("method") not in WRITE_METHODS:
+                continue
+            own = f"{wave_id}/{tid_w}/"
+            if r.get("bucket") == bucket and (r.get("key") or "").startswith(own):
+                continue
+            rec = {"t": r["t"], "method": r["method"], "key": r.get("key"), "status": r.get("status"), "by": tid_w}
+            foreign.setdefault(tid_w, []).append(rec)
+            parts = (r.get("key") or "").split("/")
+            if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
+                damaged.setdefault(parts[1], []).append(rec)
 
     def history(task: dict) -> TaskHistory:
         tid = task["task_id"]
@@ -460,7 +498,8 @@ def grade_wave(results_dir: str | Path) -> dict:
                 r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
                 and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in cut_keys],
             artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
-            harness_fault=hfault)
+            harness_fault=hfault, foreign_writes=foreign.get(tid, []) if owner else None,
+            damaged_by=damaged.get(tid, []))
 
     refs = {t["task_id"]: t for t in plan.get("references", [])}
     ref_grades = []

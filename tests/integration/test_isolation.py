@@ -49,9 +49,13 @@ def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
         outcomes[attack] = (m.group(1), m.group(2)) if m else ("missing", logs[-500:])
     escaped = {a: o for a, o in outcomes.items() if o[0] != "blocked"}
     assert not escaped, escaped
-    # contained, killed, reaped: every task (attacked or honest) still passes, nothing is left behind
+    # contained, killed, reaped: every task (attacked or honest) still passes, nothing is left behind; the one
+    # that tried to write into other tasks' prefixes fails as the writer (attributed by its attempt's key)
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
-    assert not bad, bad
+    writer = next(t for t, a in plan.items() if a == "foreign_prefix")
+    assert bad == {writer: "no_foreign_writes"}, bad
+    fw = next(g for g in result["tasks"] if g["task_id"] == writer)["checks"]["no_foreign_writes"]
+    assert fw["writes"] and all(w["status"] == 403 for w in fw["writes"]), fw
     assert result["wave_checks"]["no_leaked_sandbox"] == "pass"
     assert not leftovers.wait_clean(), "a sandbox process, cgroup or mount was left behind"
     assert not [p for p in HOST_PATHS if Path(p).exists()], "a runner wrote outside its workspace"

@@ -95,8 +95,10 @@ def test_naive_runner_is_flagged(naive_wave):
             continue
         log = (d / "sandboxes" / f"{g['task_id']}-a1" / "runner.log").read_text()
         acted = [int(m) for m in re.findall(r"step (\d+) (?:applied in place|published)", log)]
-        saved = [int(m) for m in re.findall(r"progress saved at (\d+)", log)]
-        if acted and max(acted) + 1 > max(saved, default=0):
+        # what was saved is what the next attempt resumed from (a kill can land between a save and its log line)
+        nxt = d / "sandboxes" / f"{g['task_id']}-a2" / "runner.log"
+        m = re.search(r"resumed attempt=2 from progress=(\d+)", nxt.read_text()) if nxt.exists() else None
+        if acted and m and max(acted) + 1 > int(m.group(1)):
             vulnerable.append(g["task_id"])
     assert vulnerable, "no kill landed between two progress saves: the control proved nothing"
     for tid in vulnerable:

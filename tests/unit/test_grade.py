@@ -181,3 +181,19 @@ def test_a_kill_before_the_attempt_did_anything_durable_is_not_exercised():
     late = [dict(early[0], fired_at=92.0)]  # after answers were delivered to attempt 1
     g = grade_task(hist(events=events, receipts=late))
     assert g["checks"]["fault_applied"]["verdict"] == PASS and g["not_exercised"] == []
+
+
+def test_a_write_outside_its_prefix_fails_the_writer_and_a_damaged_victim_is_unknown():
+    h = hist()
+    h.foreign_writes = [{"t": 95.0, "method": "PUT", "key": "w/t001/journal/0000.json", "status": 403, "by": "t000"}]
+    g = grade_task(h)
+    c = g["checks"]["no_foreign_writes"]
+    assert c["verdict"] == FAIL and "1 refused" in c["detail"] and "no_foreign_writes" in g["signature"]
+    clean = hist()
+    clean.foreign_writes = []
+    assert grade_task(clean)["checks"]["no_foreign_writes"]["verdict"] == PASS
+    assert "no_foreign_writes" not in grade_task(hist())["checks"]  # not attributable: no such check
+    victim = hist(artifact={})  # its artifact was destroyed...
+    victim.damaged_by = [{"t": 95.0, "method": "PUT", "key": "w/t000/x", "status": 200, "by": "t001"}]
+    g = grade_task(victim)  # ...by another task's applied write: not this runner's failure
+    assert g["verdict"] == UNKNOWN and "damaged by task t001" in g["checks"]["completed"]["detail"]
