@@ -130,6 +130,7 @@ class TaskHistory:
     reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
     harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
     foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
+    leaked_uploads: list[dict] | None = None  # multipart uploads under its prefix left incomplete; None = no audit
     damaged_by: list[dict] = field(default_factory=list)  # other tasks' applied writes into its prefix
 
 
@@ -366,12 +367,22 @@ def grade_task(h: TaskHistory) -> dict:
                 "detail": f"{len(fw)} write(s) outside its own prefix ({len(landed)} applied, {len(fw) - len(landed)} "
                           f"refused by the store); first: {w['method']} {w['key']} -> {w['status']}"}
 
+    def no_leaked_upload():
+        ups = h.leaked_uploads or []
+        if not ups:
+            return {"verdict": PASS, "detail": "no multipart upload of this task was left incomplete"}
+        return {"verdict": FAIL, "uploads": ups[:20],
+                "detail": f"{len(ups)} multipart upload(s) started under its prefix and never completed or aborted; "
+                          f"first: {ups[0]['key']} (upload {ups[0]['upload_id'][:16]})"}
+
     names = [("completed", completed)]
     if not is_ref:
         names.append(("resume_equivalent", resume_equivalent))
     names += [("no_double_apply", no_double_apply), ("no_model_recall", no_model_recall)]
     if not is_ref:
         names.append(("fault_applied", fault_applied))
+    if h.leaked_uploads is not None:  # the store audit ran: a leaked upload fails the task that started it
+        names.append(("no_leaked_upload", no_leaked_upload))
     if h.foreign_writes is not None:  # attributable (per-attempt keys): the writer answers for its writes
         names.append(("no_foreign_writes", no_foreign_writes))
     for name, fn in names:
@@ -499,6 +510,8 @@ def grade_wave(results_dir: str | Path) -> dict:
                 and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in cut_keys],
             artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
             harness_fault=hfault, foreign_writes=foreign.get(tid, []) if owner else None,
+            leaked_uploads=None if audit is None else [u for u in audit.get("incomplete_uploads") or []
+                                                       if u["key"].startswith(prefix)],
             damaged_by=damaged.get(tid, []))
 
     refs = {t["task_id"]: t for t in plan.get("references", [])}

@@ -101,3 +101,15 @@ def test_an_attempt_says_why_it_ended(run_wave, code, sandbox, cause):
     g = result["tasks"][0]
     assert g["attempts"] == 1 and cause in g["attempt_causes"][0], g["attempt_causes"]
     assert cause in (d / "SUMMARY.md").read_text()
+
+
+def test_a_leaked_upload_fails_the_task_that_started_it(run_wave):
+    """A runner that starts a multipart upload and walks away: the store audit finds it, and the task whose
+    prefix it is under fails `no_leaked_upload` (not only the wave)."""
+    result, d = run_wave(runner=defective("leak_upload"), faults=[], **QUICK)
+    for g in result["tasks"] + result["references"]:
+        c = g["checks"]["no_leaked_upload"]
+        assert c["verdict"] == "fail" and c["uploads"][0]["key"].endswith(f"/{g['task_id']}/snapshot.tar"), c
+        assert g["signature"] == "no_leaked_upload" and g["checks"]["completed"]["verdict"] == "pass"
+    assert result["wave_checks"]["no_leaked_upload"] == "fail"
+    assert exit_code(result) == 1

@@ -12,6 +12,8 @@ on every run, not by the luck of a kill's timing:
 - noise: an uninterrupted run appends a random line (not deterministic).
 - slow_start: spends 2 s "importing" before its first call (like a big agent framework); otherwise
   the durable pattern. A kill in that time tests nothing: `not_exercised`.
+- leak_upload: starts a multipart upload under its prefix and never completes or aborts it;
+  otherwise the durable pattern (the store audit must pin the leak on this task).
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -39,6 +41,9 @@ def run() -> None:
         time.sleep(2.0)
     env = Env.load()
     store = TaskStore(env)
+    if DEFECT == "leak_upload" and env.attempt == 1:
+        store.client.create_multipart_upload(Bucket=env.bucket, Key=f"{env.prefix}snapshot.tar")
+        log("started a multipart upload and walked away")
     messages = env.first_messages()
     records = [json.loads(store.get(k)) for k in store.keys("journal/")]
     for rec in records:
