@@ -85,8 +85,7 @@ def wave_run(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    from cluster.driver import HarnessError, WaveRun, preflight
-    from cluster.grade import exit_code
+    from cluster.driver import WaveRun
 
     try:
         from cluster import sweep
@@ -98,10 +97,19 @@ def wave_run(
                  "they left and `sandfleet sweep` removes it")
     except OSError:
         pass
+    return _run(cfg, lambda: WaveRun(cfg, results, progress=not no_progress),
+                lambda: results.mkdir(parents=True, exist_ok=True))
+
+
+def _run(cfg, make_wave, before=None) -> int:
+    """Preflight, then run and grade the wave; a harness that cannot run it exits 2 with its message."""
+    from cluster.driver import HarnessError, preflight
+
     try:
         preflight(cfg)
-        results.mkdir(parents=True, exist_ok=True)
-        wave = WaveRun(cfg, results, progress=not no_progress)
+        if before is not None:
+            before()
+        wave = make_wave()
         result = wave.run()
     except HarnessError as exc:
         _err(f"error: {exc}")
@@ -140,8 +148,7 @@ def wave_resume(
 
     from cluster import sweep
     from cluster.config import ConfigError, build_config
-    from cluster.driver import HarnessError, WaveRun, preflight
-    from cluster.grade import exit_code
+    from cluster.driver import WaveRun
 
     try:
         plan = orjson.loads((results_dir / "plan.json").read_bytes())
@@ -171,17 +178,12 @@ def wave_resume(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    try:
-        preflight(cfg)
+    def before():
         found = sweep.find(wave_id)
         for line in sweep.remove(found, keep_data=True) if found["waves"] else []:
             out.print(f"swept: {line}", highlight=False, soft_wrap=True)
-        wave = WaveRun(cfg, progress=not no_progress, resume_dir=results_dir)
-        result = wave.run()
-    except HarnessError as exc:
-        _err(f"error: {exc}")
-        return EXIT_HARNESS
-    return _report(wave, result)
+
+    return _run(cfg, lambda: WaveRun(cfg, progress=not no_progress, resume_dir=results_dir), before)
 
 
 @wave_app.command("replay")
@@ -194,7 +196,7 @@ def wave_replay(
     import orjson
 
     from cluster.config import ConfigError, build_config
-    from cluster.driver import HarnessError, WaveRun, preflight
+    from cluster.driver import WaveRun
 
     wave_dir, task_id = task_path.parent, task_path.name
     try:
@@ -211,14 +213,7 @@ def wave_replay(
         _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
              f"{', '.join(t['task_id'] for t in plan.get('tasks', [])[:20])}")
         return EXIT_BAD_INPUT
-    try:
-        preflight(cfg)
-        wave = WaveRun(cfg, wave_dir.parent, progress=not no_progress, replay=(plan, task_id))
-        result = wave.run()
-    except HarnessError as exc:
-        _err(f"error: {exc}")
-        return EXIT_HARNESS
-    return _report(wave, result)
+    return _run(cfg, lambda: WaveRun(cfg, wave_dir.parent, progress=not no_progress, replay=(plan, task_id)))
 
 
 @app.command("grade")

@@ -8,6 +8,16 @@ import time
 from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register
 
 
+def close_rule(spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
+    """Clear of every proxy-rule fault: close its rule (its final counts become the receipt's evidence)."""
+    if not injected.get("applied"):
+        return {}
+    try:
+        return {"rule": ctx.proxy().close_rule(spec.instance), "at": time.time()}
+    except RuntimeError as exc:
+        return {"error": str(exc), "at": time.time()}
+
+
 @register
 class StoreOutage:
     """ST1: every request of the task's prefix answers 503 ServiceUnavailable for a seeded window.
@@ -52,12 +62,7 @@ class StoreOutage:
                 await asyncio.sleep(0.1)
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
-        if not injected.get("applied"):
-            return {}
-        try:
-            return {"rule": ctx.proxy().close_rule(spec.instance), "at": time.time()}
-        except RuntimeError as exc:
-            return {"error": str(exc), "at": time.time()}
+        return close_rule(spec, ctx, injected)
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
         rule = cleared.get("rule") or {}
@@ -128,12 +133,7 @@ class CutPut:
             await asyncio.sleep(0.05)
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
-        if not injected.get("applied"):
-            return {}
-        try:
-            return {"rule": ctx.proxy().close_rule(spec.instance), "at": time.time()}
-        except RuntimeError as exc:
-            return {"error": str(exc), "at": time.time()}
+        return close_rule(spec, ctx, injected)
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
         rule = cleared.get("rule") or {}

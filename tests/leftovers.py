@@ -7,21 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from cluster.sweep import _cmdline, _environ
 from fleet import cgroups
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _environ(pid: str) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
 
 
 def marked_processes() -> list[str]:
