@@ -51,6 +51,9 @@ def wave_run(
     faults: Optional[str] = typer.Option(None, "--faults", help="comma-separated fault ids, e.g. PK1,ST1; "
                                                                  "'none' for no faults"),
     runner: Optional[str] = typer.Option(None, "--runner", help="built-in runner: durable | naive"),
+    workload: Optional[str] = typer.Option(None, "--workload",
+                                           help="patch-repo | rename4 | hunks8 | longtool (the model's script)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="steps per task (workload.steps)"),
     runner_cmd: Optional[str] = typer.Option(None, "--runner-cmd",
                                              help="any command as the runner, e.g. \"python agent.py\""),
     runner_workdir: Optional[Path] = typer.Option(None, "--runner-workdir",
@@ -76,7 +79,8 @@ def wave_run(
     if runner_cmd is not None:
         runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address,
-                 "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries}
+                 "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries,
+                 "workload_name": workload, "workload_steps": steps}
     if faults is not None:
         overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)
     try:

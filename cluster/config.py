@@ -240,6 +240,14 @@ class WaveConfig(Strict):
     def _workload(cls, v: WorkloadConfig):
         if v.name not in WORKLOADS:
             raise ValueError(f"unknown workload {v.name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}")
+        fixed = getattr(WORKLOADS[v.name], "fixed_steps", None)
+        if fixed is not None:
+            if "steps" in v.model_fields_set and v.steps != fixed:
+                raise ValueError(f"workload.steps {v.steps} does not fit workload {v.name!r}: it always has {fixed} "
+                                 "steps (leave steps out)")
+            v.steps = fixed
+        elif v.steps < 2 and v.name != "patch-repo":
+            raise ValueError(f"workload.steps {v.steps}: workload {v.name!r} needs at least 2 steps")
         return v
 
     @field_validator("fault_timing")
@@ -283,7 +291,14 @@ def _allowed_fields(loc: tuple) -> list[str]:
 def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":
     data = dict(data or {})
     for k, v in (overrides or {}).items():
-        if v is not None:
+        if v is None:
+            continue
+        if k in ("workload_name", "workload_steps"):  # --workload / --steps refine the workload mapping
+            wl = data.get("workload")
+            wl = dict(wl) if isinstance(wl, dict) else {}
+            wl["name" if k == "workload_name" else "steps"] = v
+            data["workload"] = wl
+        else:
             data[k] = v
     try:
         return WaveConfig(**data)

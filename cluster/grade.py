@@ -219,7 +219,9 @@ def grade_task(h: TaskHistory) -> dict:
             why = (last.get("artifact") or {}).get("why", "no artifact was captured")
             return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
         counts = wl.step_counts(h.artifact)
-        missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts]
+        multi = wl.done_steps(task["seed"], task["steps"], h.artifact) if hasattr(wl, "done_steps") else set()
+        missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts
+                   and not (s.files and s.step in multi)]
         # an effect counts when it was applied, or deduplicated against ITSELF (a key reused for another
         # effect swallows that effect: the service answered with the first one's receipt)
         applied_fx = {e["effect_id"] for e in (h.effects or [])
@@ -317,6 +319,40 @@ def grade_task(h: TaskHistory) -> dict:
         return {"verdict": PASS, **out, "detail": f"no recorded step asked again; {len(a['forgiven'])} in-flight "
                                                  "answer(s) lost to interruptions"}
 
+    def no_torn_apply():
+        """Every multi-file apply is all there or not there at all, and the workload's tests agree."""
+        if h.artifact_error:
+            return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
+        if h.artifact is None:
+            return {"verdict": UNKNOWN, "detail": "no artifact to inspect"}
+        torn = []
+        for s in script:
+            if not s.files:
+                continue
+            per = wl.applied_files(task["seed"], task["steps"], s.step, h.artifact)
+            if len({v for v in per.values()}) > 1 or None in per.values():
+                torn.append({"step": s.step, "tool": s.tool,
+                             "applied": sorted(p for p, v in per.items() if v),
+                             "not_applied": sorted(p for p, v in per.items() if v is False),
+                             "neither": sorted(p for p, v in per.items() if v is None)})
+        tests = {k: {"passed": ok, "why": why} for k, (ok, why) in wl.tests(task["seed"], h.artifact).items()} \
+            if hasattr(wl, "tests") else {}
+        failing = sorted(k for k, t in tests.items() if not t["passed"])
+        if torn:
+            t = torn[0]
+            return {"verdict": FAIL, "torn": torn, "tests": tests,
+                    "detail": f"step {t['step']} ({t['tool']}) is torn: applied to {t['applied']}, not to "
+                              f"{t['not_applied'] + t['neither']}; tests: " +
+                              ", ".join(f"{k} {'passes' if v['passed'] else 'FAILS (' + v['why'] + ')'}"
+                                        for k, v in sorted(tests.items()))}
+        if failing:
+            return {"verdict": FAIL, "torn": [], "tests": tests,
+                    "detail": f"every multi-file apply is whole but the tests fail: "
+                              f"{failing[0]}: {tests[failing[0]]['why']}"}
+        return {"verdict": PASS, "torn": [], "tests": tests,
+                "detail": "every multi-file apply is all there" + (f"; tests pass ({', '.join(sorted(tests))})"
+                                                                  if tests else "")}
+
     starts = {e.get("sandbox"): e for e in h.events if e["event"] == "attempt_start"}
 
     def exercised(r: dict) -> str | None:
@@ -379,6 +415,8 @@ def grade_task(h: TaskHistory) -> dict:
     if not is_ref:
         names.append(("resume_equivalent", resume_equivalent))
     names += [("no_double_apply", no_double_apply), ("no_model_recall", no_model_recall)]
+    if any(s.files for s in script):  # the workload has multi-file applies (rename4)
+        names.append(("no_torn_apply", no_torn_apply))
     if not is_ref:
         names.append(("fault_applied", fault_applied))
     if h.leaked_uploads is not None:  # the store audit ran: a leaked upload fails the task that started it

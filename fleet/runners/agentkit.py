@@ -135,6 +135,31 @@ def apply_patch(env: Env, args: dict) -> str:
     return "ok"
 
 
+def apply_edits(env: Env, args: dict, after_file=None) -> str:
+    """One change across several files, file by file, in place (a kill between two files tears it)."""
+    done = []
+    for edit in args["edits"]:
+        path = os.path.join(env.workspace, "repo", edit["path"])
+        with open(path) as f:
+            body = f.read()
+        if edit["old"] in body:
+            with open(path, "w") as f:
+                f.write(body.replace(edit["old"], edit["new"]))
+            done.append(edit["path"])
+        if after_file is not None:
+            after_file(edit["path"])
+    return f"edited {len(done)} of {len(args['edits'])} files: {', '.join(done)}"
+
+
+def run_command(env: Env, args: dict) -> str:
+    """A shell tool: `sh -c command` in the repository; its output is the result."""
+    import subprocess
+
+    proc = subprocess.run(["sh", "-c", args["command"]], cwd=os.path.join(env.workspace, "repo"),
+                          capture_output=True, text=True, timeout=float(args.get("timeout_s") or 60))
+    return f"exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+
+
 def run_tests(env: Env) -> str:
     n = sum(len(fs) for _, _, fs in os.walk(os.path.join(env.workspace, "repo")))
     return f"ok: {n} files checked"

@@ -22,8 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from agentkit import (Env, TaskStore, announce, apply_patch, chat, log, main_guard, publish,  # noqa: E402
-                      run_tests, tool_messages)
+from agentkit import (Env, TaskStore, announce, apply_edits, apply_patch, chat, log, main_guard,  # noqa: E402
+                      publish, run_command, run_tests, tool_messages)
 
 
 def run_tool(env: Env, call: dict) -> str:
@@ -31,6 +31,10 @@ def run_tool(env: Env, call: dict) -> str:
     args = json.loads(call["function"]["arguments"] or "{}")
     if name == "apply_patch":
         return apply_patch(env, args)
+    if name == "apply_edits":
+        return apply_edits(env, args)
+    if name == "run_command":
+        return run_command(env, args)
     if name == "publish":
         out = publish(env, args, idempotency_key=f"{env.task_id}:{args['effect_id']}")
         return json.dumps({"receipt": out["receipt"]})

@@ -15,8 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from agentkit import (Env, TaskStore, apply_patch, announce, chat, log, main_guard, publish,  # noqa: E402
-                      run_tests, tool_messages)
+from agentkit import (Env, TaskStore, announce, apply_edits, apply_patch, chat, log, main_guard,  # noqa: E402
+                      publish, run_command, run_tests, tool_messages)
 
 CHECKPOINT_EVERY = 3
 
@@ -33,6 +33,19 @@ def run() -> None:
         with open(path, "wb") as f:
             f.write(store.get(key))
     step = sum(1 for m in messages if m["role"] == "tool")
+
+    def mirror(path: str) -> None:
+        with open(os.path.join(repo, path), "rb") as f:
+            store.put(f"{env.prefix}naive/repo/{path}", f.read())
+
+    def snapshot() -> dict[str, bytes]:
+        out = {}
+        for root, _, names in os.walk(repo):
+            for n in names:
+                p = os.path.join(root, n)
+                with open(p, "rb") as f:
+                    out[os.path.relpath(p, repo)] = f.read()
+        return out
     log(f"resumed attempt={env.attempt} from progress={step}")
     while True:
         announce(env, f"before-model:{step}")
@@ -43,9 +56,17 @@ def run() -> None:
         name, args = call["function"]["name"], json.loads(call["function"]["arguments"] or "{}")
         if name == "apply_patch":
             result = apply_patch(env, args)
-            with open(os.path.join(repo, args["path"]), "rb") as f:
-                store.put(f"{env.prefix}naive/repo/{args['path']}", f.read())
+            mirror(args["path"])
             log(f"step {step} applied in place")
+        elif name == "apply_edits":
+            result = apply_edits(env, args, after_file=mirror)  # each file mirrored as soon as it is edited
+            log(f"step {step} edited in place")
+        elif name == "run_command":
+            before = snapshot()
+            result = run_command(env, args)
+            for path in sorted(p for p, body in snapshot().items() if before.get(p) != body):
+                mirror(path)
+            log(f"step {step} ran a command in place")
         elif name == "publish":
             result = json.dumps(publish(env, args, idempotency_key=None))
             log(f"step {step} published")

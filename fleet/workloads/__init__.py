@@ -8,9 +8,12 @@ external effect belongs to). One module per workload, registered by name.
 from __future__ import annotations
 
 from fleet.workloads.base import ToolStep, Workload
+from fleet.workloads.hunks8 import Hunks8
+from fleet.workloads.longtool import Longtool
 from fleet.workloads.patch_repo import PatchRepo
+from fleet.workloads.rename4 import Rename4
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (PatchRepo(),)}
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (PatchRepo(), Rename4(), Hunks8(), Longtool())}
 
 
 def get(name: str) -> Workload:

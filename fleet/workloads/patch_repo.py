@@ -8,36 +8,11 @@ reads. The content of every step is fixed by (seed, step).
 """
 from __future__ import annotations
 
-import re
-
-from fleet.workloads.base import ToolStep, rng
+from fleet.workloads.base import MARK, ToolStep, effect_ids, marker_counts, rng, tools
 
 FILES = ("README.md", "src/app.py", "src/util.py", "CHANGELOG.md")
 VERBS = ("add", "fix", "rename", "document", "guard", "inline", "split", "test")
 NOUNS = ("parser", "retry loop", "cache", "config", "logger", "handler", "index", "timeout")
-MARK = "sf-step="
-_MARK_RE = re.compile(rb"\(" + MARK.encode() + rb"(\d+)\)")
-
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "apply_patch",
-        "description": "Append one line to a file of the repository (path relative to repo/).",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string"}, "append": {"type": "string"}},
-            "required": ["path", "append"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "publish",
-        "description": "Send a message to a channel through the effects service (an external effect).",
-        "parameters": {"type": "object", "properties": {
-            "effect_id": {"type": "string"}, "channel": {"type": "string"}, "text": {"type": "string"}},
-            "required": ["effect_id", "channel", "text"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "run_tests",
-        "description": "Run the repository's checks; read-only.",
-        "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
-]
-
-
 def _kind(step: int) -> str:
     if step % 4 == 2:
         return "publish"
@@ -80,15 +55,10 @@ class PatchRepo:
         return f"All {steps} steps are done."
 
     def tools(self) -> list[dict]:
-        return TOOLS
+        return tools("apply_patch", "publish", "run_tests")
 
     def step_counts(self, files: dict[str, bytes]) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for body in files.values():
-            for m in _MARK_RE.finditer(body):
-                n = int(m.group(1))
-                counts[n] = counts.get(n, 0) + 1
-        return counts
+        return marker_counts(files)
 
     def effect_steps(self, seed: int, steps: int) -> dict[str, int]:
-        return {s.arguments["effect_id"]: s.step for s in self.script(seed, steps) if s.kind == "effect"}
+        return effect_ids(self.script(seed, steps))

@@ -14,6 +14,10 @@ on every run, not by the luck of a kill's timing:
   the durable pattern. A kill in that time tests nothing: `not_exercised`.
 - leak_upload: starts a multipart upload under its prefix and never completes or aborts it;
   otherwise the durable pattern (the store audit must pin the leak on this task).
+- torn_apply: keeps its workspace as a per-file mirror in the store, commits a step to the journal
+  BEFORE applying it, and on resume restores the mirror instead of replaying the journal. A
+  multi-file apply (`apply_edits`) mirrors file by file; attempt 1 dies after the 2nd file (except in a
+  reference run, `ref-*`), so the resumed attempt trusts a half-renamed tree (`no_torn_apply`).
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -28,7 +32,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "fleet", "runners"))
 
-from agentkit import Env, TaskStore, chat, log, main_guard, publish, tool_messages  # noqa: E402
+from agentkit import (Env, TaskStore, apply_edits, apply_patch, chat, log, main_guard, publish,  # noqa: E402
+                      tool_messages)
 from durable import run_tool  # noqa: E402
 
 DEFECT = os.environ.get("DEFECT", "")
@@ -46,8 +51,16 @@ def run() -> None:
         log("started a multipart upload and walked away")
     messages = env.first_messages()
     records = [json.loads(store.get(k)) for k in store.keys("journal/")]
-    for rec in records:
-        messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
+    repo = os.path.join(env.workspace, "repo")
+    if DEFECT == "torn_apply":  # restore the mirror; recorded steps are taken as done (the defect)
+        for key in store.keys("mirror/"):
+            with open(os.path.join(repo, key[len(env.prefix + "mirror/"):]), "wb") as f:
+                f.write(store.get(key))
+        for rec in records:
+            messages += tool_messages(rec["call"], "ok (restored)")
+    else:
+        for rec in records:
+            messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
     if DEFECT == "recall" and records:
         log("re-asking the model for the last recorded step")
         chat(env, messages[:-2])  # the planted recall: that step's result is already recorded
@@ -67,6 +80,27 @@ def run() -> None:
                 log("dying between the effect and its commit")
                 os._exit(3)
             result = "sent"
+        elif DEFECT == "torn_apply":
+            store.put_new(f"{env.prefix}journal/{step:04d}.json",
+                          json.dumps({"step": step, "call": call, "fence": env.fence}).encode())
+            args = json.loads(call["function"]["arguments"] or "{}")
+            touched = [e["path"] for e in args.get("edits", [])] or ([args["path"]] if "path" in args else [])
+            for i, path in enumerate(touched):
+                if call["function"]["name"] == "apply_edits":
+                    apply_edits(env, {"edits": [args["edits"][i]]})
+                elif call["function"]["name"] == "apply_patch":
+                    apply_patch(env, args)
+                with open(os.path.join(repo, path), "rb") as f:
+                    store.put(f"{env.prefix}mirror/{path}", f.read())
+                # the planted kill; a reference (uninterrupted) run, `ref-*`, is left alone
+                if call["function"]["name"] == "apply_edits" and i == 1 and env.attempt == 1 \
+                        and not env.task_id.startswith("ref-"):
+                    log("dying halfway through a multi-file apply")
+                    os._exit(3)
+            result = "ok" if touched else run_tool(env, call)
+            messages += tool_messages(call, result)
+            step += 1
+            continue
         else:
             result = None
         store.put_new(f"{env.prefix}journal/{step:04d}.json",
