@@ -145,11 +145,20 @@ class FaultTiming(Strict):
         None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
     after_store_writes: tuple[int, int] | None = Field(
         None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
+    after_checkpoints: tuple[int, int] | None = Field(
+        None, description="PK5: kill right after the runner's Nth named window announced through "
+                          "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
+    window: str | None = Field(None, min_length=1, max_length=200,
+                               description="PK5: count only announcements whose name starts with this")
+    kills: int | None = Field(None, ge=1, le=50, strict=True,
+                              description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
+                                          "[lo, hi], one after the other")
     variant: Literal["after", "ambiguous"] | None = Field(
         None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
                           "applied the write but the proxy holds its answer")
 
-    @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes")
+    @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes",
+                     "after_checkpoints")
     @classmethod
     def _range(cls, v):
         if v is not None and not (0 <= v[0] <= v[1] < 1e6):
@@ -158,9 +167,20 @@ class FaultTiming(Strict):
 
     @model_validator(mode="after")
     def _one_boundary(self):
-        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes") if getattr(self, k)]
+        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "after_checkpoints")
+                 if getattr(self, k)]
         if len(kinds) > 1:
             raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
+        if self.kills and self.kills > 1:
+            if not kinds:
+                raise ValueError(f"kills {self.kills}: several kills in one task need a boundary (after_model_calls, "
+                                 "after_effects, after_store_writes or after_checkpoints): a clock time after "
+                                 "launch would land while the next attempt starts")
+            lo, hi = getattr(self, kinds[0])
+            if hi - lo + 1 < self.kills:
+                raise ValueError(f"kills {self.kills} needs that many distinct N in {kinds[0]} {[lo, hi]}")
+        if self.window and not self.after_checkpoints:
+            raise ValueError("window applies to after_checkpoints only")
         if self.variant and not self.after_store_writes:
             raise ValueError("variant applies to after_store_writes only")
         return self
@@ -179,6 +199,10 @@ class WaveConfig(Strict):
     store: StoreConfig = Field(default_factory=StoreConfig)
     deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
     max_attempts: int = Field(6, ge=1, le=100)
+    liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "
+                                                               "effect or store request) before it counts as hung")
+    retry_loop_n: int = Field(3, ge=1, le=100, description="attempts ending the same way more than this many times "
+                                                           "in a row fail `retry_loop`")
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
     address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
     enumerate_boundaries: bool = Field(False, description="run one uninterrupted task, count its boundaries K, "
@@ -256,6 +280,15 @@ class WaveConfig(Strict):
         bad = [f for f in v if f not in CATALOG]
         if bad:
             raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+        for fid, t in v.items():
+            boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes") if getattr(t, k)]
+            if fid == "PK5" and (boundary or t.at_s):
+                raise ValueError(f"PK5 fires at a named window: give after_checkpoints (and window), not "
+                                 f"{(boundary or ['at_s'])[0]}")
+            if t.after_checkpoints and fid != "PK5":
+                raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
+            if (boundary or t.kills) and fid not in ("PK1", "PK5"):
+                raise ValueError(f"{fid}: {(boundary or ['kills'])[0]} applies to the kills PK1 and PK5 only")
         return v
 
     def fault_params(self) -> dict[str, dict]:

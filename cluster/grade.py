@@ -25,6 +25,7 @@ Checks per task:
 from __future__ import annotations
 
 import hashlib
+import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ from fleet import workloads
 PASS, FAIL, UNKNOWN, NOT_APPLIED = "pass", "fail", "unknown", "not_applied"
 RANK = {PASS: 0, NOT_APPLIED: 1, UNKNOWN: 2, FAIL: 3}
 WRITE_METHODS = {"PUT", "POST", "DELETE"}
+# an attempt's last lines of output name its failure when they carry one of these (any runner, any language)
+ERROR_WORDS = re.compile(r"(?i)error|exception|fail|traceback|denied|refused|timed? ?out|no space|abort|panic|"
+                         r"fatal|killed|unavailable|forbidden|crash|dying|died|giving up|cannot|could not")
 
 
 def merge(verdicts) -> str:
@@ -132,6 +136,9 @@ class TaskHistory:
     foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
     leaked_uploads: list[dict] | None = None  # multipart uploads under its prefix left incomplete; None = no audit
     damaged_by: list[dict] = field(default_factory=list)  # other tasks' applied writes into its prefix
+    requests: list[dict] | None = None  # every proxy request of its attempts (by key id) or under its prefix
+    log_tails: dict[int, str] = field(default_factory=dict)  # attempt -> last lines of its runner.log
+    limits: dict = field(default_factory=dict)  # max_attempts, liveness_s, retry_loop_n from the plan
 
 
 def _check(fn) -> dict:
@@ -354,6 +361,110 @@ def grade_task(h: TaskHistory) -> dict:
                                                                   if tests else "")}
 
     starts = {e.get("sandbox"): e for e in h.events if e["event"] == "attempt_start"}
+    by_attempt = {e["attempt"]: e for e in h.events if e["event"] == "attempt_start"}
+    fault_kills = {(r.get("target") or {}).get("sandbox_id") for r in h.receipts
+                   if r["task_id"] == tid and r.get("status") == "applied"}
+
+    def _cause(a: dict) -> str:
+        return a.get("cause") or f"exit {a.get('exit_code')}"
+
+    def diagnosable():
+        """Every failed attempt has a specific cause: a fault, a signal, OOM, ENOSPC, a start error, a store
+        error answered to it, or an error line of its own."""
+        silent = []
+        for a in interrupted:
+            cause, code = _cause(a), a.get("exit_code")
+            if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
+                continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
+            start = by_attempt.get(a["attempt"]) or {}
+            akid, end_t = start.get("akid"), a.get("ended_at") or a.get("wall") or 0
+            errs = [r for r in h.requests or [] if (r.get("status") or 0) >= 400 and
+                    (r.get("akid") == akid if akid else start.get("wall", 0) <= r["t"] <= end_t)]
+            said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
+            if errs or said:
+                continue
+            silent.append(a["attempt"])
+        if silent:
+            return {"verdict": FAIL, "silent_attempts": silent,
+                    "detail": f"attempt(s) {silent} failed with only an exit code: no fault, no signal, no OOM, no "
+                              "ENOSPC, no store error answered to it, no line of output saying why"}
+        return {"verdict": PASS, "detail": f"every failed attempt ({len(interrupted)}) has a cause: " +
+                ("; ".join(sorted({_cause(a) for a in interrupted})[:4]) or "none failed")}
+
+    def retry_loop():
+        """The same failure more than N times in a row: attempts ending alike (faults excluded), or one
+        request answered with the same error over and over outside any fault window."""
+        n = int(h.limits.get("retry_loop_n") or 3)
+        run, worst, prev = 0, (0, ""), None
+        for a in interrupted:
+            c = _cause(a)
+            if a.get("sandbox") in fault_kills or c.startswith("killed:"):
+                run, prev = 0, None
+                continue
+            run = run + 1 if c == prev else 1
+            prev = c
+            worst = max(worst, (run, c))
+        if worst[0] > n:
+            return {"verdict": FAIL, "detail": f"{worst[0]} attempts in a row ended the same way ({worst[1]}): a "
+                                               f"crash loop (more than {n})"}
+        m = int(h.limits.get("retry_requests_n") or 50)
+        run, worst_r, prev = 0, (0, ""), None
+        for r in sorted(h.requests or [], key=lambda r: r["t"]):
+            sig = (r.get("method"), r.get("key"), r.get("status")) if (r.get("status") or 0) >= 400 \
+                and not r.get("fault") else None
+            run = run + 1 if sig is not None and sig == prev else (1 if sig else 0)
+            prev = sig
+            if sig:
+                worst_r = max(worst_r, (run, f"{sig[0]} {sig[1]} -> {sig[2]}"))
+        if worst_r[0] > m:
+            return {"verdict": FAIL, "detail": f"the same store request failed {worst_r[0]} times in a row with no "
+                                               f"fault injected ({worst_r[1]}): a retry loop (more than {m})"}
+        return {"verdict": PASS, "detail": f"longest run of one failure: {worst[0]} attempt(s), {worst_r[0]} "
+                                           "request(s)"}
+
+    def liveness():
+        """No stretch inside an attempt with nothing observable (a model call, an effect, a store request)
+        longer than the bound; a gap between attempts longer than it is the harness's (unknown)."""
+        bound = float(h.limits.get("liveness_s") or 30.0)
+        if h.calls is None or h.requests is None:
+            return {"verdict": UNKNOWN, "detail": "no readable model call or proxy log"}
+        worst, gap = (0.0, None), (0.0, None)
+        prev_end = None
+        for a in attempts:
+            start = by_attempt.get(a["attempt"]) or {}
+            t0, t1 = start.get("wall"), a.get("ended_at") or a.get("wall")
+            if t0 is None or t1 is None:
+                continue
+            if prev_end is not None and t0 - prev_end > gap[0]:
+                gap = (t0 - prev_end, a["attempt"])
+            prev_end = t1
+            akid = start.get("akid")
+            ts = sorted([t0, t1] + [x for c in h.calls if c.get("attempt") == a["attempt"]
+                                    for x in (c["t"], c.get("t_done", c["t"]))]
+                        + [e["t"] for e in h.effects or [] if e.get("attempt") == a["attempt"]]
+                        + [r["t"] for r in h.requests if (r.get("akid") == akid if akid else t0 <= r["t"] <= t1)])
+            ts = [t for t in ts if t0 <= t <= t1]
+            for x, y in zip(ts, ts[1:]):
+                if y - x > worst[0]:
+                    worst = (y - x, a["attempt"])
+        if worst[0] > bound:
+            return {"verdict": FAIL, "longest_silence_s": round(worst[0], 2),
+                    "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
+                              f"(bound {bound:g} s): hung"}
+        if gap[0] > bound:
+            return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
+                    "detail": f"{gap[0]:.1f} s with no live attempt before attempt {gap[1]} (bound {bound:g} s): the "
+                              "harness was slow to start it"}
+        return {"verdict": PASS, "longest_silence_s": round(worst[0], 2),
+                "detail": f"longest silence inside an attempt {worst[0]:.1f} s, between attempts {gap[0]:.1f} s "
+                          f"(bound {bound:g} s)"}
+
+    def attempt_budget():
+        budget = int(h.limits.get("max_attempts") or 0)
+        used = len(attempts)
+        if end is not None and end.get("state") != "done" and budget and used >= budget:
+            return {"verdict": FAIL, "detail": f"all {budget} attempts used without finishing ({end.get('why', '')})"}
+        return {"verdict": PASS, "detail": f"{used} of {budget or '?'} attempts"}
 
     def exercised(r: dict) -> str | None:
         """Why an applied kill tested something (the killed attempt had done something durable before it:
@@ -383,7 +494,7 @@ def grade_task(h: TaskHistory) -> dict:
                 verdicts.append(UNKNOWN)
                 details.append(f"{f['instance']}: no receipt")
                 continue
-            if r.get("fault_id") == "PK1" and r["status"] == "applied" and exercised(r) is None:
+            if r.get("fault_id") in ("PK1", "PK5") and r["status"] == "applied" and exercised(r) is None:
                 idle.append(f["instance"])
                 verdicts.append(NOT_APPLIED)
                 details.append(f"{f['instance']}: not_exercised (the kill landed before the attempt had a model "
@@ -419,6 +530,8 @@ def grade_task(h: TaskHistory) -> dict:
         names.append(("no_torn_apply", no_torn_apply))
     if not is_ref:
         names.append(("fault_applied", fault_applied))
+    names += [("diagnosable", diagnosable), ("retry_loop", retry_loop), ("liveness", liveness),
+              ("attempt_budget", attempt_budget)]
     if h.leaked_uploads is not None:  # the store audit ran: a leaked upload fails the task that started it
         names.append(("no_leaked_upload", no_leaked_upload))
     if h.foreign_writes is not None:  # attributable (per-attempt keys): the writer answers for its writes
@@ -443,6 +556,19 @@ def grade_task(h: TaskHistory) -> dict:
                 c["verdict"] = UNKNOWN if c["verdict"] == FAIL else c["verdict"]
                 c["detail"] = f"harness fault ({hf['part']}: {hf['why']}) while this task ran; {c['detail']}"
     verdict = merge(c["verdict"] for c in checks.values())
+    # metrics: time to resume (an attempt's end -> the next attempt's first model request), store write time
+    # per step, wall time from the first attempt's start to the task's end
+    resume_s = []
+    for a in attempts:
+        if a.get("exit_code") == 0 or not (a.get("ended_at") or a.get("wall")):
+            continue
+        nxt = [c["t"] for c in h.calls or [] if c.get("attempt") == a["attempt"] + 1]
+        if nxt:
+            resume_s.append(round(min(nxt) - (a.get("ended_at") or a["wall"]), 3))
+    first = min((e["wall"] for e in h.events if e["event"] == "attempt_start"), default=None)
+    wall_s = round(end["wall"] - first, 3) if end is not None and first is not None and "wall" in end else None
+    commit_ms = round(sum(w.get("ms") or 0 for w in h.writes or []) / max(1, task["steps"]), 2) \
+        if h.writes is not None else None
     signature = "+".join(sorted(k for k, c in checks.items() if c["verdict"] == FAIL)) or None
     recall = checks["no_model_recall"]
     return {"task_id": tid, "role": task.get("role", "task"), "seed": task["seed"], "runner": task["runner"],
@@ -455,7 +581,8 @@ def grade_task(h: TaskHistory) -> dict:
             "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
             "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
-            "reference_key": (task.get("reference") or {}).get("key"), "checks": checks}
+            "reference_key": (task.get("reference") or {}).get("key"), "resume_s": resume_s, "wall_s": wall_s,
+            "store_write_ms_per_step": commit_ms, "checks": checks}
 
 
 def _read_artifact_safe(adir: Path):
@@ -535,11 +662,18 @@ def grade_wave(results_dir: str | Path) -> dict:
             if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
                 damaged.setdefault(parts[1], []).append(rec)
 
+    cfg = plan.get("config") or {}
+    limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
+              "retry_loop_n": cfg.get("retry_loop_n")}
+
     def history(task: dict) -> TaskHistory:
         tid = task["task_id"]
         prefix = f"{wave_id}/{tid}/"
         art, why = _read_artifact_safe(d / "artifacts" / tid)
         return TaskHistory(
+            requests=None if proxy is None else [
+                r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
+            log_tails=_log_tails(d, tid), limits=limits,
             task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
             calls=[c for c in calls if c["task"] == tid] if have_calls else None,
             effects=[e for e in effects if e["task"] == tid] if have_fx else None,
@@ -554,8 +688,10 @@ def grade_wave(results_dir: str | Path) -> dict:
 
     refs = {t["task_id"]: t for t in plan.get("references", [])}
     ref_grades = []
+    hist_of: dict[str, TaskHistory] = {}
     for t in refs.values():
-        g = grade_task(history(t))
+        hist_of[t["task_id"]] = history(t)
+        g = grade_task(hist_of[t["task_id"]])
         ref_grades.append(g)
     ref_verdict = {g["task_id"]: g for g in ref_grades}
     grades = []
@@ -572,19 +708,25 @@ def grade_wave(results_dir: str | Path) -> dict:
             h.reference = {"why": f"reference {rtid}: {why}"}
         else:
             h.reference = {"digest": tree_digest(rart)}
-        g = grade_task(h)
-        if g["verdict"] != PASS:
-            _write_evidence(d, task["task_id"], g)
-        grades.append(g)
+        hist_of[task["task_id"]] = h
+        grades.append(grade_task(h))
     for g in grades + ref_grades:
         g["inputs"] = {"digests": dict(sorted(inp.digests.items())), "unreadable": dict(inp.unreadable)}
         art = d / "artifacts" / g["task_id"] / "artifact.json"
         if art.exists():
             g["inputs"]["digests"][f"artifacts/{g['task_id']}/artifact.json"] = hashlib.sha256(
                 art.read_bytes()).hexdigest()
-        if g["role"] == "reference" and g["verdict"] != PASS:
-            _write_evidence(d, g["task_id"], g)
+        if g["verdict"] != PASS:
+            _write_evidence(d, g, hist_of[g["task_id"]])
         (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+    bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
+    if bad_refs and any(t["faults"] for t in plan["tasks"]):
+        g0 = bad_refs[0]
+        why = next((f"{k}: {c['detail']}" for k, c in g0["checks"].items() if c["verdict"] != PASS), g0["verdict"])
+        harness_errors.append(
+            f"positive control {len(ref_grades) - len(bad_refs)}/{len(ref_grades)} (must be 1.0): the uninterrupted, "
+            f"fault-free run {g0['task_id']} of this runner is {g0['verdict']} ({why[:300]}); with no clean baseline "
+            "the wave cannot tell what its faults did")
     starts = [e for e in timeline if e["event"] == "attempt_end"]
     if starts and all(e.get("start_error") for e in starts):
         harness_errors.append(f"no task could start: {starts[0]['start_error']}")
@@ -612,14 +754,72 @@ def grade_wave(results_dir: str | Path) -> dict:
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 
 
-def _write_evidence(d: Path, tid: str, g: dict) -> None:
+def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
+    out = {}
+    for p in (d / "sandboxes").glob(f"{tid}-a*/runner.log"):
+        try:
+            n = int(p.parent.name.rsplit("-a", 1)[1])
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - 4096))
+                out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+# What evidence files must never show: keys and tokens a runner may print (its env, a request it logs).
+# Model and effects keys are `sf-` + 32 url-safe characters; store secrets are 40 url-safe characters.
+_SECRETS = [
+    (re.compile(r"(?<![A-Za-z0-9_-])sf-[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])"), "sf-<redacted>"),
+    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1<redacted>"),
+    (re.compile(r"(?i)\b([A-Z0-9_]*(?:KEY|SECRET|TOKEN|PASSWORD)[A-Z0-9_]*\s*[=:]\s*[\"']?)[^\s\"',;]{6,}"),
+     r"\1<redacted>"),
+    (re.compile(r"(?i)(\"(?:SecretAccessKey|SessionToken|secret_key|api_key)\"\s*:\s*\")[^\"]+"), r"\1<redacted>"),
+    (re.compile(r"(Signature=)[0-9a-f]{64}"), r"\1<redacted>"),
+    (re.compile(r"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]{40}(?![A-Za-z0-9_-]))(?![0-9a-f]{40})[A-Za-z0-9_-]{40}"),
+     "<redacted:40>"),
+]
+
+
+def redact(text: str) -> str:
+    for pattern, repl in _SECRETS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _write_evidence(d: Path, g: dict, h: TaskHistory) -> None:
+    """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
+    and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
+    tid = g["task_id"]
     ev = d / "evidence" / tid
     ev.mkdir(parents=True, exist_ok=True)
-    (ev / "grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
-    logs = sorted((d / "sandboxes").glob(f"{tid}-a*/runner.log"))
-    with open(ev / "runner-logs.txt", "w") as out:
-        for p in logs:
-            out.write(f"==> {p.parent.name}\n{p.read_text(errors='replace')}\n")
+
+    def put(name: str, data) -> None:
+        body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+        (ev / name).write_text(redact(body))
+
+    put("grade.json", g)
+    put("attempts.json", [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
+    put("store-writes.json", [{k: w.get(k) for k in ("t", "method", "key", "status", "req_bytes", "ms")}
+                              for w in (h.writes or [])][:2000])
+    fired = sorted(r["fired_at"] for r in h.receipts if r["task_id"] == tid and r.get("fired_at"))
+
+    def near(t: float) -> bool:
+        return any(abs(t - f) <= 3.0 for f in fired)
+    put("around-faults.json", {
+        "faults": [r for r in h.receipts if r["task_id"] == tid],
+        "proxy_requests": [r for r in h.requests or [] if near(r["t"])][:500],
+        "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
+    out = []
+    for p in sorted((d / "sandboxes").glob(f"{tid}-a*/runner.log")):
+        try:
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - 65536))
+                tail = f.read().decode(errors="replace").splitlines()[-200:]
+        except OSError as exc:
+            tail = [f"(unreadable: {exc})"]
+        out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
+    put("runner-logs.txt", "".join(out))
 
 
 def exit_code(result: dict) -> int:

@@ -64,6 +64,11 @@ def write_summary(d: Path, result: dict) -> Path:
               f"- Model recalls of recorded steps: {recalls}",
               f"- Replay cost: {wasted} wasted model call(s), {wasted_tokens} token(s) over {n_int} "
               f"interruption(s) ({per})",
+              f"- Time to resume (a failed attempt's end to the next attempt's first model request): "
+              f"{_pcts([x for g in grades for x in g.get('resume_s') or []], 's')}",
+              f"- Store write time per step (p50 over tasks; the commit overhead): "
+              f"{_pcts([g['store_write_ms_per_step'] for g in grades if g.get('store_write_ms_per_step') is not None], 'ms')}",
+              f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
               f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
               f", {cached} reused from the reference cache",
               f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
@@ -108,6 +113,25 @@ def write_summary(d: Path, result: dict) -> Path:
     out = d / "SUMMARY.md"
     out.write_text("\n".join(lines))
     return out
+
+
+def _pcts(xs: list[float], unit: str) -> str:
+    if not xs:
+        return "n/a"
+    xs = sorted(xs)
+
+    def q(p):
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+    return f"p50 {q(0.5):g} {unit}, p95 {q(0.95):g} {unit} (n={len(xs)})"
+
+
+def _wall(grades: list[dict], refs: list[dict]) -> str:
+    ref = {g["seed"]: g["wall_s"] for g in refs if g.get("wall_s")}
+    extra = sorted(g["wall_s"] - ref[g["seed"]] for g in grades if g.get("wall_s") and g["seed"] in ref
+                   and g["interrupted"])
+    if not extra:
+        return "n/a (no interrupted task beside a reference run in this wave)"
+    return f"interrupted tasks took {extra[len(extra) // 2]:+.2f} s (p50) over their reference (n={len(extra)})"
 
 
 def _count(x) -> str:

@@ -37,5 +37,6 @@ def plan_faults(wave_seed: int, task_ids: list[str], fault_ids: list[str],
             base = dict(params.get(fid, {}))
             if fid == "PK1" and "ST1" in combo:
                 base = {"during": f"{task_id}-ST1"}
-            out[task_id].append(CATALOG[fid].plan(task_id, rng, base))
+            spec = CATALOG[fid].plan(task_id, rng, base)
+            out[task_id].extend(spec if isinstance(spec, list) else [spec])  # K kills in one task: K specs
     return out

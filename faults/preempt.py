@@ -6,6 +6,19 @@ import random
 from faults.base import APPLIED, NOT_APPLIED, UNKNOWN, FaultContext, FaultSpec, Receipt, register
 
 
+def boundary_kills(fid: str, task_id: str, rng: random.Random, trigger: str, rng_range, base: dict,
+                   extra: dict) -> FaultSpec | list[FaultSpec]:
+    """One kill at a seeded Nth boundary, or `kills` K kills at K distinct seeded N (instances -1, -2, ...)."""
+    lo, hi = int(rng_range[0]), int(rng_range[1])
+    k = int(base.get("kills") or 1)
+    ns = sorted(rng.sample(range(lo, hi + 1), k)) if k > 1 else [rng.randint(lo, hi)]
+    specs = [FaultSpec(fault_id=fid, instance=f"{task_id}-{fid}" + (f"-{i + 1}" if k > 1 else ""), task_id=task_id,
+                       trigger=trigger, at_s=0.0, seed=rng.randrange(2**31),
+                       params={"after": n, **extra, **({"kill": i + 1, "kills": k} if k > 1 else {})})
+             for i, n in enumerate(ns)]
+    return specs if k > 1 else specs[0]
+
+
 @register
 class SigkillSandbox:
     """PK1: SIGKILL every process of the task's running sandbox at a seeded time after launch, or
@@ -28,11 +41,8 @@ class SigkillSandbox:
                              params={"during": base["during"], "into_s": round(rng.uniform(0.1, 0.6), 3)})
         for key, (trigger, _) in self.BOUNDARIES.items():
             if key in base:
-                lo, hi = base[key]
-                n = rng.randint(int(lo), int(hi))
-                params = {"after": n, "variant": base.get("variant", "after")}
-                return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id,
-                                 trigger=trigger, at_s=0.0, seed=rng.randrange(2**31), params=params)
+                return boundary_kills(self.id, task_id, rng, trigger, base[key], base,
+                                      {"variant": base.get("variant", "after")})
         lo, hi = base.get("at_s", self.default_window)
         return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), seed=rng.randrange(2**31), params={})
@@ -137,3 +147,46 @@ class SigkillSandbox:
                        detail=("SIGKILL to every process of the sandbox" + self._where(spec, injected))
                        if ok else injected.get("why", ""),
                        fired_at=injected.get("at"))
+
+
+@register
+class NamedWindowKill(SigkillSandbox):
+    """PK5: SIGKILL right after the runner announced its Nth named window (a line appended to the file
+    `$SANDFLEET_CHECKPOINT`, e.g. `{"name": "before-commit:3"}`). The sandbox host watches the file and
+    kills from where the sandbox runs (no round trip), so the kill lands a few ms after the announcement."""
+
+    id = "PK5"
+    family = "preemption"
+    description = ("SIGKILL right after the runner's Nth named window announced through SANDFLEET_CHECKPOINT "
+                   "(optionally only names starting with `window`)")
+
+    def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec | list[FaultSpec]:
+        return boundary_kills(self.id, task_id, rng, "checkpoint", base.get("after_checkpoints", (1, 3)), base,
+                              {"window": base.get("window") or ""})
+
+    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        """Arm the host of the task's current attempt; an attempt that ends first hands the rest of the count
+        to the next one (N counts the task's announcements over its attempts)."""
+        import asyncio
+
+        left, seen_in, window = spec.params["after"], set(), spec.params.get("window", "")
+        while True:
+            current = await ctx.current_sandbox(spec.task_id)
+            if current is None or current[1] in seen_in:
+                await asyncio.sleep(0.01)
+                continue
+            host, sandbox_id = current
+            seen_in.add(sandbox_id)
+            out = await host.watch_checkpoints.remote(sandbox_id, left, window, spec.instance)
+            if out.get("fired"):
+                out["sandbox_id"] = sandbox_id
+                return out
+            left -= out.get("seen", 0)
+
+    def _where(self, spec: FaultSpec, injected: dict) -> str:
+        w = spec.params.get("window")
+        return (f", right after named window #{spec.params['after']}" + (f" starting {w!r}" if w else "") +
+                f" ({injected.get('window_name')!r}, {injected.get('lag_ms')} ms after it was announced)")
+
+    async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
+        return {}

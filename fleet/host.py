@@ -11,7 +11,9 @@ makes it remote at the edge.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import stat
 import time
 from typing import Any
 
@@ -156,6 +158,29 @@ class SandboxHost:
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
                 "exit_code": sb.exit_code, "why": why}
 
+    async def watch_checkpoints(self, sandbox_id: str, nth: int, window: str, reason: str,
+                                poll_s: float = 0.002) -> dict:
+        """Kill the sandbox right after its runner announced its `nth` named window (a JSON line in the file
+        `$SANDFLEET_CHECKPOINT` whose `name` starts with `window`). Returns {"fired": True, ...kill} or, when
+        the sandbox ended first, {"fired": False, "seen": how many matching windows it announced}."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"fired": False, "seen": 0}
+        reader = CheckpointReader(sb.spec.workspace)
+        seen = 0
+        while sb.exit_code is None and sb.state.value in ("starting", "running", "frozen", "created"):
+            for rec in reader.new_lines():
+                name = rec.get("name") if isinstance(rec, dict) else None
+                if isinstance(name, str) and name.startswith(window):
+                    seen += 1
+                    if seen >= nth:
+                        out = await self.kill(sandbox_id, 0.0, reason)
+                        t_ann = rec.get("t")
+                        lag = round((out["at"] - t_ann) * 1000, 1) if isinstance(t_ann, (int, float)) else None
+                        return {"fired": True, **out, "window_name": name[:200], "lag_ms": lag}
+            await asyncio.sleep(poll_s)
+        return {"fired": False, "seen": seen}
+
     async def running(self) -> list[str]:
         return sorted(self.backend.sandboxes)
 
@@ -208,6 +233,61 @@ class SandboxHost:
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
         return n
+
+
+class CheckpointReader:
+    """Reads the JSON lines a runner appends to its workspace's `.sandfleet/checkpoints`, as a hostile file:
+    no link is followed (each path component is opened with O_NOFOLLOW from the workspace's fd), a
+    non-regular file is ignored, at most 64 KiB is read per call and 1 MiB in all."""
+
+    CAP = 1 << 20
+
+    def __init__(self, workspace: str):
+        self.workspace = workspace
+        self.offset = 0
+        self.partial = b""
+
+    def _open(self) -> int | None:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            ws = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            d = os.open(".sandfleet", flags | os.O_DIRECTORY, dir_fd=ws)
+            try:
+                fd = os.open("checkpoints", flags, dir_fd=d)
+            finally:
+                os.close(d)
+        except OSError:
+            return None
+        finally:
+            os.close(ws)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def new_lines(self) -> list:
+        if self.offset >= self.CAP:
+            return []
+        fd = self._open()
+        if fd is None:
+            return []
+        try:
+            data = os.pread(fd, min(65536, self.CAP - self.offset), self.offset)
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
 
 
 def start_host_actor(node_id: str, ledger, resources: dict | None = None):

@@ -99,3 +99,27 @@ def test_a_kill_while_the_runner_is_still_starting_is_not_exercised(run_wave):
     summary = (d / "SUMMARY.md").read_text()
     assert "2 task(s) left out: their kill was not exercised" in summary
     assert exit_code(result) == 2
+
+
+def test_named_windows_and_several_kills_in_one_task(run_wave):
+    """PK5 kills right after the runner's Nth announced window; `kills: 2` puts two kills in one task.
+    durable survives two kills right after its commits; naive, killed twice right before asking the
+    model, is caught (it re-asks the model for steps it had already applied)."""
+    timing = {"PK5": {"after_checkpoints": [2, 5], "window": "after-commit:", "kills": 2}}
+    result, d = run_wave(runner="durable", seed=17, tasks=2, concurrency=2, faults="PK5", fault_timing=timing,
+                         workload={"steps": 8, "think_ms": 20}, deadline_s=60)
+    receipts = orjson.loads((d / "faults.json").read_bytes())
+    assert len(receipts) == 4 and {r["fault_id"] for r in receipts} == {"PK5"}
+    for r in receipts:
+        assert r["status"] == "applied", r
+        assert "'after-commit:" in r["detail"], r["detail"]
+    for g in result["tasks"]:
+        assert g["attempts"] == 3 and g["verdict"] == "pass", (g["attempt_causes"], g["checks"])
+    plan = orjson.loads((d / "plan.json").read_bytes())
+    ns = [[f["params"]["after"] for f in t["faults"]] for t in plan["tasks"]]
+    assert all(len(n) == 2 and n[0] < n[1] for n in ns), ns
+    timing = {"PK5": {"after_checkpoints": [4, 7], "window": "before-model:", "kills": 2}}
+    result, d = run_wave(runner="naive", seed=17, tasks=2, concurrency=2, faults="PK5", fault_timing=timing,
+                         workload={"steps": 8, "think_ms": 20}, deadline_s=60)
+    assert all(r["status"] == "applied" for r in orjson.loads((d / "faults.json").read_bytes()))
+    assert any(g["verdict"] == "fail" for g in result["tasks"]), [g["checks"] for g in result["tasks"]]

@@ -13,7 +13,7 @@ def sandfleet(*args, cwd=None):
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--faults", "PK1,PK9"], ["faults", "PK9", "PK1, ST1"]),
+    (["--faults", "PK1,PK9"], ["faults", "PK9", "PK1, PK5, ST1"]),
     (["--runner", "clever"], ["runner", "clever", "durable, naive"]),
     (["--tasks", "0"], ["tasks", "0", "greater than or equal to 1"]),
 ])

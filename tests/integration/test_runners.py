@@ -113,3 +113,25 @@ def test_a_leaked_upload_fails_the_task_that_started_it(run_wave):
         assert g["signature"] == "no_leaked_upload" and g["checks"]["completed"]["verdict"] == "pass"
     assert result["wave_checks"]["no_leaked_upload"] == "fail"
     assert exit_code(result) == 1
+
+
+def test_evidence_of_a_failed_task_never_shows_its_keys(run_wave):
+    """A runner that prints its whole environment and its store credentials, then fails: the raw log has
+    the keys, the evidence written for the failure has none of them."""
+    leak = ('env; eval "$(sed -n "s/^credential_process *= *//p" "$AWS_CONFIG_FILE")"; '
+            'echo "Authorization: Bearer $OPENAI_API_KEY"; echo "fatal: giving up"; exit 1')
+    result, d = run_wave(runner={"command": ["sh", "-c", leak], "name": "leaky"}, faults=[], tasks=1,
+                         concurrency=1, seed=9, max_attempts=1, deadline_s=30)
+    g = result["tasks"][0]
+    assert g["verdict"] == "fail" and g["checks"]["diagnosable"]["verdict"] == "pass", g["checks"]
+    raw = (d / "sandboxes" / "t000-a1" / "runner.log").read_text()
+    import re
+
+    keys = set(re.findall(r"sf-[A-Za-z0-9_-]{32}", raw)) | set(re.findall(r'"SecretAccessKey": ?"([^"]+)"', raw))
+    assert len(keys) >= 2, raw[:2000]  # the model key, the effects key and the store secret were printed
+    ev = d / "evidence" / "t000"
+    files = sorted(ev.iterdir())
+    assert {p.name for p in files} >= {"grade.json", "attempts.json", "runner-logs.txt", "around-faults.json"}
+    text = "".join(p.read_text() for p in files)
+    assert "fatal: giving up" in text
+    assert not [k for k in keys if k in text]

@@ -30,7 +30,8 @@ def one_pass():
 def hist(artifact=None, calls=None, effects=None, writes=None, events=EVENTS, receipts=RECEIPT, ref=None):
     art = apply_script(SEED, STEPS) if artifact is None else artifact
     return TaskHistory(task=TASK, events=events, receipts=receipts, calls=one_pass() if calls is None else calls,
-                       effects=EFFECTS if effects is None else effects, writes=writes or [], artifact=art,
+                       effects=EFFECTS if effects is None else effects, writes=writes or [], requests=writes or [],
+                       artifact=art,
                        reference=ref or {"digest": tree_digest(apply_script(SEED, STEPS))})
 
 
@@ -197,3 +198,95 @@ def test_a_write_outside_its_prefix_fails_the_writer_and_a_damaged_victim_is_unk
     victim.damaged_by = [{"t": 95.0, "method": "PUT", "key": "w/t000/x", "status": 200, "by": "t001"}]
     g = grade_task(victim)  # ...by another task's applied write: not this runner's failure
     assert g["verdict"] == UNKNOWN and "damaged by task t001" in g["checks"]["completed"]["detail"]
+
+
+# ---------------------------------------------------------------- universal checks
+def _attempts(causes: list[tuple[int, str | None]], start=90.0, each=5.0) -> list[dict]:
+    """attempt_start/attempt_end events for attempts ending with (exit_code, cause); the last exits 0."""
+    ev, t = [], start
+    for i, (code, cause) in enumerate(causes + [(0, "exit 0")], 1):
+        ev.append({"event": "attempt_start", "attempt": i, "wall": t, "sandbox": f"s{i}"})
+        ev.append({"event": "attempt_end", "attempt": i, "exit_code": code, "ended_at": t + each, "cause": cause,
+                   "sandbox": f"s{i}"})
+        t += each + 0.5
+    return ev + [{"event": "task_end", "state": "done", "wall": t}]
+
+
+def _calls_over(events) -> list[dict]:
+    """One model call per second through every attempt (a live runner)."""
+    out = []
+    for e in events:
+        if e["event"] == "attempt_start":
+            end = next(x["ended_at"] for x in events if x["event"] == "attempt_end" and x["attempt"] == e["attempt"])
+            t = e["wall"]
+            while t < end:
+                out.append(call(0, t, e["attempt"]))
+                t += 1.0
+    return out
+
+
+def test_a_silent_failed_attempt_is_not_diagnosable_and_one_that_says_why_is():
+    ev = _attempts([(1, "exit 1")])
+    g = grade_task(hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[]))
+    assert g["checks"]["diagnosable"]["verdict"] == FAIL and g["checks"]["diagnosable"]["silent_attempts"] == [1]
+    h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[])
+    h.log_tails = {1: "runner failed: ClientError: AccessDenied"}
+    assert grade_task(h)["checks"]["diagnosable"]["verdict"] == PASS
+    h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[],
+             writes=[{"t": 92.0, "method": "PUT", "key": "k", "status": 503}])
+    assert grade_task(h)["checks"]["diagnosable"]["verdict"] == PASS  # a store error answered to it
+    for cause in ("killed: PK1 (SIGKILL)", "OOM kill: the memory limit (512 MiB) was reached"):
+        g = grade_task(hist(events=_attempts([(1, cause)]), receipts=[]))
+        assert g["checks"]["diagnosable"]["verdict"] == PASS, cause
+
+
+def test_the_same_failure_more_than_n_times_in_a_row_is_a_retry_loop():
+    ev = _attempts([(1, "exit 1")] * 4)
+    h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[])
+    h.limits = {"retry_loop_n": 3}
+    assert grade_task(h)["checks"]["retry_loop"]["verdict"] == FAIL
+    h.limits = {"retry_loop_n": 4}
+    assert grade_task(h)["checks"]["retry_loop"]["verdict"] == PASS
+    # kills by the harness are not the runner's loop
+    ev = _attempts([(-9, "killed: PK4 crash loop")] * 5)
+    h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[])
+    assert grade_task(h)["checks"]["retry_loop"]["verdict"] == PASS
+    # one request answered with the same error over and over with no fault injected
+    reqs = [{"t": 91 + i * 0.01, "method": "GET", "key": "k", "status": 403} for i in range(60)]
+    h = hist(receipts=[], writes=reqs)
+    assert grade_task(h)["checks"]["retry_loop"]["verdict"] == FAIL
+    h = hist(receipts=[], writes=[dict(r, fault="ST1") for r in reqs])
+    assert grade_task(h)["checks"]["retry_loop"]["verdict"] == PASS
+
+
+def test_a_hung_attempt_fails_liveness():
+    ev = _attempts([(-9, "killed: deadline")], each=45.0)
+    calls = [call(0, 90.5, 1)] + [c for c in _calls_over(ev) if c["attempt"] == 2]
+    h = hist(events=ev, calls=calls + one_pass(), receipts=[])
+    live = grade_task(h)["checks"]["liveness"]
+    assert live["verdict"] == FAIL and live["longest_silence_s"] > 30, live
+    h.limits = {"liveness_s": 60}
+    assert grade_task(h)["checks"]["liveness"]["verdict"] == PASS
+
+
+def test_running_out_of_attempts_fails_the_budget():
+    ev = _attempts([(1, "exit 1")] * 2)[:-2] + [{"event": "task_end", "state": "failed", "wall": 200.0,
+                                                  "why": "max_attempts 2 reached"}]
+    h = hist(events=ev, receipts=[])
+    h.limits = {"max_attempts": 2}
+    assert grade_task(h)["checks"]["attempt_budget"]["verdict"] == FAIL
+
+
+def test_redact_removes_every_key_shape_the_harness_hands_out_and_keeps_digests():
+    import secrets
+
+    from cluster.grade import redact
+
+    for _ in range(50):
+        model, s3 = "sf-" + secrets.token_urlsafe(24), secrets.token_urlsafe(30)
+        text = (f"OPENAI_API_KEY={model}\nAuthorization: Bearer {model}\n{{\"SecretAccessKey\": \"{s3}\"}}\n"
+                f"raw {s3} and {model}.\n")
+        out = redact(text)
+        assert model not in out and s3 not in out, out
+    digest = "ab" * 32
+    assert redact(f"sha256 {digest} step 3 exit 1") == f"sha256 {digest} step 3 exit 1"
