@@ -153,6 +153,9 @@ class FaultTiming(Strict):
     kills: int | None = Field(None, ge=1, le=50, strict=True,
                               description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
                                           "[lo, hi], one after the other")
+    hits: int | None = Field(None, ge=1, le=100000, strict=True,
+                             description="storage faults: end the window after this many hit requests "
+                                         "(1 = once); default: the whole window")
     variant: Literal["after", "ambiguous"] | None = Field(
         None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
                           "applied the write but the proxy holds its answer")
@@ -287,6 +290,8 @@ class WaveConfig(Strict):
                                  f"{(boundary or ['at_s'])[0]}")
             if t.after_checkpoints and fid != "PK5":
                 raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
+            if t.hits and not fid.startswith("ST"):
+                raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
             if (boundary or t.kills) and fid not in ("PK1", "PK5"):
                 raise ValueError(f"{fid}: {(boundary or ['kills'])[0]} applies to the kills PK1 and PK5 only")
         return v

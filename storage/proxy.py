@@ -52,6 +52,29 @@ class S3Request:
     part: int | None
     upload_id: str | None
     list_prefix: str | None = None  # `prefix` of a bucket-level listing (ListObjectsV2, ListMultipartUploads)
+    flags: frozenset = frozenset()  # query parameter names (uploads, delete, list-type, ...)
+
+    @property
+    def op(self) -> str:
+        """The S3 operation name (what a rule's `ops` matches), from the method, path and query."""
+        m, f = self.method, self.flags
+        if not self.key:
+            if m == "GET":
+                return ("ListMultipartUploads" if "uploads" in f else "ListObjectsV2" if "list-type" in f
+                        else "ListObjects")
+            if m == "POST" and "delete" in f:
+                return "DeleteObjects"
+            return {"HEAD": "HeadBucket", "PUT": "CreateBucket", "DELETE": "DeleteBucket"}.get(m, m)
+        if m == "PUT":
+            return "UploadPart" if self.part is not None and self.upload_id else "PutObject"
+        if m == "POST":
+            return ("CreateMultipartUpload" if "uploads" in f else "CompleteMultipartUpload" if self.upload_id
+                    else "PostObject")
+        if m == "DELETE":
+            return "AbortMultipartUpload" if self.upload_id else "DeleteObject"
+        if m == "GET":
+            return "ListParts" if self.upload_id else "GetObject"
+        return {"HEAD": "HeadObject"}.get(m, m)
 
     @property
     def target_key(self) -> str:
@@ -70,7 +93,7 @@ class S3Request:
         return cls(method=method, bucket=bucket, key=key,
                    part=int(part) if part and part.isdigit() else None,
                    upload_id=query.get("uploadId", [None])[0],
-                   list_prefix=query.get("prefix", [None])[0] if not key else None)
+                   list_prefix=query.get("prefix", [None])[0] if not key else None, flags=frozenset(query))
 
 
 @dataclass
@@ -94,6 +117,12 @@ class Rule:
     nth: int = 1  # boundary: the Nth write the store answered 2xx is the boundary
     variant: str = "after"  # boundary: "ambiguous" holds that answer from the client; "after" delivers it
     counted: int = 0  # boundary: 2xx writes seen so far
+    ops: list[str] | None = None  # S3 operation names (S3Request.op), e.g. ["UploadPart"]
+    codes: list | None = None  # error: [[status, code], ...] drawn (seeded) per hit instead of status/code
+    latency_ms: list | None = None  # delay: [lo, hi] added before the store sees the request (seeded jitter)
+    bandwidth_bps: int | None = None  # delay: bytes/s shared by every request in the window, each direction
+    reset_after: int = 0  # reset: body bytes forwarded to the store before both connections are reset
+    lag_s: float = 1.0  # lag: how long an object written in the window reads as missing after its write
     fault: str | None = None
     opened_at: float = field(default_factory=time.time)
     matched: int = 0
@@ -111,7 +140,38 @@ class Rule:
             raise ValueError(f"rule.variant={self.variant!r} must be 'after' or 'ambiguous'")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError(f"rule.duration_s={self.duration_s!r} must be > 0 or null")
+        if self.codes is not None and not (self.codes and all(
+                isinstance(c, (list, tuple)) and len(c) == 2 and isinstance(c[0], int) and 400 <= c[0] <= 599
+                and isinstance(c[1], str) for c in self.codes)):
+            raise ValueError(f"rule.codes={self.codes!r} must be a non-empty list of [status 4xx/5xx, code]")
+        if self.latency_ms is not None and not (len(self.latency_ms) == 2 and
+                                                0 <= self.latency_ms[0] <= self.latency_ms[1] <= 600000):
+            raise ValueError(f"rule.latency_ms={self.latency_ms!r} must be [lo, hi] ms with 0 <= lo <= hi")
+        if self.bandwidth_bps is not None and self.bandwidth_bps < 1024:
+            raise ValueError(f"rule.bandwidth_bps={self.bandwidth_bps!r} must be >= 1024 or null")
+        if self.lag_s < 0 or self.reset_after < 0:
+            raise ValueError("rule.lag_s and rule.reset_after must be >= 0")
         self._rng = random.Random(self.seed)
+        self._buckets: tuple | None = None
+        self.visible_at: dict[str, float] = {}  # lag: key -> when it stops reading as missing
+
+    def answer_code(self) -> tuple[int, str]:
+        """The error this hit answers with: `codes` drawn per hit, else the rule's status and code."""
+        if self.codes:
+            status, code = self._rng.choice(self.codes)
+            return int(status), str(code)
+        return self.status, self.code
+
+    def delay_s(self) -> float:
+        lo, hi = self.latency_ms or (0, 0)
+        return self._rng.uniform(lo, hi) / 1000.0
+
+    def buckets(self) -> tuple:
+        """(up, down) token buckets shared by every request this rule delays."""
+        if self._buckets is None:
+            self._buckets = (TokenBucket(self.bandwidth_bps), TokenBucket(self.bandwidth_bps)) \
+                if self.bandwidth_bps else (None, None)
+        return self._buckets
 
     def matches(self, req: S3Request) -> bool:
         if self.methods and req.method not in self.methods:
@@ -121,6 +181,8 @@ class Rule:
         if self.key_prefix is not None and not req.target_key.startswith(self.key_prefix):
             return False
         if self.part is not None and req.part != self.part:
+            return False
+        if self.ops and req.op not in self.ops:
             return False
         return True
 
@@ -142,16 +204,33 @@ class Rule:
         return hit
 
     def public(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "visible_at"}
         out["expired"] = self.expired()
         return out
 
 
-def _error_body(rule: Rule, req: S3Request) -> bytes:
+class TokenBucket:
+    """A bandwidth cap shared by concurrent streams: `take(n)` waits until n bytes fit the rate."""
+
+    def __init__(self, rate_bps: float):
+        self.rate = float(rate_bps)
+        self.next_free = time.monotonic()
+        self.waited_s = 0.0  # total time streams waited for the cap (the proxy's evidence that it applied)
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        start = max(now, self.next_free)
+        self.next_free = start + n / self.rate
+        if self.next_free - now > 0.001:
+            self.waited_s += self.next_free - now
+            await asyncio.sleep(self.next_free - now)
+
+
+def _error_body(rule: Rule, req: S3Request, code: str | None = None) -> bytes:
     resource = f"/{req.bucket}/{req.key}" if req.key else f"/{req.bucket}"
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{rule.code}</Code><Message>{rule.message}</Message>"
+        f"<Error><Code>{code or rule.code}</Code><Message>{rule.message}</Message>"
         f"<Resource>{resource}</Resource><RequestId>sandfleet-{rule.rule_id}</RequestId></Error>"
     ).encode()
 
@@ -160,10 +239,11 @@ _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 500: "Intern
             503: "Service Unavailable", 429: "Too Many Requests"}
 
 
-def error_response(rule: Rule, req: S3Request, close: bool) -> bytes:
-    body = _error_body(rule, req)
+def error_response(rule: Rule, req: S3Request, close: bool, answer: tuple[int, str] | None = None) -> bytes:
+    status, code = answer or (rule.status, rule.code)
+    body = _error_body(rule, req, code)
     head = (
-        f"HTTP/1.1 {rule.status} {_REASONS.get(rule.status, 'Error')}\r\n"
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
         "Content-Type: application/xml\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"x-amz-request-id: sandfleet-{rule.rule_id}\r\n"
@@ -176,7 +256,10 @@ def error_response(rule: Rule, req: S3Request, close: bool) -> bytes:
 # the proxy relays the head alone and then drops both connections (FaultProxy._cut).
 # `boundary` answers nothing itself: it watches 2xx writes and, at the Nth, holds the task's traffic until the
 # rule is closed (FaultProxy._boundary), so a kill lands exactly at that write.
-ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None, "boundary": None}
+# `reset` drops the request (after `reset_after` body bytes reached the store); `delay` adds latency and a shared
+# bandwidth cap, then relays; `lag` makes objects written in its window read as missing for `lag_s` (ST7).
+ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None, "boundary": None,
+                                       "reset": None, "delay": None, "lag": None}
 WRITES = ("PUT", "POST", "DELETE")
 
 
@@ -219,14 +302,16 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
 
 
 async def copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
-                    head: Head, until_eof: bool = False) -> int:
+                    head: Head, until_eof: bool = False, throttle: "TokenBucket | None" = None) -> int:
     """Relay one message body (Content-Length, chunked, or until EOF); returns body bytes.
 
-    With `writer=None` the body is read and discarded.
+    With `writer=None` the body is read and discarded; `throttle` caps the rate (ST2).
     """
     total = 0
 
     async def put(data: bytes):
+        if throttle is not None:
+            await throttle.take(len(data))
         if writer is not None:
             writer.write(data)
             await writer.drain()
@@ -280,6 +365,11 @@ def access_key_id(authorization: str, target: str) -> str | None:
     alone is not a secret; it lets the grader attribute every request to the attempt whose key it was."""
     m = _AKID.search(authorization or "") or _AKID_Q.search(target or "")
     return m.group(1) if m else None
+
+
+def _xml_unescape(s: str) -> str:
+    return s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&apos;", "'").replace(
+        "&amp;", "&")
 
 
 # --------------------------------------------------------------------------- proxy
@@ -337,12 +427,99 @@ class FaultProxy:
 
     def match(self, req: S3Request) -> Rule | None:
         for rule in list(self.rules.values()):
-            if rule.action != "boundary" and rule.matches(req) and rule.draw():
+            if rule.action not in ("boundary", "lag") and rule.matches(req) and rule.draw():
                 return rule
         return None
 
     def _boundary_rules(self, req: S3Request) -> list[Rule]:
         return [r for r in self.rules.values() if r.action == "boundary" and r.matches(req)]
+
+    def _lagging(self, req: S3Request) -> Rule | None:
+        """ST7: a read of an object written in a lag window less than `lag_s` ago answers as missing."""
+        if req.method not in ("GET", "HEAD") or not req.key or req.upload_id:
+            return None
+        now = time.time()
+        for rule in self.rules.values():
+            if rule.action == "lag" and rule.visible_at.get(f"{req.bucket}/{req.key}", 0) > now:
+                rule.matched += 1
+                rule.hits += 1
+                rule.first_hit_at = rule.first_hit_at or now
+                rule.last_hit_at = now
+                if len(rule.hit_keys) < 20:
+                    rule.hit_keys.append(req.key)
+                return rule
+        return None
+
+    def _lag_note(self, req: S3Request, status: int) -> None:
+        """A write the store answered 2xx under a lag rule starts that object's lag."""
+        if not 200 <= status < 300 or req.op not in ("PutObject", "CompleteMultipartUpload", "CopyObject"):
+            return
+        for rule in self.rules.values():
+            if rule.action == "lag" and rule.matches(req) and not rule.expired():
+                rule.visible_at[f"{req.bucket}/{req.key}"] = time.time() + rule.lag_s
+
+    def _listing_lag(self, req: S3Request) -> list[Rule]:
+        if req.op not in ("ListObjectsV2", "ListObjects"):
+            return []
+        now = time.time()
+        return [r for r in self.rules.values() if r.action == "lag"
+                and any(t > now and k.startswith(f"{req.bucket}/{req.list_prefix or ''}")
+                        for k, t in r.visible_at.items())]
+
+    @staticmethod
+    def _strip_listing(body: bytes, bucket: str, rules: list[Rule]) -> tuple[bytes, int]:
+        """Remove lagging keys' <Contents> entries from a listing (and fix KeyCount); returns (body, removed)."""
+        now = time.time()
+        hidden = {k.split("/", 1)[1] for r in rules for k, t in r.visible_at.items()
+                  if t > now and k.startswith(bucket + "/")}
+        removed = 0
+
+        def drop(m: re.Match) -> bytes:
+            nonlocal removed
+            key = re.search(rb"<Key>(.*?)</Key>", m.group(0))
+            if key and _xml_unescape(key.group(1).decode()) in hidden:
+                removed += 1
+                return b""
+            return m.group(0)
+        out = re.sub(rb"<Contents>.*?</Contents>", drop, body, flags=re.S)
+        if removed:
+            out = re.sub(rb"<KeyCount>(\d+)</KeyCount>",
+                         lambda m: b"<KeyCount>%d</KeyCount>" % max(0, int(m.group(1)) - removed), out)
+            for r in rules:
+                r.hits += 1
+                r.matched += 1
+                r.first_hit_at = r.first_hit_at or now
+                r.last_hit_at = now
+        return out, removed
+
+    async def _reset(self, head: Head, req: S3Request, rule: Rule, creader, cwriter, base: dict) -> None:
+        """ST4: a request dropped mid-transfer: `reset_after` body bytes (0 = none) reach the store, then both
+        connections are reset (the client sees a reset; the store sees a body that stops)."""
+        t0, sent = base["t"], 0
+        uw = None
+        try:
+            if rule.reset_after and (head.length or 0) > 0:
+                n = min(rule.reset_after, head.length or 0)
+                if head.get("expect").lower() == "100-continue":
+                    cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await cwriter.drain()
+                data = await creader.readexactly(n)
+                _, uw = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+                lines = head.raw.split(b"\r\n")
+                uw.write(b"\r\n".join(l for l in lines if not l.lower().startswith(b"expect:")) + data)
+                await uw.drain()
+                sent = n
+                await asyncio.sleep(0.05)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            cwriter.transport.abort()
+            if uw is not None:
+                uw.transport.abort()
+        if len(rule.hit_keys) < 20:
+            rule.hit_keys.append(req.target_key)
+        self.record(**base, status=None, req_bytes=sent, resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
+                    reset=True, forwarded=sent, ms=round((time.time() - t0) * 1000, 3))
 
     async def _gate(self, req: S3Request) -> None:
         """After an `after` boundary fired, the task's next requests wait until the rule is closed (the kill)."""
@@ -390,22 +567,44 @@ class FaultProxy:
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix,
                         "akid": access_key_id(head.get("authorization"), target)}
                 await self._gate(req)
-                rule = self.match(req)
+                rule = self._lagging(req) if self.rules else None
+                if rule is not None:  # ST7: read-after-write lag, the object reads as missing
+                    rule_answer = (404, "NoSuchKey")
+                else:
+                    rule = self.match(req) if self.rules else None
+                    rule_answer = rule.answer_code() if rule is not None and rule.action == "error" else None
                 if rule is not None and rule.action == "cut_body":
                     await self._cut(head, req, rule, creader, cwriter, base)
                     return
-                if rule is not None:
+                if rule is not None and rule.action == "reset":
+                    await self._reset(head, req, rule, creader, cwriter, base)
+                    return
+                throttle_up = throttle_down = None
+                delayed = None
+                if rule is not None and rule.action == "delay":
+                    delayed = rule
+                    delay_s = rule.delay_s()
+                    await asyncio.sleep(delay_s)
+                    throttle_up, throttle_down = rule.buckets()
+                    waited0 = sum(b.waited_s for b in (throttle_up, throttle_down) if b is not None)
+                    if len(rule.hit_keys) < 20:
+                        rule.hit_keys.append(req.target_key)
+                elif rule is not None:
                     expect = head.get("expect").lower() == "100-continue"
                     req_bytes = 0
                     if not expect:
                         req_bytes = await copy_body(creader, None, head)
-                    cwriter.write(ACTIONS[rule.action](rule, req, close=expect))
+                    cwriter.write(error_response(rule, req, close=expect, answer=rule_answer))
                     await cwriter.drain()
-                    self.record(**base, status=rule.status, req_bytes=req_bytes, resp_bytes=0,
-                                rule=rule.rule_id, fault=rule.fault, ms=round((time.time() - t0) * 1000, 3))
+                    if len(rule.hit_keys) < 20:
+                        rule.hit_keys.append(req.target_key)
+                    self.record(**base, status=rule_answer[0], code=rule_answer[1], req_bytes=req_bytes,
+                                resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
+                                ms=round((time.time() - t0) * 1000, 3))
                     if expect:
                         return
                     continue
+                strip = self._listing_lag(req) if self.rules else []
                 expect = head.get("expect").lower() == "100-continue"
                 held = None
                 if not head.chunked and head.length is not None and 0 < head.length <= HOLD_MAX:
@@ -423,11 +622,13 @@ class FaultProxy:
                     uwriter.write(held)
                 await uwriter.drain()
                 if held is not None:
+                    if throttle_up is not None:
+                        await throttle_up.take(len(held))
                     body_task = asyncio.get_running_loop().create_future()
                     if not expect:
                         body_task.set_result(len(held))
                 else:
-                    body_task = asyncio.create_task(copy_body(creader, uwriter, head))
+                    body_task = asyncio.create_task(copy_body(creader, uwriter, head, throttle=throttle_up))
                 while True:
                     rhead = await self._upstream_head(ureader, uwriter, body_task)
                     status = int(rhead.start.split(" ", 2)[1])
@@ -440,6 +641,8 @@ class FaultProxy:
                             cwriter.write(rhead.raw)
                             await cwriter.drain()
                         continue
+                    if self.rules:
+                        self._lag_note(req, status)
                     fired = await self._boundary(req, status)
                     if fired is not None and fired.variant == "ambiguous":
                         # the store applied the write; its answer never reaches the runner (killed meanwhile)
@@ -449,13 +652,24 @@ class FaultProxy:
                         ev = self.released.setdefault(fired.rule_id, asyncio.Event())
                         await asyncio.wait_for(ev.wait(), 60)
                         return
+                    if strip and status == 200 and rhead.length is not None and rhead.length <= HOLD_MAX:
+                        break  # a listing that may name lagging keys: rewritten below before it is relayed
+                    strip = []
                     cwriter.write(rhead.raw)
                     await cwriter.drain()
                     break
                 no_body = method == "HEAD" or status in (204, 304)
                 closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
-                resp_bytes = 0 if no_body else await copy_body(
-                    ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked)
+                if strip:  # ST7: drop the lagging keys from the listing, fix its length
+                    body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
+                    raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
+                    cwriter.write(raw + body)
+                    await cwriter.drain()
+                    resp_bytes = len(body)
+                else:
+                    resp_bytes = 0 if no_body else await copy_body(
+                        ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked,
+                        throttle=throttle_down)
                 if not body_task.done():
                     # The upstream answered without taking the body (e.g. refused a 100-continue).
                     body_task.cancel()
@@ -465,8 +679,13 @@ class FaultProxy:
                     return
                 else:
                     req_bytes = body_task.result()
+                extra = {}
+                if delayed is not None:
+                    waited = sum(b.waited_s for b in (throttle_up, throttle_down) if b is not None) - waited0
+                    extra = {"delay_ms": round(delay_s * 1000, 3), "throttle_wait_ms": round(waited * 1000, 3)}
                 self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
-                            rule=None, fault=None, ms=round((time.time() - t0) * 1000, 3))
+                            rule=delayed.rule_id if delayed else None, fault=delayed.fault if delayed else None,
+                            ms=round((time.time() - t0) * 1000, 3), **extra)
                 if closing or (rhead.length is None and not rhead.chunked and not no_body):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):

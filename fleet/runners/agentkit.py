@@ -21,8 +21,10 @@ from botocore.config import Config
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 TRANSIENT_CODES = {"ServiceUnavailable", "SlowDown", "InternalError", "RequestTimeout", "503", "500",
-                   "Throttling", "RequestTimeTooSkewed", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                   "AccessDenied"}
+                   "Throttling", "RequestTimeTooSkewed"}
+# a rejected key: resolve credentials again (credential_process prints the current key) and retry
+CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "403",
+                    "InvalidToken", "TokenRefreshRequired"}
 MODEL = os.environ.get("OPENAI_MODEL", "sandfleet-script")
 SYSTEM = ("You are a coding agent. Patch the repository in ./repo with the tools you are given, "
           "one tool call at a time, until the work is done.")
@@ -87,7 +89,7 @@ def error_code(exc: BaseException) -> str:
 
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, botocore.exceptions.ClientError):
-        return error_code(exc) in TRANSIENT_CODES
+        return error_code(exc) in TRANSIENT_CODES | CREDENTIAL_CODES
     if isinstance(exc, HttpStatus):
         return exc.status in (408, 409, 429) or exc.status >= 500
     return isinstance(exc, (botocore.exceptions.BotoCoreError, OSError))
@@ -184,20 +186,38 @@ def is_missing(exc: BaseException) -> bool:
     return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
+def _refresh_on_403(fn):
+    """A call whose key was rejected gets a new client (credentials resolved again) before it is retried."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(self, *a, **kw):
+        try:
+            return fn(self, *a, **kw)
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) in CREDENTIAL_CODES:
+                log(f"store rejected the key ({error_code(exc)}); resolving credentials again")
+                self.client = s3(self.env)
+            raise
+    return call
+
+
 class TaskStore:
-    """The task's prefix in the bucket, with transient errors retried on every call."""
+    """The task's prefix in the bucket: transient errors retried on every call, a rejected key re-resolved."""
 
     def __init__(self, env: Env):
         self.env = env
         self.client = s3(env)
 
     @transient
+    @_refresh_on_403
     def keys(self, under: str) -> list[str]:
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.env.bucket, Prefix=self.env.prefix + under)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     @transient
+    @_refresh_on_403
     def get(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         try:
@@ -208,14 +228,17 @@ class TaskStore:
             raise
 
     @transient
+    @_refresh_on_403
     def put(self, key: str, body: bytes) -> None:
         self.client.put_object(Bucket=self.env.bucket, Key=key, Body=body)
 
     @transient
+    @_refresh_on_403
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.env.bucket, Key=key)
 
     @transient
+    @_refresh_on_403
     def put_new(self, key: str, body: bytes) -> bool:
         """Conditional create (`IfNoneMatch="*"`); False when the key already exists."""
         try:
@@ -225,6 +248,126 @@ class TaskStore:
             if error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False
             raise
+
+
+# ------------------------------------------------------------------ workspace snapshots (multipart)
+PART_SIZE = 5 * 1024 * 1024  # S3's smallest part but the last
+
+
+def tar_repo(env: Env) -> bytes:
+    """The repository as a deterministic tar (sorted, mtime 0, no owners): equal trees, equal bytes."""
+    import io
+    import tarfile
+
+    repo = os.path.join(env.workspace, "repo")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for root, dirs, files in os.walk(repo):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                info = tarfile.TarInfo(os.path.relpath(path, repo))
+                with open(path, "rb") as f:
+                    data = f.read()
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def untar_repo(env: Env, blob: bytes) -> int:
+    """Lay a snapshot over a fresh repo/: regular files only, never outside repo/."""
+    import io
+    import tarfile
+
+    repo = os.path.realpath(os.path.join(env.workspace, "repo"))
+    n = 0
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+        for m in tar.getmembers():
+            dest = os.path.realpath(os.path.join(repo, m.name))
+            if not m.isfile() or not dest.startswith(repo + os.sep):
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(tar.extractfile(m).read())
+            n += 1
+    return n
+
+
+class Snapshots:
+    """Workspace snapshots in the store: `snapshots/<step>.tar` by multipart upload, then a manifest
+    `snapshots/<step>.json` with its size and sha256 (a snapshot counts only once its manifest says so and
+    the bytes read back match it). Uploads an attempt left incomplete are aborted on the next start."""
+
+    def __init__(self, store: "TaskStore"):
+        self.store, self.env = store, store.env
+        self.base = f"{self.env.prefix}snapshots/"
+
+    @transient
+    def _create(self, key: str) -> str:
+        return self.store.client.create_multipart_upload(Bucket=self.env.bucket, Key=key)["UploadId"]
+
+    @transient
+    def _part(self, key: str, upload_id: str, n: int, body: bytes) -> dict:
+        r = self.store.client.upload_part(Bucket=self.env.bucket, Key=key, UploadId=upload_id, PartNumber=n,
+                                          Body=body)
+        return {"PartNumber": n, "ETag": r["ETag"]}
+
+    @transient
+    def _complete(self, key: str, upload_id: str, parts: list[dict]) -> None:
+        self.store.client.complete_multipart_upload(Bucket=self.env.bucket, Key=key, UploadId=upload_id,
+                                                    MultipartUpload={"Parts": parts})
+
+    @transient
+    def abort_stale(self) -> int:
+        """Abort every incomplete upload under the task's prefix (left by a killed attempt)."""
+        c, n = self.store.client, 0
+        for page in c.get_paginator("list_multipart_uploads").paginate(Bucket=self.env.bucket,
+                                                                      Prefix=self.env.prefix):
+            for u in page.get("Uploads", []):
+                c.abort_multipart_upload(Bucket=self.env.bucket, Key=u["Key"], UploadId=u["UploadId"])
+                n += 1
+        return n
+
+    def save(self, step: int) -> bool:
+        import hashlib
+
+        blob = tar_repo(self.env)
+        key = f"{self.base}{step:04d}.tar"
+        upload_id = self._create(key)
+        try:
+            parts = [self._part(key, upload_id, i // PART_SIZE + 1, blob[i:i + PART_SIZE])
+                     for i in range(0, max(1, len(blob)), PART_SIZE)]
+            self._complete(key, upload_id, parts)
+        except Exception:
+            try:
+                self.store.client.abort_multipart_upload(Bucket=self.env.bucket, Key=key, UploadId=upload_id)
+            except Exception:  # noqa: BLE001 - the next attempt's abort_stale gets it
+                pass
+            raise
+        manifest = {"step": step, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        self.store.put(f"{self.base}{step:04d}.json", json.dumps(manifest).encode())
+        return True
+
+    def latest(self, below: int) -> tuple[int, bytes] | None:
+        """The newest snapshot of a step < `below` whose bytes match its manifest."""
+        import hashlib
+
+        steps = sorted({int(k[len(self.base):].split(".")[0]) for k in self.store.keys("snapshots/")
+                        if k.endswith(".json")}, reverse=True)
+        for step in steps:
+            if step >= below:
+                continue
+            try:
+                m = json.loads(self.store.get(f"{self.base}{step:04d}.json") or b"")
+                blob = self.store.get(f"{self.base}{step:04d}.tar")
+            except ValueError:
+                continue
+            if blob is not None and len(blob) == m.get("size") and hashlib.sha256(blob).hexdigest() == m.get("sha256"):
+                return step, blob
+            log(f"snapshot {step} does not match its manifest; not used")
+        return None
 
 
 def main_guard(fn) -> None:

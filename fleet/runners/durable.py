@@ -22,8 +22,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from agentkit import (Env, TaskStore, announce, apply_edits, apply_patch, chat, log, main_guard,  # noqa: E402
-                      publish, run_command, run_tests, tool_messages)
+from agentkit import (Env, Snapshots, TaskStore, announce, apply_edits, apply_patch, chat, log,  # noqa: E402
+                      main_guard, publish, run_command, run_tests, tool_messages, untar_repo)
+
+SNAPSHOT_EVERY = 3  # a workspace snapshot (multipart upload) after every 3rd step
 
 
 def run_tool(env: Env, call: dict) -> str:
@@ -69,10 +71,16 @@ def commit(store: TaskStore, key: str, record: dict) -> dict:
 def run() -> None:
     env = Env.load()
     store = TaskStore(env)
+    snaps = Snapshots(store)
+    if env.attempt > 1:
+        stale = snaps.abort_stale()
+        if stale:
+            log(f"aborted {stale} snapshot upload(s) an earlier attempt left incomplete")
     jprefix = f"{env.prefix}journal/"
     messages = env.first_messages()
-    done = 0
+    records = []
     for key in store.keys("journal/"):
+        done = len(records)
         if key != f"{jprefix}{done:04d}.json":
             raise RuntimeError(f"journal gap: expected step {done}, found {key}")
         rec = parse(store.get(key), done)
@@ -80,8 +88,14 @@ def run() -> None:
             log(f"journal {key} is unreadable; removing it and resuming from step {done}")
             store.delete(key)
             break
-        messages += tool_messages(rec["call"], run_tool(env, rec["call"]))
-        done += 1
+        records.append(rec)
+    done = len(records)
+    snap = snaps.latest(below=done) if done else None
+    if snap is not None:  # the workspace up to that step comes back from the snapshot, the rest is replayed
+        log(f"restored snapshot of step {snap[0]} ({untar_repo(env, snap[1])} files)")
+    for rec in records:
+        restored = snap is not None and rec["step"] <= snap[0] and rec["call"]["function"]["name"] != "publish"
+        messages += tool_messages(rec["call"], "ok (restored)" if restored else run_tool(env, rec["call"]))
     log(f"resumed attempt={env.attempt} fence={env.fence} recorded_steps={done}")
 
     step = done
@@ -101,7 +115,12 @@ def run() -> None:
         log(f"step {step} committed fence={record['fence']}")
         announce(env, f"after-commit:{step}")
         messages += tool_messages(record["call"], run_tool(env, record["call"]))
+        if (step + 1) % SNAPSHOT_EVERY == 0:
+            snaps.save(step)
+            log(f"snapshot of step {step} saved")
         step += 1
+    if env.attempt > 1:
+        snaps.abort_stale()  # nothing of this task's is left half-uploaded when it ends
 
 
 if __name__ == "__main__":

@@ -166,3 +166,134 @@ def test_a_dead_clients_partial_put_never_replaces_a_newer_write(store_and_proxy
     via_proxy = _partial_put_then_full_put(proxy.url, ep, "sf-test", "lost-write/proxy")
     assert direct == b"", f"the store no longer shows the hazard (got {direct!r}): revisit this test"
     assert via_proxy == b"complete record"
+
+
+# ---------------------------------------------------------------- the storage fault family (proxy actions)
+def _rule(proxy, **kw):
+    return proxy.control().open_rule(bucket="sf-test", **kw)
+
+
+def _once(ep, proxy):
+    """A client that sends every request exactly once (botocore's `max_attempts` counts retries)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=proxy.url, aws_access_key_id=ep.creds.access_key,
+                        aws_secret_access_key=ep.creds.secret_key, region_name="us-east-1",
+                        config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
+                                      s3={"addressing_style": "path"}, read_timeout=10))
+
+
+def test_st3_answers_a_seeded_share_503_with_both_codes_and_st8_throttles_n_puts(store_and_proxy):
+    _, ep, proxy, _ = store_and_proxy
+    c = _once(ep, proxy)
+    _rule(proxy, rule_id="st3", key_prefix="share/", ratio=0.5, seed=4, fault="ST3",
+          codes=[[503, "ServiceUnavailable"], [503, "SlowDown"]])
+    codes = []
+    try:
+        for i in range(40):
+            try:
+                c.put_object(Bucket="sf-test", Key=f"share/{i}", Body=b"x")
+                codes.append("ok")
+            except botocore.exceptions.ClientError as exc:
+                codes.append(exc.response["Error"]["Code"])
+    finally:
+        closed = proxy.control().close_rule("st3")
+    assert closed["hits"] == codes.count("ServiceUnavailable") + codes.count("SlowDown") > 5
+    assert {"ok", "ServiceUnavailable", "SlowDown"} <= set(codes)
+    _rule(proxy, rule_id="st8", key_prefix="thr/", methods=["PUT"], status=503, code="SlowDown", max_hits=3,
+          fault="ST8")
+    got = []
+    for i in range(5):
+        try:
+            c.put_object(Bucket="sf-test", Key=f"thr/{i}", Body=b"x")
+            got.append("ok")
+        except botocore.exceptions.ClientError as exc:
+            got.append(exc.response["Error"]["Code"])
+    c.get_object(Bucket="sf-test", Key="thr/4")  # reads are not throttled
+    assert got == ["SlowDown"] * 3 + ["ok"] * 2
+    assert proxy.control().close_rule("st8")["hits"] == 3
+
+
+def test_st4_fails_upload_parts_by_operation_and_a_reset_mid_body_is_retried(store_and_proxy):
+    _, ep, proxy, d = store_and_proxy
+    c = _once(ep, proxy)
+    key = "mp4/obj"
+    up = c.create_multipart_upload(Bucket="sf-test", Key=key)["UploadId"]
+    _rule(proxy, rule_id="st4", key_prefix="mp4/", ops=["UploadPart"], action="reset", reset_after=65536,
+          max_hits=1, fault="ST4")
+    _rule(proxy, rule_id="st4c", key_prefix="mp4/", ops=["CompleteMultipartUpload"], status=500,
+          code="InternalError", max_hits=1, fault="ST4")
+    blob = os.urandom(300 * 1024)
+    with pytest.raises((botocore.exceptions.ConnectionClosedError, botocore.exceptions.EndpointConnectionError,
+                        botocore.exceptions.ReadTimeoutError)):
+        c.upload_part(Bucket="sf-test", Key=key, UploadId=up, PartNumber=1, Body=blob)
+    etag = c.upload_part(Bucket="sf-test", Key=key, UploadId=up, PartNumber=1, Body=blob)["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        c.complete_multipart_upload(Bucket="sf-test", Key=key, UploadId=up, MultipartUpload=parts)
+    assert e.value.response["Error"]["Code"] == "InternalError"
+    c.complete_multipart_upload(Bucket="sf-test", Key=key, UploadId=up, MultipartUpload=parts)
+    assert c.get_object(Bucket="sf-test", Key=key)["Body"].read() == blob
+    assert proxy.control().close_rule("st4")["hits"] == 1 and proxy.control().close_rule("st4c")["hits"] == 1
+    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    reset = [r for r in log if r.get("rule") == "st4"]
+    assert reset[0]["reset"] and reset[0]["forwarded"] == 65536
+
+
+def test_st5_rejects_credentials_with_403_codes(store_and_proxy):
+    _, ep, proxy, _ = store_and_proxy
+    c = _once(ep, proxy)
+    _rule(proxy, rule_id="st5", key_prefix="cred/", status=403, code="ExpiredToken", fault="ST5")
+    try:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            c.get_object(Bucket="sf-test", Key="cred/x")
+        assert e.value.response["Error"]["Code"] == "ExpiredToken"
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    finally:
+        proxy.control().close_rule("st5")
+
+
+def test_st7_a_new_object_reads_as_missing_for_its_lag_then_appears(store_and_proxy):
+    import time
+
+    _, ep, proxy, _ = store_and_proxy
+    c = _once(ep, proxy)
+    c.put_object(Bucket="sf-test", Key="lag/old", Body=b"old")  # written before the window: visible
+    _rule(proxy, rule_id="st7", key_prefix="lag/", action="lag", lag_s=1.5, fault="ST7")
+    try:
+        c.put_object(Bucket="sf-test", Key="lag/new", Body=b"new")
+        t0 = time.time()
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            c.get_object(Bucket="sf-test", Key="lag/new")
+        assert e.value.response["Error"]["Code"] == "NoSuchKey"
+        with pytest.raises(botocore.exceptions.ClientError):
+            c.head_object(Bucket="sf-test", Key="lag/new")
+        listed = [o["Key"] for o in c.list_objects_v2(Bucket="sf-test", Prefix="lag/").get("Contents", [])]
+        assert listed == ["lag/old"], listed
+        assert c.get_object(Bucket="sf-test", Key="lag/old")["Body"].read() == b"old"
+        time.sleep(max(0.0, t0 + 1.7 - time.time()))
+        assert c.get_object(Bucket="sf-test", Key="lag/new")["Body"].read() == b"new"
+        listed = [o["Key"] for o in c.list_objects_v2(Bucket="sf-test", Prefix="lag/")["Contents"]]
+        assert listed == ["lag/new", "lag/old"]
+    finally:
+        closed = proxy.control().close_rule("st7")
+    assert closed["hits"] >= 3
+
+
+def test_st2_adds_latency_and_caps_bandwidth_shared_by_requests(store_and_proxy):
+    _, ep, proxy, d = store_and_proxy
+    c = _once(ep, proxy)
+    blob = os.urandom(512 * 1024)
+    c.put_object(Bucket="sf-test", Key="slow/b", Body=blob)
+    _rule(proxy, rule_id="st2", key_prefix="slow/", action="delay", latency_ms=[100, 100],
+          bandwidth_bps=1024 * 1024, fault="ST2")
+    try:
+        assert c.get_object(Bucket="sf-test", Key="slow/b")["Body"].read() == blob
+    finally:
+        closed = proxy.control().close_rule("st2")
+    # not a timing assertion on the harness: the proxy's own log says what it did to the request
+    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    slowed = [r for r in log if r.get("rule") == "st2"]
+    assert closed["hits"] == 1 and slowed and slowed[0]["status"] == 200 and slowed[0]["resp_bytes"] == len(blob)
+    assert slowed[0]["delay_ms"] == 100.0 and slowed[0]["throttle_wait_ms"] > 0  # the cap made it wait
