@@ -54,18 +54,50 @@ def parse(raw: bytes | None, step: int) -> dict | None:
         return None
 
 
+def is_placeholder(raw: bytes | None, fence: int) -> bool:
+    try:
+        rec = json.loads(raw or b"")
+        return bool(rec.get("placeholder")) and rec.get("fence") == fence
+    except (ValueError, AttributeError):
+        return False
+
+
 def commit(store: TaskStore, key: str, record: dict) -> dict:
-    """Create the step's record, or adopt the one already committed; replace one that is unreadable."""
+    """Create the step's record, or adopt the one already committed; replace one that is unreadable (or
+    this attempt's own placeholder from `claim`, which a lagging store may not even show yet)."""
     for _ in range(3):
         if store.put_new(key, json.dumps(record).encode()):
             return record
-        got = parse(store.get(key), record["step"])
+        raw = store.get(key)
+        got = parse(raw, record["step"])
         if got is not None:
             log(f"commit {key} lost the race; adopting the committed record")
             return got
-        log(f"commit {key}: the committed object is unreadable (the store emptied it?); replacing it")
+        if raw is None or is_placeholder(raw, record["fence"]):
+            log(f"commit {key}: replacing this attempt's placeholder")
+        else:
+            log(f"commit {key}: the committed object is unreadable (the store emptied it?); replacing it")
         store.delete(key)
     raise RuntimeError(f"cannot commit {key}: the store keeps an unreadable object there")
+
+
+def claim(store: TaskStore, key: str, step: int, fence: int) -> bool:
+    """Resuming: is step `step` really unrecorded? A store that lags after writes (reads and listings miss
+    a new object for a while) can hide a record an earlier attempt made; only a conditional create tells:
+    True = created a placeholder (not recorded), False = an object is there (recorded, not yet visible)."""
+    return store.put_new(key, json.dumps({"step": step, "placeholder": True, "fence": fence}).encode())
+
+
+def read_visible(store: TaskStore, key: str, wait_s: float = 30.0) -> bytes | None:
+    """Read an object the store says exists, waiting (bounded) while it lags."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        raw = store.get(key)
+        if raw is not None or time.monotonic() > deadline:
+            return raw
+        time.sleep(0.2)
 
 
 def run() -> None:
@@ -79,11 +111,19 @@ def run() -> None:
     jprefix = f"{env.prefix}journal/"
     messages = env.first_messages()
     records = []
-    for key in store.keys("journal/"):
+    listed = store.keys("journal/")  # a hint only: each record is read by its own key
+    while True:
         done = len(records)
-        if key != f"{jprefix}{done:04d}.json":
-            raise RuntimeError(f"journal gap: expected step {done}, found {key}")
-        rec = parse(store.get(key), done)
+        key = f"{jprefix}{done:04d}.json"
+        raw = store.get(key)
+        if raw is None and any(k > key for k in listed):  # a later record is listed: this one lags
+            raw = read_visible(store, key)
+        if raw is None and env.attempt > 1 and not claim(store, key, done, env.fence):
+            log(f"journal {key} exists but does not read yet (a lagging store); waiting for it")
+            raw = read_visible(store, key)
+        if raw is None or is_placeholder(raw, env.fence):
+            break
+        rec = parse(raw, done)
         if rec is None:  # not a record: the step was not durably recorded; do it again from here
             log(f"journal {key} is unreadable; removing it and resuming from step {done}")
             store.delete(key)

@@ -1,0 +1,65 @@
+"""The storage fault family on whole waves (real store, proxy, sandboxes): durable survives every ST fault
+(ST7 together with a kill: only a resume reads what the store may still hide), a fault that changed no
+request is `not_applied`, and a runner that trusts a lagging store is caught."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.integration
+FAMILY = dict(tasks=6, concurrency=6, seed=11, faults=["ST2", "ST3", "ST4", "ST5", "ST8", "ST7+PK1"],
+              fault_timing={"PK1": {"after_model_calls": [4, 6]}, "ST7": {"at_s": [0.0, 0.1], "window_s": [20, 20]},
+                            "ST4": {"window_s": [30, 30]}},
+              workload={"steps": 9, "think_ms": 50}, deadline_s=90)
+
+
+def _receipts(d):
+    return orjson.loads((d / "faults.json").read_bytes())
+
+
+def test_durable_survives_every_storage_fault_and_every_one_applied(run_wave):
+    result, d = run_wave(runner="durable", **FAMILY)
+    assert result["verdict"] == "pass", [(g["task_id"], g["faults"], g["signature"]) for g in result["tasks"]]
+    receipts = _receipts(d)
+    assert {r["fault_id"] for r in receipts} == {"ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "PK1"}
+    for r in receipts:
+        assert r["status"] == "applied", r
+        assert r["evidence"].get("hits", 1) >= 1
+    st4 = next(r for r in receipts if r["fault_id"] == "ST4")
+    assert "UploadPart" in st4["detail"]  # durable's workspace snapshots are multipart uploads
+    # nothing half-uploaded is left: an UploadPart that failed was retried or its upload aborted
+    assert result["leaks"]["incomplete_uploads"] == []
+    # the proxy's log shows every fault's answers (what the runner really met)
+    log = [orjson.loads(l) for l in (d / "proxy-requests.jsonl").read_bytes().splitlines()]
+    met = {r.get("fault") for r in log if r.get("rule")}
+    assert {"ST2", "ST3", "ST4", "ST5", "ST8"} <= met, met
+
+
+def test_a_fault_that_changed_no_request_is_not_applied(run_wave):
+    # ST7 alone: durable never reads back what it just wrote unless an attempt resumes, so the lag changes
+    # nothing: the receipt says so and the wave does not count it as survived
+    result, d = run_wave(runner="durable", tasks=1, concurrency=1, seed=2, faults=["ST7"],
+                         fault_timing={"ST7": {"at_s": [0.0, 0.05]}},
+                         workload={"steps": 5, "think_ms": 20}, deadline_s=60)
+    r = _receipts(d)[0]
+    assert r["status"] == "not_applied" and "changed nothing" in r["detail"], r
+    assert result["tasks"][0]["verdict"] == "not_applied"
+
+
+def test_a_runner_that_trusts_a_lagging_listing_is_caught(run_wave):
+    """The defective runner's resume reads its journal from a listing (durable reads each record by key and
+    claims the next one with a conditional create). Under ST7 a kill's resume lists a journal that still
+    hides the newest record, so it asks the model again for a recorded step."""
+    import sys
+    from pathlib import Path
+
+    defective = str(Path(__file__).resolve().parents[2] / "tests" / "runners" / "defective.py")
+    runner = {"name": "trusts-listing", "command": [sys.executable, defective], "env": {"DEFECT": "trust_listing"}}
+    result, d = run_wave(runner=runner, tasks=4, concurrency=4, seed=5, faults=["ST7+PK1"],
+                         fault_timing={"PK1": {"after_model_calls": [3, 6]},
+                                       "ST7": {"at_s": [0.0, 0.1], "window_s": [20, 20]}},
+                         workload={"steps": 8, "think_ms": 50}, deadline_s=90)
+    lagged = {r["task_id"] for r in _receipts(d) if r["fault_id"] == "ST7" and r["status"] == "applied"}
+    caught = [g for g in result["tasks"] if g["checks"]["no_model_recall"]["verdict"] == "fail"]
+    assert lagged and caught, [(g["task_id"], g["signature"]) for g in result["tasks"]]
+    assert {g["task_id"] for g in caught} <= lagged  # caught only where the store really lagged
