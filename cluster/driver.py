@@ -901,18 +901,24 @@ class WaveRun:
         return out
 
     def _snapshot_store(self) -> None:
-        """Record what the store holds per task and the incomplete multipart uploads."""
-        client = self.endpoint.client()
-        audit = {"bucket": self.bucket, "tasks": {}, "incomplete_uploads": []}
-        for tid in self.runs:
-            prefix = self.task_prefix(tid)
-            pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-            objs = [{"key": o["Key"][len(prefix):], "size": o["Size"], "etag": o["ETag"].strip('"')}
-                    for page in pages for o in page.get("Contents", [])]
-            audit["tasks"][tid] = objs
-        ups = client.list_multipart_uploads(Bucket=self.bucket)
-        audit["incomplete_uploads"] = [{"key": u["Key"], "upload_id": u["UploadId"]} for u in ups.get("Uploads", [])]
-        (self.dir / "store-audit.json").write_bytes(orjson.dumps(audit, option=orjson.OPT_INDENT_2))
+        """The store audit (storage/audit.py, a second client): every object read back and checked against
+        what its writer sent, keys outside task prefixes, incomplete uploads reported then aborted."""
+        from storage.audit import audit, client_for
+
+        log = []
+        try:
+            for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
+                try:
+                    log.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    continue  # a torn last line
+        except OSError:
+            log = None
+        creds = self.endpoint.creds
+        mc = client_for(self.endpoint.url, creds.access_key, creds.secret_key,
+                        getattr(self.endpoint, "region", None) or "us-east-1")
+        out = audit(mc, self.bucket, self.wave_id, sorted(self.runs), log)
+        (self.dir / "store-audit.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def _write_json(self, name: str, data) -> None:
         (self.dir / name).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))

@@ -739,6 +739,10 @@ def grade_wave(results_dir: str | Path) -> dict:
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),
         "positive_control": merge(g["verdict"] for g in ref_grades),
+        # the store audit: objects that differ from what their writer sent, short reads, keys outside tasks
+        "store_audit": UNKNOWN if audit is None else (
+            FAIL if [f for f in audit.get("findings") or [] if f["signature"] != "incomplete_multipart_upload"]
+            else PASS),
         "harness": FAIL if harness_errors else PASS,
     }
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)

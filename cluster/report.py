@@ -71,6 +71,7 @@ def write_summary(d: Path, result: dict) -> Path:
               f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
               f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
               f", {cached} reused from the reference cache",
+              f"- Store audit: {_audit(d)}",
               f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
               f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}", ""]
 
@@ -132,6 +133,20 @@ def _wall(grades: list[dict], refs: list[dict]) -> str:
     if not extra:
         return "n/a (no interrupted task beside a reference run in this wave)"
     return f"interrupted tasks took {extra[len(extra) // 2]:+.2f} s (p50) over their reference (n={len(extra)})"
+
+
+def _audit(d: Path) -> str:
+    try:
+        a = orjson.loads((Path(d) / "store-audit.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return "unknown (no readable store-audit.json)"
+    checked = sum(1 for recs in a.get("tasks", {}).values() for r in recs if r.get("checked_against_write"))
+    f = [x for x in a.get("findings") or [] if x["signature"] != "incomplete_multipart_upload"]
+    out = (f"{a.get('objects_checked', '?')} object(s) read back through {a.get('client', '?')}, {checked} checked "
+           f"against what their writer sent; {len(a.get('aborted_uploads') or [])} incomplete upload(s) aborted")
+    if f:
+        out += "; **findings**: " + "; ".join(f"`{x['signature']}` {x['key']}: {x['detail']}" for x in f[:5])
+    return out
 
 
 def _count(x) -> str:

@@ -566,6 +566,9 @@ class FaultProxy:
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix,
                         "akid": access_key_id(head.get("authorization"), target)}
+                sha = head.get("x-amz-content-sha256")
+                if len(sha) == 64:  # the writer signed its payload's sha256: the audit checks the store against it
+                    base["sha"] = sha
                 await self._gate(req)
                 rule = self._lagging(req) if self.rules else None
                 if rule is not None:  # ST7: read-after-write lag, the object reads as missing

@@ -297,3 +297,30 @@ def test_st2_adds_latency_and_caps_bandwidth_shared_by_requests(store_and_proxy)
     slowed = [r for r in log if r.get("rule") == "st2"]
     assert closed["hits"] == 1 and slowed and slowed[0]["status"] == 200 and slowed[0]["resp_bytes"] == len(blob)
     assert slowed[0]["delay_ms"] == 100.0 and slowed[0]["throttle_wait_ms"] > 0  # the cap made it wait
+
+
+def test_the_store_audit_reads_back_through_minio_and_names_what_differs(store_and_proxy):
+    """A second client (minio) reads every object back: one the store holds differently from what its writer
+    sent through the proxy, one outside every task's prefix, and incomplete uploads listed over several pages
+    (page size 3), then aborted."""
+    from storage.audit import audit, client_for
+
+    _, ep, proxy, d = store_and_proxy
+    c = _once(ep, proxy)
+    direct = s3_client(ep.url, ep.creds)
+    c.put_object(Bucket="sf-test", Key="wA/t1/good", Body=b"kept as written")
+    c.put_object(Bucket="sf-test", Key="wA/t1/bad", Body=b"what the writer sent")
+    direct.put_object(Bucket="sf-test", Key="wA/t1/bad", Body=b"not it")  # behind the proxy's back
+    c.put_object(Bucket="sf-test", Key="wA/stray", Body=b"x")
+    ups = [c.create_multipart_upload(Bucket="sf-test", Key=f"wA/t1/up{i}")["UploadId"] for i in range(7)]
+    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    assert any(r.get("key") == "wA/t1/good" and len(r.get("sha", "")) == 64 for r in log)
+    mc = client_for(ep.url, ep.creds.access_key, ep.creds.secret_key)
+    out = audit(mc, "sf-test", "wA", ["t1"], log, page=3)
+    sigs = {(f["signature"], f["key"]) for f in out["findings"]}
+    assert ("store_object_differs_from_write", "wA/t1/bad") in sigs
+    assert ("store_key_outside_task_prefixes", "wA/stray") in sigs
+    assert not any(k == "wA/t1/good" for _, k in sigs)
+    mine = {u["upload_id"] for u in out["incomplete_uploads"] if u["key"].startswith("wA/")}
+    assert mine == set(ups) and set(ups) <= set(out["aborted_uploads"])
+    assert not [u for u in audit(mc, "sf-test", "wA", ["t1"], log)["incomplete_uploads"] if u["key"].startswith("wA/")]

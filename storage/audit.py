@@ -1,0 +1,143 @@
+"""The store audit after every wave, through a second client (the `minio` SDK, independent of the runners'
+boto3): every object of the wave's bucket is read back and checked against what its writer sent (the size
+the proxy relayed and, when the writer signed its payload, the sha256 in `x-amz-content-sha256`; for a
+multipart object the sum of its last accepted parts), keys outside every task's prefix are listed, and
+incomplete multipart uploads are listed page by page, reported, then aborted.
+
+Findings carry a named signature: `store_object_differs_from_write`, `store_object_short_read`,
+`store_key_outside_task_prefixes`, `incomplete_multipart_upload`.
+
+minio 7.2 exposes multipart listing and abort only as `_list_multipart_uploads` / `_abort_multipart_upload`
+(pinned in pyproject.toml); its `next_upload_id_marker` is not set (a typo in the SDK), so pages are
+chained from the last upload of each page, which is what S3's markers mean; SeaweedFS does not page by
+markers at all, so the audit drains the list (abort each page, ask again) instead.
+"""
+from __future__ import annotations
+
+import hashlib
+import urllib.parse
+
+from minio import Minio
+
+WRITE_OK = range(200, 300)
+
+
+def committed_writes(proxy_log: list[dict], bucket: str) -> dict[str, dict]:
+    """key -> what its last accepted write sent: {"size", "sha256" or None, "t", "how"}; a DELETE removes it.
+    Keys whose PUT a fault cut (ST6) are marked `cut`: the store may hold an empty object there by design."""
+    out: dict[str, dict] = {}
+    parts: dict[str, dict[int, int]] = {}
+    cut = set()
+    for r in sorted(proxy_log, key=lambda r: r["t"]):
+        if r.get("bucket") != bucket or not r.get("key"):
+            continue
+        key, st, m = r["key"], r.get("status") or 0, r.get("method")
+        if r.get("cut"):
+            cut.add(key)
+            continue
+        if st not in WRITE_OK:  # refused; a held (ambiguous) write the store answered 2xx did land
+            continue
+        if m == "PUT" and r.get("part") is not None and r.get("upload_id"):
+            parts.setdefault(r["upload_id"], {})[r["part"]] = r.get("req_bytes") or 0
+        elif m == "PUT":
+            out[key] = {"size": r.get("req_bytes"), "sha256": r.get("sha"), "t": r["t"], "how": "PUT"}
+        elif m == "POST" and r.get("upload_id"):  # CompleteMultipartUpload
+            got = parts.get(r["upload_id"])
+            out[key] = {"size": sum(got.values()) if got else None, "sha256": None, "t": r["t"],
+                        "how": "CompleteMultipartUpload"}
+        elif m == "DELETE" and not r.get("upload_id"):
+            out.pop(key, None)
+    for k in cut:
+        out.setdefault(k, {"size": None, "sha256": None, "t": 0, "how": "PUT"})["cut"] = True
+    return out
+
+
+def client_for(url: str, access_key: str, secret_key: str, region: str = "us-east-1") -> Minio:
+    u = urllib.parse.urlsplit(url)
+    return Minio(u.netloc, access_key=access_key, secret_key=secret_key, secure=u.scheme == "https",
+                 region=region)
+
+
+def _page(mc: Minio, bucket: str, prefix, page: int, key_marker=None, id_marker=None):
+    res = mc._list_multipart_uploads(bucket, prefix=prefix, max_uploads=page, key_marker=key_marker,
+                                     upload_id_marker=id_marker)
+    return res, [{"key": u.object_name, "upload_id": u.upload_id,
+                  "initiated": u.initiated_time.timestamp() if u.initiated_time else None} for u in res.uploads]
+
+
+def list_incomplete_uploads(mc: Minio, bucket: str, prefix: str | None = None, page: int = 1000,
+                            abort: bool = False) -> list[dict]:
+    """Every incomplete multipart upload, page by page. With `abort`, each page is aborted as it is read and
+    the first page is asked again until it holds nothing new: this drains the list even on a store whose
+    markers do not page (SeaweedFS lists uploads out of key order and answers a marker with nothing, see
+    docs/store-hazards.md). Without it, pages are chained by S3's markers (deduplicated, bounded)."""
+    seen: dict[tuple, dict] = {}
+    key_marker = id_marker = None
+    for _ in range(100000):  # bounded either way
+        res, ups = _page(mc, bucket, prefix, page, None if abort else key_marker, None if abort else id_marker)
+        fresh = [u for u in ups if (u["key"], u["upload_id"]) not in seen]
+        for u in fresh:
+            seen[(u["key"], u["upload_id"])] = u
+            if abort:
+                try:
+                    mc._abort_multipart_upload(bucket, u["key"], u["upload_id"])
+                    u["aborted"] = True
+                except Exception as exc:  # noqa: BLE001 - reported; it stays listed and ends the loop
+                    u["abort_error"] = str(exc)[:200]
+        if not fresh or (not abort and not res.is_truncated):
+            break
+        key_marker, id_marker = ups[-1]["key"], ups[-1]["upload_id"]
+    return list(seen.values())
+
+
+def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: list[dict] | None,
+          abort: bool = True, page: int = 1000) -> dict:
+    expected = committed_writes(proxy_log or [], bucket) if proxy_log is not None else None
+    prefixes = {tid: f"{wave_id}/{tid}/" for tid in task_ids}
+    tasks: dict[str, list] = {tid: [] for tid in task_ids}
+    findings: list[dict] = []
+    outside: list[str] = []
+    for obj in mc.list_objects(bucket, recursive=True):
+        key = obj.object_name
+        owner = next((t for t, p in prefixes.items() if key.startswith(p)), None)
+        h, n = hashlib.sha256(), 0
+        resp = mc.get_object(bucket, key)
+        try:
+            for chunk in resp.stream(256 * 1024):
+                h.update(chunk)
+                n += len(chunk)
+        finally:
+            resp.close()
+            resp.release_conn()
+        rec = {"key": key[len(prefixes[owner]):] if owner else key, "size": obj.size, "read": n,
+               "sha256": h.hexdigest(), "etag": (obj.etag or "").strip('"')}
+        if owner is None:
+            outside.append(key)
+            findings.append({"signature": "store_key_outside_task_prefixes", "key": key,
+                             "detail": f"{key} is under no task's prefix {wave_id}/<task>/"})
+        else:
+            tasks[owner].append(rec)
+        if n != obj.size:
+            findings.append({"signature": "store_object_short_read", "key": key, "task": owner,
+                             "detail": f"listed as {obj.size} bytes, read back {n}"})
+        exp = (expected or {}).get(key)
+        if exp is not None and not exp.get("cut"):
+            bad = []
+            if exp["size"] is not None and exp["size"] != n:
+                bad.append(f"its writer sent {exp['size']} bytes ({exp['how']}), the store holds {n}")
+            if exp["sha256"] and exp["sha256"] != rec["sha256"]:
+                bad.append(f"sha256 {rec['sha256'][:16]}... is not the {exp['sha256'][:16]}... its writer signed")
+            if bad:
+                findings.append({"signature": "store_object_differs_from_write", "key": key, "task": owner,
+                                 "detail": "; ".join(bad)})
+        rec["checked_against_write"] = exp is not None and not exp.get("cut")
+    uploads = list_incomplete_uploads(mc, bucket, page=page, abort=abort)
+    for u in uploads:
+        findings.append({"signature": "incomplete_multipart_upload", "key": u["key"], "upload_id": u["upload_id"],
+                         "task": next((t for t, p in prefixes.items() if u["key"].startswith(p)), None),
+                         "detail": f"upload {u['upload_id'][:16]} of {u['key']} was never completed or aborted"})
+    aborted = [u["upload_id"] for u in uploads if u.get("aborted")]
+    return {"bucket": bucket, "client": "minio", "tasks": tasks, "incomplete_uploads": uploads,
+            "aborted_uploads": aborted, "outside_task_prefixes": outside, "findings": findings,
+            "objects_checked": sum(len(v) for v in tasks.values()) + len(outside),
+            "checked_against_writes": expected is not None}
