@@ -26,7 +26,8 @@ def _journal_commit_times(d, wave_id, task_id) -> dict[int, float]:
     pat = re.compile(rf"^{re.escape(wave_id)}/{task_id}/journal/(\d+)\.json$")
     for r in _lines(d / "proxy-requests.jsonl"):
         m = pat.match(r["key"])
-        if m and r["method"] == "PUT" and r["status"] == 200:
+        # a resume's claim of the next step is a tiny placeholder (durable.claim), not the step's record
+        if m and r["method"] == "PUT" and r["status"] == 200 and (r.get("req_bytes") or 0) > 100:
             out.setdefault(int(m.group(1)), r["t"])
     return out
 

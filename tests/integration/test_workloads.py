@@ -51,19 +51,19 @@ def test_a_duplicated_hunk_is_caught_and_longtool_kills_land_mid_tool(run_wave):
     twice = [g for g in result["tasks"] if g["checks"]["no_double_apply"]["verdict"] == "fail"]
     assert twice, [(g["task_id"], g["checks"]["no_double_apply"]) for g in result["tasks"]]
     assert all(g["checks"]["no_double_apply"]["applied_twice"] for g in twice)
-    # longtool: a kill right after the journal commit of the tool step (durable's store write number
-    # step+1) lands while `sleep` runs; durable resumes and runs the tool once in the final workspace
+    # longtool: PK5 kills right after durable announces `after-commit:<tool step>`, i.e. while the tool's
+    # `sleep` runs; durable resumes and runs the tool once in the final workspace
     from faults.planner import task_seed
     from fleet import workloads
 
     wl, seed = workloads.get("longtool"), task_seed(8, 0)
     at = wl.tool_step(seed, 6)
-    result, d = run_wave(runner="durable", seed=8, tasks=1, concurrency=1, faults="PK1",
-                         fault_timing={"PK1": {"after_store_writes": [at + 1, at + 1]}},
+    result, d = run_wave(runner="durable", seed=8, tasks=1, concurrency=1, faults="PK5",
+                         fault_timing={"PK5": {"after_checkpoints": [at + 1, at + 1], "window": "after-commit:"}},
                          workload={"name": "longtool", "steps": 6, "think_ms": 10}, deadline_s=90)
     task = result["tasks"][0]
     assert result["verdict"] == "pass", task["checks"]
     rec = next(r for r in orjson.loads((d / "faults.json").read_bytes()) if r["task_id"] == task["task_id"])
-    assert rec["status"] == "applied", rec
+    assert rec["status"] == "applied" and f"after-commit:{at}" in rec["detail"], rec
     log = (d / "sandboxes" / f"{task['task_id']}-a1" / "runner.log").read_text()
     assert f"step {at} committed" in log and f"before-model:{at + 1}" not in log, log[-2000:]
