@@ -18,6 +18,8 @@ EXIT_OK, EXIT_FAIL, EXIT_HARNESS, EXIT_BAD_INPUT = 0, 1, 2, 254
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 wave_app = typer.Typer(no_args_is_help=True, help="Run waves.")
 app.add_typer(wave_app, name="wave")
+campaign_app = typer.Typer(no_args_is_help=True, help="Search how strong a fault a runner survives.")
+app.add_typer(campaign_app, name="campaign")
 out = Console()
 
 
@@ -275,6 +277,62 @@ def league_cmd(
     print((out / "LEAGUE.md").read_text())
     out_console = Console()
     out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+@campaign_app.command("storage")
+def campaign_storage(
+    fault: str = typer.Option(..., "--fault", help="ST1 ST2 ST3 ST4 ST5 ST7 ST8 or CR1"),
+    runner: str = typer.Option("durable", "--runner", help="built-in runners, comma-separated (durable,naive)"),
+    runner_cmd: Optional[str] = typer.Option(None, "--runner-cmd", help="your runner's command (beside --runner)"),
+    runner_workdir: Optional[Path] = typer.Option(None, "--runner-workdir", help="its code's directory"),
+    window: str = typer.Option(..., "--window", help="the strength range LO-HI, e.g. 0.5-300 (seconds for ST1)"),
+    probes: int = typer.Option(6, "--probes", min=2, max=50, help="waves per runner"),
+    tasks: int = typer.Option(3, "--tasks", min=1, max=1000, help="tasks per wave"),
+    seed: int = typer.Option(1, "--seed", min=0, help="wave seed"),
+    config: Optional[Path] = typer.Option(None, "--config", help="wave config the waves start from"),
+    results: Path = typer.Option(Path("results"), "--results", help="results root"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+) -> int:
+    """Bisect the strength of one storage fault (an outage's length, a latency, an error share, a lag) to find
+    the strongest a runner survives; writes CAMPAIGN.md and campaign.png."""
+    import yaml
+
+    from cluster.campaign import parse_range, plan_waves, run_campaign
+    from cluster.config import ConfigError
+    from cluster.driver import HarnessError, preflight
+
+    try:
+        lo, hi = parse_range(window)
+        base = {}
+        if config is not None:
+            if not config.is_file():
+                raise ConfigError(f"--config {str(config)!r} does not exist")
+            base = yaml.safe_load(config.read_text()) or {}
+            if not isinstance(base, dict):
+                raise ConfigError(f"--config {str(config)!r}: top level must be a mapping")
+        base = {**base, "tasks": tasks, "concurrency": min(tasks, base.get("concurrency", tasks)), "seed": seed}
+        runners: list = [r.strip() for r in runner.split(",") if r.strip()] if runner else []
+        if runner_cmd:
+            runners.append({"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})})
+        if not runners:
+            raise ConfigError("--runner / --runner-cmd: give at least one runner")
+        plan_waves(fault, runners, lo, hi, base)
+        check_results_root(results)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    try:
+        from cluster.campaign import _config
+
+        preflight(_config(fault, runners[0], lo, base))
+        results.mkdir(parents=True, exist_ok=True)
+        d = run_campaign(fault, runners, lo, hi, base, results, probes=probes, progress=not no_progress)
+    except HarnessError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    print((d / "CAMPAIGN.md").read_text())
+    Console().print(f"CAMPAIGN: {d / 'CAMPAIGN.md'}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

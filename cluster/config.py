@@ -153,6 +153,9 @@ class FaultTiming(Strict):
     kills: int | None = Field(None, ge=1, le=50, strict=True,
                               description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
                                           "[lo, hi], one after the other")
+    strength: float | None = Field(None, gt=0, le=1e6, description=(
+        "one knob per fault, for campaigns: ST1/ST5 window seconds, ST2 added latency ms, ST3 error share "
+        "(0-1), ST7 lag seconds, ST8 PUTs throttled, CR1 seconds the old key is still served"))
     hits: int | None = Field(None, ge=1, le=100000, strict=True,
                              description="storage faults: end the window after this many hit requests "
                                          "(1 = once); default: the whole window")
@@ -292,7 +295,10 @@ class WaveConfig(Strict):
                 raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
             if t.hits and not fid.startswith("ST"):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
-            if (boundary or t.kills) and fid not in ("PK1", "PK5"):
+            if fid == "CR1" and (t.after_effects or t.after_store_writes or t.kills):
+                raise ValueError("CR1: give at_s or after_model_calls (when to rotate) and window_s (how long the "
+                                 "credential source keeps serving the old key)")
+            if (boundary or t.kills) and fid not in ("PK1", "PK5", "CR1"):
                 raise ValueError(f"{fid}: {(boundary or ['kills'])[0]} applies to the kills PK1 and PK5 only")
         return v
 

@@ -255,6 +255,26 @@ class FaultContextImpl:
             await asyncio.sleep(0.002)
         return True
 
+    async def rotate_credentials(self, task_id: str, delay_s: float) -> dict:
+        """CR1: rotate the current attempt's key at the store, then publish the new key to its credential
+        source only `delay_s` later (until then credential_process still prints the dead key)."""
+        return await self.wave.rotate_attempt_key(task_id, delay_s)
+
+    def store_requests(self, akids: set, t0: float, t1: float) -> list[dict]:
+        """The proxy's log lines of requests signed by these key ids between t0 and t1."""
+        out = []
+        try:
+            for line in (self.wave.dir / "proxy-requests.jsonl").read_bytes().splitlines():
+                try:
+                    r = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if r.get("akid") in akids and t0 <= r["t"] <= t1:
+                    out.append(r)
+        except OSError:
+            pass
+        return out
+
     def proxy(self):
         if self.wave.lost("fault proxy"):
             raise RuntimeError("the fault proxy is lost (harness fault)")
@@ -385,6 +405,32 @@ class WaveRun:
         src.write_aws_config(d / "aws-config", self.endpoint.region, source_path=f"{CREDS_IN}/credentials.json")
         os.chmod(d, 0o755)
         return str(d)
+
+    async def rotate_attempt_key(self, task_id: str, delay_s: float) -> dict:
+        current = self.runs[task_id].current
+        if current is None:
+            return {"applied": False, "why": "the task had no running attempt at the planned time"}
+        if self.keys is None:
+            return {"applied": False, "why": "the store has no per-attempt keys (an external store): nothing to "
+                                             "rotate at the store"}
+        sandbox_id = current[1]
+        t0 = time.time()
+        got = await asyncio.to_thread(self.keys.rotate, sandbox_id)
+        if got is None:
+            return {"applied": False, "why": f"attempt {sandbox_id} holds no key (it ended meanwhile)"}
+        old, new = got
+        rotated_at = time.time()
+        self.akids[sandbox_id] = new.access_key
+        self.timeline("key_rotated", task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
+        await asyncio.sleep(delay_s)
+        d = self.private / "creds" / sandbox_id
+        published = False
+        if d.exists() and self.runs[task_id].current is not None and self.runs[task_id].current[1] == sandbox_id:
+            CredentialSource(d / "credentials.json").publish(new, owner_uid=SANDBOX_UID)
+            published = True
+        return {"applied": True, "at": t0, "sandbox_id": sandbox_id, "rotated_at": rotated_at,
+                "published_at": time.time() if published else None, "old_akid": old.access_key,
+                "new_akid": new.access_key, "store_switch_ms": round((rotated_at - t0) * 1000, 1)}
 
     def _revoke(self, sandbox_id: str) -> None:
         if self.keys is not None:

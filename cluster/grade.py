@@ -362,6 +362,18 @@ def grade_task(h: TaskHistory) -> dict:
 
     starts = {e.get("sandbox"): e for e in h.events if e["event"] == "attempt_start"}
     by_attempt = {e["attempt"]: e for e in h.events if e["event"] == "attempt_start"}
+    akids: dict[int, set] = {}  # attempt -> every key id it held (CR1 rotates one mid-attempt)
+    for e in h.events:
+        if e["event"] == "attempt_start" and e.get("akid"):
+            akids.setdefault(e["attempt"], set()).add(e["akid"])
+        elif e["event"] == "key_rotated":
+            att = next((a for a, st in by_attempt.items() if st.get("sandbox") == e.get("sandbox")), None)
+            if att is not None:
+                akids.setdefault(att, set()).update({e.get("akid"), e.get("old_akid")})
+
+    def mine(r: dict, attempt: int, t0: float, t1: float) -> bool:
+        ids = akids.get(attempt)
+        return r.get("akid") in ids if ids else t0 <= r["t"] <= t1
     fault_kills = {(r.get("target") or {}).get("sandbox_id") for r in h.receipts
                    if r["task_id"] == tid and r.get("status") == "applied"}
 
@@ -377,9 +389,9 @@ def grade_task(h: TaskHistory) -> dict:
             if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
                 continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
             start = by_attempt.get(a["attempt"]) or {}
-            akid, end_t = start.get("akid"), a.get("ended_at") or a.get("wall") or 0
+            end_t = a.get("ended_at") or a.get("wall") or 0
             errs = [r for r in h.requests or [] if (r.get("status") or 0) >= 400 and
-                    (r.get("akid") == akid if akid else start.get("wall", 0) <= r["t"] <= end_t)]
+                    mine(r, a["attempt"], start.get("wall", 0), end_t)]
             said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
             if errs or said:
                 continue
@@ -438,11 +450,10 @@ def grade_task(h: TaskHistory) -> dict:
             if prev_end is not None and t0 - prev_end > gap[0]:
                 gap = (t0 - prev_end, a["attempt"])
             prev_end = t1
-            akid = start.get("akid")
             ts = sorted([t0, t1] + [x for c in h.calls if c.get("attempt") == a["attempt"]
                                     for x in (c["t"], c.get("t_done", c["t"]))]
                         + [e["t"] for e in h.effects or [] if e.get("attempt") == a["attempt"]]
-                        + [r["t"] for r in h.requests if (r.get("akid") == akid if akid else t0 <= r["t"] <= t1)])
+                        + [r["t"] for r in h.requests if mine(r, a["attempt"], t0, t1)])
             ts = [t for t in ts if t0 <= t <= t1]
             for x, y in zip(ts, ts[1:]):
                 if y - x > worst[0]:
@@ -644,7 +655,8 @@ def grade_wave(results_dir: str | Path) -> dict:
     # later, so no write to them counts as a record a resuming runner could have read
     cut_keys = {r.get("key") for r in proxy or [] if r.get("cut")}
     # attribution: every request signed by an attempt's own key belongs to that attempt's task
-    owner = {e["akid"]: e["task"] for e in timeline if e["event"] == "attempt_start" and e.get("akid")}
+    owner = {e["akid"]: e["task"] for e in timeline if e["event"] in ("attempt_start", "key_rotated")
+             and e.get("akid")}
     bucket = (audit or {}).get("bucket") or "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
     foreign: dict[str, list] = {}
     damaged: dict[str, list] = {}

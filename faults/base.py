@@ -65,6 +65,12 @@ class FaultContext(Protocol):
 
     def proxy(self) -> Any: ...
 
+    async def rotate_credentials(self, task_id: str, delay_s: float) -> dict:
+        """CR1: rotate the current attempt's key at the store; publish the new key `delay_s` later."""
+
+    def store_requests(self, akids: set, t0: float, t1: float) -> list[dict]:
+        """The proxy's log lines of requests signed by these key ids between t0 and t1."""
+
 
 class Fault(Protocol):
     id: str

@@ -36,6 +36,8 @@ class StoreOutage:
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
         lo, hi = base.get("at_s", self.default_at)
         wlo, whi = base.get("window_s", self.default_len)
+        if base.get("strength"):  # campaigns: the outage's length in seconds
+            wlo = whi = float(base["strength"])
         return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), window_s=round(rng.uniform(wlo, whi), 3),
                          seed=rng.randrange(2**31), params={"status": 503, "code": "ServiceUnavailable"})
@@ -171,6 +173,8 @@ class ProxyWindowFault:
         lo, hi = base.get("at_s", self.default_at)
         wlo, whi = base.get("window_s", self.default_len)
         params = self.plan_params(rng)
+        if base.get("strength"):
+            wlo, whi, params = self.strengthen(float(base["strength"]), (wlo, whi), params)
         if base.get("hits"):
             params["max_hits"] = int(base["hits"])
         return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
@@ -179,6 +183,10 @@ class ProxyWindowFault:
 
     def plan_params(self, rng: random.Random) -> dict:
         return {}
+
+    def strengthen(self, x: float, window: tuple, params: dict) -> tuple[float, float, dict]:
+        """Campaigns set one knob (`strength`); by default it is the window's length in seconds."""
+        return x, x, params
 
     def rules(self, spec: FaultSpec, ctx: FaultContext) -> list[dict]:
         raise NotImplementedError
@@ -265,6 +273,9 @@ class SlowStore(ProxyWindowFault):
         lo = round(rng.uniform(50, 250))
         return {"latency_ms": [lo, lo * 3], "bandwidth_bps": int(rng.choice([256, 512, 1024, 2048]) * 1024)}
 
+    def strengthen(self, x, window, params):  # added latency in ms (jitter up to +50%)
+        return window[0], window[1], dict(params, latency_ms=[round(x), round(x * 1.5)])
+
     def rules(self, spec, ctx):
         return [{"rule_id": spec.instance, "action": "delay", "latency_ms": spec.params["latency_ms"],
                  "bandwidth_bps": spec.params["bandwidth_bps"]}]
@@ -284,6 +295,9 @@ class StoreErrors(ProxyWindowFault):
 
     def plan_params(self, rng):
         return {"ratio": round(rng.uniform(0.25, 0.6), 2)}
+
+    def strengthen(self, x, window, params):  # the share of requests that fail
+        return window[0], window[1], dict(params, ratio=min(1.0, x))
 
     def rules(self, spec, ctx):
         return [{"rule_id": spec.instance, "action": "error", "ratio": spec.params["ratio"],
@@ -367,6 +381,9 @@ class ReadAfterWriteLag(ProxyWindowFault):
     def plan_params(self, rng):
         return {"lag_s": round(rng.uniform(0.5, 2.0), 2)}
 
+    def strengthen(self, x, window, params):  # the lag in seconds
+        return window[0], window[1], dict(params, lag_s=x)
+
     def rules(self, spec, ctx):
         return [{"rule_id": spec.instance, "action": "lag", "lag_s": spec.params["lag_s"]}]
 
@@ -385,6 +402,9 @@ class ThrottlePrefix(ProxyWindowFault):
 
     def plan_params(self, rng):
         return {"max_hits": rng.randint(3, 8)}
+
+    def strengthen(self, x, window, params):  # how many PUTs are throttled
+        return window[0], window[1], dict(params, max_hits=max(1, round(x)))
 
     def rules(self, spec, ctx):
         return [{"rule_id": spec.instance, "action": "error", "methods": ["PUT"], "status": 503, "code": "SlowDown",

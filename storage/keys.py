@@ -93,6 +93,24 @@ class ScopedKeys:
             time.sleep(0.01)
         return True
 
+    def rotate(self, owner: str) -> tuple[Credentials, Credentials] | None:
+        """CR1: replace the owner's key at the store by a fresh one with the same scope; returns (old, new)
+        once the store rejects the old key and accepts the new one. None when the owner holds no key."""
+        with self.lock:
+            slot = next((s for s in self.slots if s["owner"] == owner), None)
+            if slot is None:
+                return None
+            old, probe = slot["creds"], slot["probe"]
+            new = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
+            slot["creds"] = new
+            self._apply()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self._probe(old, *probe) != "denied" or self._probe(new, *probe) != "ok":
+            if time.monotonic() > deadline:
+                raise StoreError(f"the store did not switch a rotated key within {READY_TIMEOUT_S:.0f}s")
+            time.sleep(0.01)
+        return old, new
+
     def revoke_all(self) -> None:
         for s in list(self.slots):
             if s.get("owner"):

@@ -63,3 +63,33 @@ def test_a_runner_that_trusts_a_lagging_listing_is_caught(run_wave):
     caught = [g for g in result["tasks"] if g["checks"]["no_model_recall"]["verdict"] == "fail"]
     assert lagged and caught, [(g["task_id"], g["signature"]) for g in result["tasks"]]
     assert {g["task_id"] for g in caught} <= lagged  # caught only where the store really lagged
+
+
+def test_cr1_rotates_the_key_at_the_store_and_only_a_runner_that_resolves_again_survives(run_wave):
+    """CR1: the store itself rejects the old key (real 403s, not the proxy's); the credential source serves
+    the new key only after a seeded delay. durable resolves credentials again after a 403 and passes; a
+    runner that keeps its first client (the defective `stale_creds` mode) fails."""
+    import sys
+    from pathlib import Path
+
+    timing = {"CR1": {"after_model_calls": [2, 3], "window_s": [0.4, 0.8]}}
+    result, d = run_wave(runner="durable", tasks=2, concurrency=2, seed=8, faults=["CR1"], fault_timing=timing,
+                         workload={"steps": 7, "think_ms": 60}, deadline_s=60)
+    assert result["verdict"] == "pass", [(g["task_id"], g["signature"], g["checks"]) for g in result["tasks"]]
+    for r in _receipts(d):
+        assert r["status"] == "applied", r
+        assert r["evidence"]["old_key_rejected"] >= 1 and r["evidence"]["new_key_ok"] >= 1, r
+    log = [orjson.loads(l) for l in (d / "proxy-requests.jsonl").read_bytes().splitlines()]
+    old = {r["target"]["old_akid"] for r in _receipts(d)}
+    assert all(x.get("rule") is None for x in log if x.get("akid") in old and x.get("status") == 403)
+    # the evidence files never carry a secret: only key ids appear in the receipt
+    assert "secret" not in (d / "faults.json").read_text().lower()
+
+    defective = str(Path(__file__).resolve().parents[2] / "tests" / "runners" / "defective.py")
+    runner = {"name": "stale-creds", "command": [sys.executable, defective], "env": {"DEFECT": "stale_creds"}}
+    result, d = run_wave(runner=runner, tasks=2, concurrency=2, seed=8, faults=["CR1"], fault_timing=timing,
+                         workload={"steps": 7, "think_ms": 60}, deadline_s=15, max_attempts=1)
+    applied = [r for r in _receipts(d) if r["status"] == "applied"]
+    assert applied and all(g["verdict"] == "fail" for g in result["tasks"]
+                           if g["task_id"] in {r["task_id"] for r in applied}), \
+        [(g["task_id"], g["signature"]) for g in result["tasks"]]

@@ -18,6 +18,8 @@ on every run, not by the luck of a kill's timing:
   BEFORE applying it, and on resume restores the mirror instead of replaying the journal. A
   multi-file apply (`apply_edits`) mirrors file by file; attempt 1 dies after the 2nd file (except in a
   reference run, `ref-*`), so the resumed attempt trusts a half-renamed tree (`no_torn_apply`).
+- stale_creds: never resolves credentials again after a 403 (keeps its first client), so a key rotated
+  at the store (CR1) leaves it retrying a dead key until its deadline.
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -46,6 +48,10 @@ def run() -> None:
         time.sleep(2.0)
     env = Env.load()
     store = TaskStore(env)
+    if DEFECT == "stale_creds":  # keeps its first client: a rejected key is never resolved again
+        import agentkit
+
+        agentkit.s3 = lambda _env: store.client
     if DEFECT == "leak_upload" and env.attempt == 1:
         store.client.create_multipart_upload(Bucket=env.bucket, Key=f"{env.prefix}snapshot.tar")
         log("started a multipart upload and walked away")
