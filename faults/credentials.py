@@ -41,7 +41,17 @@ class RotateKey:
         return await ctx.rotate_credentials(spec.task_id, spec.params["delay_s"])
 
     async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
-        return None
+        """Until a request signed with the new key succeeded (at most 15 s; cancelled when the task ends)."""
+        import asyncio
+
+        if not injected.get("applied") or not injected.get("published_at"):
+            return
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            reqs = ctx.store_requests({injected["new_akid"]}, injected["rotated_at"], time.time())
+            if any(200 <= (r.get("status") or 0) < 300 for r in reqs):
+                return
+            await asyncio.sleep(0.1)
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         if not injected.get("applied"):

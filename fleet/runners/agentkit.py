@@ -197,7 +197,8 @@ def _refresh_on_403(fn):
         except botocore.exceptions.ClientError as exc:
             if error_code(exc) in CREDENTIAL_CODES:
                 log(f"store rejected the key ({error_code(exc)}); resolving credentials again")
-                self.client = s3(self.env)
+                holder = getattr(self, "store", self)  # TaskStore, or Snapshots (which uses its store's client)
+                holder.client = s3(holder.env)
             raise
     return call
 
@@ -305,21 +306,25 @@ class Snapshots:
         self.base = f"{self.env.prefix}snapshots/"
 
     @transient
+    @_refresh_on_403
     def _create(self, key: str) -> str:
         return self.store.client.create_multipart_upload(Bucket=self.env.bucket, Key=key)["UploadId"]
 
     @transient
+    @_refresh_on_403
     def _part(self, key: str, upload_id: str, n: int, body: bytes) -> dict:
         r = self.store.client.upload_part(Bucket=self.env.bucket, Key=key, UploadId=upload_id, PartNumber=n,
                                           Body=body)
         return {"PartNumber": n, "ETag": r["ETag"]}
 
     @transient
+    @_refresh_on_403
     def _complete(self, key: str, upload_id: str, parts: list[dict]) -> None:
         self.store.client.complete_multipart_upload(Bucket=self.env.bucket, Key=key, UploadId=upload_id,
                                                     MultipartUpload={"Parts": parts})
 
     @transient
+    @_refresh_on_403
     def abort_stale(self) -> int:
         """Abort every incomplete upload under the task's prefix (left by a killed attempt)."""
         c, n = self.store.client, 0
