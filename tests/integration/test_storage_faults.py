@@ -93,3 +93,17 @@ def test_cr1_rotates_the_key_at_the_store_and_only_a_runner_that_resolves_again_
     assert applied and all(g["verdict"] == "fail" for g in result["tasks"]
                            if g["task_id"] in {r["task_id"] for r in applied}), \
         [(g["task_id"], g["signature"]) for g in result["tasks"]]
+
+
+def test_a_campaign_bisects_a_fault_strength_and_writes_its_table_and_picture(fleet, tmp_path):
+    """`sandfleet campaign storage` on the session's fleet: ST8 (PUTs throttled) from 1 to 8 for durable,
+    a runner that backs off: both ends survived, so the bracket says it survives the whole range."""
+    from cluster.campaign import run_campaign
+
+    wave = {"tasks": 2, "concurrency": 2, "seed": 4, "workload": {"steps": 5, "think_ms": 20}, "deadline_s": 60}
+    out = run_campaign("ST8", ["durable"], 1, 8, wave, tmp_path, probes=2, fleet=fleet)
+    data = orjson.loads((out / "campaign.json").read_bytes())
+    assert [(r["strength"], r["outcome"]) for r in data["rows"]] == [(1, "survived"), (8, "survived")], data
+    assert all(r["met"] == 2 for r in data["rows"])
+    text = (out / "CAMPAIGN.md").read_text()
+    assert "survives the whole range tried (up to 8)" in text and (out / "campaign.png").stat().st_size > 1000
