@@ -136,6 +136,12 @@ class StoreConfig(Strict):
         return self
 
 
+class RequestTrigger(Strict):
+    ops: list[str] | None = Field(None, description="S3 operation names, e.g. [UploadPart]")
+    key_prefix: str = Field("", max_length=500, description="under the task's prefix, e.g. snapshots/")
+    methods: list[Literal["GET", "PUT", "POST", "DELETE", "HEAD"]] | None = None
+
+
 class FaultTiming(Strict):
     at_s: tuple[float, float] | None = None
     window_s: tuple[float, float] | None = None
@@ -150,6 +156,9 @@ class FaultTiming(Strict):
                           "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
     window: str | None = Field(None, min_length=1, max_length=200,
                                description="PK5: count only announcements whose name starts with this")
+    at_request: RequestTrigger | None = Field(
+        None, description="PK1: kill at the task's next store request matching this (held by the proxy, never "
+                          "forwarded, while the sandbox is killed)")
     kills: int | None = Field(None, ge=1, le=50, strict=True,
                               description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
                                           "[lo, hi], one after the other")
@@ -173,10 +182,12 @@ class FaultTiming(Strict):
 
     @model_validator(mode="after")
     def _one_boundary(self):
-        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "after_checkpoints")
-                 if getattr(self, k)]
+        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "after_checkpoints",
+                             "at_request") if getattr(self, k)]
         if len(kinds) > 1:
             raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
+        if self.at_request is not None and self.kills and self.kills > 1:
+            raise ValueError("at_request fires once (the next matching request); kills applies to the N-th triggers")
         if self.kills and self.kills > 1:
             if not kinds:
                 raise ValueError(f"kills {self.kills}: several kills in one task need a boundary (after_model_calls, "
@@ -287,7 +298,8 @@ class WaveConfig(Strict):
         if bad:
             raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
         for fid, t in v.items():
-            boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes") if getattr(t, k)]
+            boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "at_request")
+                        if getattr(t, k)]
             if fid == "PK5" and (boundary or t.at_s):
                 raise ValueError(f"PK5 fires at a named window: give after_checkpoints (and window), not "
                                  f"{(boundary or ['at_s'])[0]}")

@@ -39,6 +39,9 @@ class SigkillSandbox:
             return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="during",
                              at_s=0.0, seed=rng.randrange(2**31),
                              params={"during": base["during"], "into_s": round(rng.uniform(0.1, 0.6), 3)})
+        if "at_request" in base:  # the next matching store request, held by the proxy while the kill lands
+            return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="request",
+                             at_s=0.0, seed=rng.randrange(2**31), params={"at_request": dict(base["at_request"])})
         for key, (trigger, _) in self.BOUNDARIES.items():
             if key in base:
                 return boundary_kills(self.id, task_id, rng, trigger, base[key], base,
@@ -64,6 +67,24 @@ class SigkillSandbox:
             if rule["first_hit_at"] is not None:
                 self_key = (rule.get("hit_keys") or ["?"])[0]
                 return {"boundary_key": self_key}
+            await asyncio.sleep(0.005)
+
+    async def _at_request(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        """Arm a proxy `hold` rule; returns once a matching request of the task arrived (and is held)."""
+        import asyncio
+
+        want = spec.params["at_request"]
+        ctl = ctx.proxy()
+        await asyncio.to_thread(ctl.open_rule, rule_id=spec.instance, action="hold", bucket=ctx.bucket,
+                                key_prefix=ctx.task_prefix(spec.task_id) + (want.get("key_prefix") or ""),
+                                ops=want.get("ops"), methods=want.get("methods"), max_hits=1, fault=self.id)
+        while True:
+            rules = await asyncio.to_thread(ctl.rules)
+            rule = next((r for r in rules["rules"] if r["rule_id"] == spec.instance), None)
+            if rule is None:
+                return {"applied": False, "why": "the hold rule was closed before a matching request came"}
+            if rule["first_hit_at"] is not None:
+                return {"held_request": (rule.get("hit_keys") or ["?"])[0], "held_at": rule["first_hit_at"]}
             await asyncio.sleep(0.005)
 
     async def _during(self, spec: FaultSpec, ctx: FaultContext) -> dict:
@@ -100,6 +121,10 @@ class SigkillSandbox:
             at = await self._during(spec, ctx)
             if "applied" in at:
                 return at
+        elif spec.trigger == "request":
+            at = await self._at_request(spec, ctx)
+            if "applied" in at:
+                return at
         current = await ctx.current_sandbox(spec.task_id)
         if current is None:
             return {"applied": False, "why": "the task had no running sandbox at the planned time"}
@@ -113,7 +138,7 @@ class SigkillSandbox:
         return None  # a kill is over once sent
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
-        if spec.trigger == "store_write":  # release what the boundary rule held (the runner is gone)
+        if spec.trigger in ("store_write", "request"):  # release what the rule held (the runner is gone)
             import asyncio
 
             try:
@@ -128,6 +153,9 @@ class SigkillSandbox:
             return f", right after model answer #{n}"
         if spec.trigger == "effect":
             return f", right after external effect #{n} was answered"
+        if spec.trigger == "request":
+            return (f", while the proxy held its store request {injected.get('held_request')} (never forwarded; "
+                    "dropped when the kill was done)")
         if spec.trigger == "during":
             return f", {spec.params['into_s']} s into the {spec.params['during']} outage (the runner was retrying)"
         if spec.trigger == "store_write":

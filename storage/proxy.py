@@ -258,8 +258,10 @@ def error_response(rule: Rule, req: S3Request, close: bool, answer: tuple[int, s
 # rule is closed (FaultProxy._boundary), so a kill lands exactly at that write.
 # `reset` drops the request (after `reset_after` body bytes reached the store); `delay` adds latency and a shared
 # bandwidth cap, then relays; `lag` makes objects written in its window read as missing for `lag_s` (ST7).
+# `hold` keeps a matching request (never forwarded) until the rule closes, then drops it: a kill armed on a
+# storage request (PK1 `at_request`) lands while that transfer is provably in flight.
 ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None, "boundary": None,
-                                       "reset": None, "delay": None, "lag": None}
+                                       "reset": None, "delay": None, "lag": None, "hold": None}
 WRITES = ("PUT", "POST", "DELETE")
 
 
@@ -581,6 +583,18 @@ class FaultProxy:
                     return
                 if rule is not None and rule.action == "reset":
                     await self._reset(head, req, rule, creader, cwriter, base)
+                    return
+                if rule is not None and rule.action == "hold":
+                    if len(rule.hit_keys) < 20:
+                        rule.hit_keys.append(f"{req.op} {req.target_key}")
+                    ev = self.released.setdefault(rule.rule_id, asyncio.Event())
+                    try:
+                        await asyncio.wait_for(ev.wait(), 60)
+                    except asyncio.TimeoutError:
+                        pass
+                    cwriter.transport.abort()  # never forwarded: the store never sees the held request
+                    self.record(**base, op=req.op, status=None, req_bytes=0, resp_bytes=0, rule=rule.rule_id,
+                                fault=rule.fault, held=True, aborted=True, ms=round((time.time() - t0) * 1000, 3))
                     return
                 throttle_up = throttle_down = None
                 delayed = None

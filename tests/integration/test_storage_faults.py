@@ -107,3 +107,21 @@ def test_a_campaign_bisects_a_fault_strength_and_writes_its_table_and_picture(fl
     assert all(r["met"] == 2 for r in data["rows"])
     text = (out / "CAMPAIGN.md").read_text()
     assert "survives the whole range tried (up to 8)" in text and (out / "campaign.png").stat().st_size > 1000
+
+
+def test_a_kill_armed_on_a_storage_request_interrupts_that_transfer(run_wave):
+    """PK1 `at_request`: the proxy holds the task's next UploadPart of a workspace snapshot (never forwarded)
+    while the sandbox is killed, so the kill provably lands mid-transfer; durable aborts the upload the dead
+    attempt left and passes, nothing half-uploaded remains."""
+    timing = {"PK1": {"at_request": {"ops": ["UploadPart"], "key_prefix": "snapshots/"}}}
+    result, d = run_wave(runner="durable", tasks=2, concurrency=2, seed=6, faults=["PK1"], fault_timing=timing,
+                         workload={"steps": 7, "think_ms": 20}, deadline_s=60)
+    assert result["verdict"] == "pass", [(g["task_id"], g["signature"]) for g in result["tasks"]]
+    log = [orjson.loads(l) for l in (d / "proxy-requests.jsonl").read_bytes().splitlines()]
+    for r in _receipts(d):
+        assert r["status"] == "applied" and "held its store request UploadPart" in r["detail"], r
+        held = [x for x in log if x.get("rule") == r["instance"]]
+        assert len(held) == 1 and held[0]["held"] and held[0]["aborted"] and held[0]["op"] == "UploadPart"
+    assert result["leaks"]["incomplete_uploads"] == []
+    runner_logs = "".join(p.read_text() for p in (d / "sandboxes").glob("t*-a2/runner.log"))
+    assert "aborted 1 snapshot upload(s)" in runner_logs
