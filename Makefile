@@ -34,7 +34,10 @@ test: setup examples
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
+# HAProxy (Debian's, HTTP mode, 127.0.0.1 only, own config, stopped by PID) is the production relay the
+# proxy is measured beside
 bench: setup
+	command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy
 	$(BIN)/python -m tests.bench.run
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports

@@ -209,6 +209,61 @@ class Rule:
         return out
 
 
+class RuleSet(dict):
+    """The open rules (rule_id -> Rule), indexed so a request only meets rules that could match it: a rule
+    whose bucket and key prefix pin the key's first two segments (`wave/task/...`) sits in that slot; others
+    are checked for every request. The cost per request does not grow with rules on other tasks' prefixes."""
+
+    def __init__(self):
+        super().__init__()
+        self._slots: dict[tuple, dict[str, Rule]] = {}
+        self._wide: dict[str, Rule] = {}
+        self._order: dict[str, int] = {}
+        self._n = 0
+        self.lag: dict[str, Rule] = {}
+
+    @staticmethod
+    def _slot(bucket: str | None, prefix: str | None) -> tuple | None:
+        if bucket is None or not prefix:
+            return None
+        segs = prefix.split("/", 2)
+        return (bucket, segs[0], segs[1]) if len(segs) == 3 else None
+
+    def __setitem__(self, rid: str, rule: Rule) -> None:
+        super().__setitem__(rid, rule)
+        self._n += 1
+        self._order[rid] = self._n
+        slot = self._slot(rule.bucket, rule.key_prefix)
+        (self._slots.setdefault(slot, {}) if slot else self._wide)[rid] = rule
+        if rule.action == "lag":
+            self.lag[rid] = rule
+
+    def pop(self, rid: str, default=None):
+        rule = super().pop(rid, None)
+        if rule is None:
+            return default
+        slot = self._slot(rule.bucket, rule.key_prefix)
+        if slot:
+            self._slots.get(slot, {}).pop(rid, None)
+            if not self._slots.get(slot):
+                self._slots.pop(slot, None)
+        else:
+            self._wide.pop(rid, None)
+        self._order.pop(rid, None)
+        self.lag.pop(rid, None)
+        return rule
+
+    def candidates(self, req: "S3Request") -> list[Rule]:
+        """The rules that could match `req`, in the order they were opened."""
+        slot = self._slot(req.bucket, req.target_key)
+        got = list(self._wide.values())
+        if slot and slot in self._slots:
+            got += self._slots[slot].values()
+        if len(got) > 1:
+            got.sort(key=lambda r: self._order.get(r.rule_id, 0))
+        return got
+
+
 class TokenBucket:
     """A bandwidth cap shared by concurrent streams: `take(n)` waits until n bytes fit the rate."""
 
@@ -378,7 +433,7 @@ def _xml_unescape(s: str) -> str:
 class FaultProxy:
     def __init__(self, upstream_host: str, upstream_port: int, log_path: str | None):
         self.upstream = (upstream_host, upstream_port)
-        self.rules: dict[str, Rule] = {}
+        self.rules = RuleSet()
         self.closed_rules: list[dict] = []
         self.log = open(log_path, "ab") if log_path else None
         self.counts = {"requests": 0, "faulted": 0}
@@ -428,21 +483,21 @@ class FaultProxy:
                     cut=True, withheld=head.length, ms=round((time.time() - t0) * 1000, 3))
 
     def match(self, req: S3Request) -> Rule | None:
-        for rule in list(self.rules.values()):
+        for rule in self.rules.candidates(req):
             if rule.action not in ("boundary", "lag") and rule.matches(req) and rule.draw():
                 return rule
         return None
 
     def _boundary_rules(self, req: S3Request) -> list[Rule]:
-        return [r for r in self.rules.values() if r.action == "boundary" and r.matches(req)]
+        return [r for r in self.rules.candidates(req) if r.action == "boundary" and r.matches(req)]
 
     def _lagging(self, req: S3Request) -> Rule | None:
         """ST7: a read of an object written in a lag window less than `lag_s` ago answers as missing."""
         if req.method not in ("GET", "HEAD") or not req.key or req.upload_id:
             return None
         now = time.time()
-        for rule in self.rules.values():
-            if rule.action == "lag" and rule.visible_at.get(f"{req.bucket}/{req.key}", 0) > now:
+        for rule in self.rules.lag.values():
+            if rule.visible_at.get(f"{req.bucket}/{req.key}", 0) > now:
                 rule.matched += 1
                 rule.hits += 1
                 rule.first_hit_at = rule.first_hit_at or now
@@ -456,16 +511,16 @@ class FaultProxy:
         """A write the store answered 2xx under a lag rule starts that object's lag."""
         if not 200 <= status < 300 or req.op not in ("PutObject", "CompleteMultipartUpload", "CopyObject"):
             return
-        for rule in self.rules.values():
-            if rule.action == "lag" and rule.matches(req) and not rule.expired():
+        for rule in self.rules.lag.values():
+            if rule.matches(req) and not rule.expired():
                 rule.visible_at[f"{req.bucket}/{req.key}"] = time.time() + rule.lag_s
 
     def _listing_lag(self, req: S3Request) -> list[Rule]:
         if req.op not in ("ListObjectsV2", "ListObjects"):
             return []
         now = time.time()
-        return [r for r in self.rules.values() if r.action == "lag"
-                and any(t > now and k.startswith(f"{req.bucket}/{req.list_prefix or ''}")
+        return [r for r in self.rules.lag.values()
+                if any(t > now and k.startswith(f"{req.bucket}/{req.list_prefix or ''}")
                         for k, t in r.visible_at.items())]
 
     @staticmethod
@@ -572,7 +627,7 @@ class FaultProxy:
                 if len(sha) == 64:  # the writer signed its payload's sha256: the audit checks the store against it
                     base["sha"] = sha
                 await self._gate(req)
-                rule = self._lagging(req) if self.rules else None
+                rule = self._lagging(req) if self.rules.lag else None
                 if rule is not None:  # ST7: read-after-write lag, the object reads as missing
                     rule_answer = (404, "NoSuchKey")
                 else:
@@ -621,7 +676,7 @@ class FaultProxy:
                     if expect:
                         return
                     continue
-                strip = self._listing_lag(req) if self.rules else []
+                strip = self._listing_lag(req) if self.rules.lag else []
                 expect = head.get("expect").lower() == "100-continue"
                 held = None
                 if not head.chunked and head.length is not None and 0 < head.length <= HOLD_MAX:
@@ -658,7 +713,7 @@ class FaultProxy:
                             cwriter.write(rhead.raw)
                             await cwriter.drain()
                         continue
-                    if self.rules:
+                    if self.rules.lag:
                         self._lag_note(req, status)
                     fired = await self._boundary(req, status)
                     if fired is not None and fired.variant == "ambiguous":

@@ -69,3 +69,33 @@ def test_duration_window_opens_at_first_match_and_expires():
     rule.first_hit_at -= 0.5  # the window opened 0.5 s ago
     assert rule.expired() and rule.draw() is False
     assert rule.hits == 1 and rule.matched == 2 and rule.public()["expired"] is True
+
+
+def test_the_rule_index_finds_exactly_what_a_scan_finds_and_skips_other_prefixes():
+    import random
+
+    from storage.proxy import RuleSet
+
+    rnd = random.Random(5)
+    rs, plain = RuleSet(), []
+    prefixes = [None, "", "w", "w/", "w/t1", "w/t1/", "w/t1/snap", "w/t2/", "x/t1/", "w/t1/journal/"]
+    for i in range(300):
+        r = Rule(rule_id=f"r{i}", bucket=rnd.choice([None, "b", "c"]), key_prefix=rnd.choice(prefixes),
+                 methods=rnd.choice([None, ["PUT"], ["GET"]]))
+        rs[r.rule_id] = r
+        plain.append(r)
+    for rid in [f"r{i}" for i in range(0, 300, 7)]:  # closing keeps the index true
+        rs.pop(rid)
+        plain = [r for r in plain if r.rule_id != rid]
+    for _ in range(500):
+        req = S3Request.parse(rnd.choice(["GET", "PUT"]), rnd.choice(
+            ["/b/w/t1/journal/0001", "/b/w/t2/a", "/c/w/t1/snap.tar", "/b/x/t1/k", "/b?list-type=2&prefix=w%2Ft1%2F",
+             "/b?list-type=2&prefix=w%2F", "/b/w", "/b"]))
+        assert [r.rule_id for r in rs.candidates(req) if r.matches(req)] == \
+            [r.rule_id for r in plain if r.matches(req)]
+    # 1,000 rules on other tasks' prefixes: a request meets none of them
+    big = RuleSet()
+    for i in range(1000):
+        big[f"o{i}"] = Rule(rule_id=f"o{i}", bucket="b", key_prefix=f"w/t{i:04d}/")
+    assert [r.rule_id for r in big.candidates(S3Request.parse("GET", "/b/w/t0007/journal/1"))] == ["o7"]
+    assert big.candidates(S3Request.parse("GET", "/b/w/zzz/k")) == []
