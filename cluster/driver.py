@@ -264,6 +264,10 @@ class FaultContextImpl:
         """The proxy's log lines of requests signed by these key ids between t0 and t1."""
         out = []
         try:
+            self.proxy().flush()
+        except (RuntimeError, OSError):
+            pass
+        try:
             for line in (self.wave.dir / "proxy-requests.jsonl").read_bytes().splitlines():
                 try:
                     r = orjson.loads(line)
@@ -851,6 +855,7 @@ class WaveRun:
                                "no boundaries to enumerate; see its runner.log")
         prefix = self.task_prefix(ref)
         writes = 0
+        self.proxy.control().flush()
         for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
             r = orjson.loads(line)
             if (r.get("key") or "").startswith(prefix) and r.get("method") in ("PUT", "POST", "DELETE") \
@@ -952,6 +957,11 @@ class WaveRun:
         from storage.audit import audit, client_for
 
         log = []
+        try:
+            if not self.lost("fault proxy"):
+                self.proxy.control().flush()
+        except (RuntimeError, OSError):
+            pass
         try:
             for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
                 try:

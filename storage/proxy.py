@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import math
 import os
 import secrets
 import random
@@ -38,6 +39,7 @@ from storage.process import stop_process
 
 CHUNK = 256 * 1024
 MAX_HEAD = 64 * 1024
+LOG_FLUSH_S = 0.01  # the request log is written in batches this often
 HOLD_MAX = 1024 * 1024  # request bodies up to this size are held whole before the store sees the request
 
 
@@ -91,7 +93,7 @@ class S3Request:
         key = segs[1] if len(segs) > 1 else ""
         part = query.get("partNumber", [None])[0]
         return cls(method=method, bucket=bucket, key=key,
-                   part=int(part) if part and part.isdigit() else None,
+                   part=int(part) if part and part.isdecimal() and len(part) < 10 else None,
                    upload_id=query.get("uploadId", [None])[0],
                    list_prefix=query.get("prefix", [None])[0] if not key else None, flags=frozenset(query))
 
@@ -131,7 +133,33 @@ class Rule:
     last_hit_at: float | None = None
     hit_keys: list = field(default_factory=list)
 
+    _TYPES = {"rule_id": (str,), "action": (str,), "status": (int,), "code": (str,), "message": (str,),
+              "bucket": (str, type(None)), "key_prefix": (str, type(None)), "part": (int, type(None)),
+              "ratio": (int, float), "seed": (int,), "duration_s": (int, float, type(None)),
+              "max_hits": (int, type(None)), "hold_s": (int, float), "nth": (int,), "variant": (str,),
+              "reset_after": (int,), "lag_s": (int, float), "bandwidth_bps": (int, type(None)),
+              "fault": (str, type(None))}
+
     def __post_init__(self):
+        """Every field is checked here: a rule that is accepted can never crash the relay's hot path."""
+        for name, types in self._TYPES.items():
+            v = getattr(self, name)
+            if not isinstance(v, types) or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)):
+                raise ValueError(f"rule.{name}={v!r} must be {' or '.join(t.__name__ for t in types)}")
+        for name in ("methods", "ops"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+                raise ValueError(f"rule.{name}={v!r} must be a list of strings or null")
+        if not self.rule_id or len(self.rule_id) > 200:
+            raise ValueError("rule.rule_id must be 1-200 characters")
+        if not 100 <= self.status <= 599:
+            raise ValueError(f"rule.status={self.status!r} must be an HTTP status (100-599)")
+        if self.nth < 1 or (self.max_hits is not None and self.max_hits < 0) or self.hold_s < 0:
+            raise ValueError("rule.nth must be >= 1, rule.max_hits and rule.hold_s >= 0")
+        if self.latency_ms is not None and not (isinstance(self.latency_ms, list) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                for x in self.latency_ms)):
+            raise ValueError(f"rule.latency_ms={self.latency_ms!r} must be [lo, hi] ms")
         if self.action not in ACTIONS:
             raise ValueError(f"rule.action={self.action!r} is not one of {sorted(ACTIONS)}")
         if not 0.0 <= self.ratio <= 1.0:
@@ -307,6 +335,13 @@ def error_response(rule: Rule, req: S3Request, close: bool, answer: tuple[int, s
     return head + (b"" if req.method == "HEAD" else body)
 
 
+def bad_request(why: str) -> bytes:
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadRequest</Code><Message>'
+            f"{why[:200].replace('<', ' ').replace('&', ' ')}</Message></Error>").encode()
+    return (f"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
 # An action is how a hit request is answered. New ST faults register here. `cut_body` has no canned answer:
 # the proxy relays the head alone and then drops both connections (FaultProxy._cut).
 # `boundary` answers nothing itself: it watches 2xx writes and, at the Nth, holds the task's traffic until the
@@ -343,7 +378,7 @@ class Head:
     @property
     def length(self) -> int | None:
         v = self.get("content-length")
-        return int(v) if v.isdigit() else None
+        return int(v) if v.isdecimal() and len(v) < 19 else None
 
 
 async def read_head(reader: asyncio.StreamReader) -> Head | None:
@@ -441,6 +476,7 @@ class FaultProxy:
         self.control_port = 0
         self.token = os.environ.get("SANDFLEET_PROXY_TOKEN") or None
         self.released: dict[str, asyncio.Event] = {}  # boundary rules: set when the rule is closed
+        self._pending: list[bytes] = []
 
     @staticmethod
     async def _upstream_head(ureader, uwriter, body_task) -> Head:
@@ -607,8 +643,20 @@ class FaultProxy:
         if entry.get("rule"):
             self.counts["faulted"] += 1
         if self.log:
-            self.log.write(orjson.dumps(entry) + b"\n")
+            # batched: one write per tick (LOG_FLUSH_S), not a syscall per request; any control call and the
+            # proxy's stop write what is pending first (a SIGKILL loses at most one tick of lines)
+            self._pending.append(orjson.dumps(entry) + b"\n")
+
+    def flush_log(self) -> None:
+        if self.log and self._pending:
+            batch, self._pending = self._pending, []
+            self.log.write(b"".join(batch))
             self.log.flush()
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(LOG_FLUSH_S)
+            self.flush_log()
 
     async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         ureader = uwriter = None
@@ -618,7 +666,18 @@ class FaultProxy:
                 if head is None:
                     return
                 method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
-                req = S3Request.parse(method, target)
+                try:
+                    req = S3Request.parse(method, target)
+                    cl = head.get("content-length")
+                    if not method.isalpha() or not target.startswith("/") or (cl and not cl.isdecimal()) \
+                            or (cl and head.chunked):
+                        raise ValueError("malformed request line or framing")
+                except ValueError as exc:  # answered, logged, closed; never forwarded
+                    cwriter.write(bad_request(str(exc)))
+                    await cwriter.drain()
+                    self.record(t=time.time(), method=method[:16], bucket=None, key=None, status=400,
+                                req_bytes=0, resp_bytes=0, rule=None, fault=None, bad_request=str(exc)[:200])
+                    return
                 t0 = time.time()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix,
@@ -790,6 +849,9 @@ class FaultProxy:
             writer.close()
 
     def dispatch(self, method: str, path: str, body: bytes) -> tuple[int, dict]:
+        self.flush_log()  # whoever asks the proxy anything sees every request logged before the question
+        if method == "POST" and path == "/flush":
+            return 200, {"flushed": True}
         if method == "GET" and path == "/rules":
             return 200, {"rules": [r.public() for r in self.rules.values()], "closed": self.closed_rules}
         if method == "GET" and path == "/stats":
@@ -829,8 +891,11 @@ class FaultProxy:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        flusher = asyncio.create_task(self._flusher())
         async with server, ctl:
             await stop.wait()
+        flusher.cancel()
+        self.flush_log()
         if self.log:
             self.log.close()
 
@@ -866,6 +931,10 @@ class ProxyControl:
 
     def stats(self) -> dict:
         return self._call("GET", "/stats")
+
+    def flush(self) -> None:
+        """Write every request the proxy has logged so far to its log file."""
+        self._call("POST", "/flush", {})
 
 
 class ProxyProcess:

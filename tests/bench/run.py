@@ -108,12 +108,22 @@ def bench_store(rows: list) -> None:
         for _, c in paths:
             for _ in range(30):  # warm up connections
                 c.get_object(Bucket="bench", Key="small")["Body"].read()
+        def cpu(pid: int) -> float:  # user+system seconds the process has used
+            f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+        pids = {"proxy": proxy.proc.pid, "proxy+1000 rules": ruled.proc.pid}
+        if hap is not None:
+            pids["haproxy"] = hap.proc.pid
+        cpu0 = {k: cpu(v) for k, v in pids.items()}
         # interleaved, so every path sees the same machine state
-        for _ in range(500):
+        n_lat = 2000
+        for _ in range(n_lat):
             for name, c in paths:
                 t = time.perf_counter()
                 c.get_object(Bucket="bench", Key="small")["Body"].read()
                 m[name]["lat"].append((time.perf_counter() - t) * 1000)
+        cpu_us = {k: (cpu(v) - cpu0[k]) / n_lat * 1e6 for k, v in pids.items()}
         big_paths = [p for p in paths if p[0] != "proxy+1000 rules"]
         for i in range(150):
             for name, c in big_paths:
@@ -141,13 +151,17 @@ def bench_store(rows: list) -> None:
         def ha(fmt):
             return fmt(hp) if hp else "haproxy not installed"
         rows += [
-            ("S3 GET 1 KiB, keep-alive, n=500 interleaved: p50 / p99 (ms)", f"{dr['p50']:.2f} / {dr['p99']:.2f}",
+            (f"S3 GET 1 KiB, keep-alive, n={n_lat} interleaved: p50 / p99 (ms)", f"{dr['p50']:.2f} / {dr['p99']:.2f}",
              f"{px['p50']:.2f} / {px['p99']:.2f}",
              f"proxy adds {px['p50'] - dr['p50']:+.2f} ms p50, {px['p99'] - dr['p99']:+.2f} ms p99; HAProxy "
              + ha(lambda h: f"{h['p50']:.2f} / {h['p99']:.2f} ({h['p50'] - dr['p50']:+.2f} ms p50)")),
             ("same loop, a second proxy with 1,000 open rules on other prefixes: p50 / p99 (ms)", "",
              f"{pr['p50']:.2f} / {pr['p99']:.2f}",
              f"x{pr['p50'] / px['p50']:.2f} of the proxy with no rule open (p50), x{pr['p99'] / px['p99']:.2f} (p99)"),
+            (f"relay CPU per 1 KiB GET (user+system, n={n_lat}, µs)", "",
+             f"{cpu_us['proxy']:.0f} (with 1,000 rules: {cpu_us['proxy+1000 rules']:.0f})",
+             "HAProxy " + (f"{cpu_us['haproxy']:.0f}: proxy x{cpu_us['proxy'] / max(cpu_us['haproxy'], 1e-9):.2f}"
+                           if "haproxy" in cpu_us else "not installed")),
             ("durable per-step commit: PUT 1 KiB IfNoneMatch p50 (ms)", f"{dr['commit']:.2f}", f"{px['commit']:.2f}",
              f"x{px['commit'] / dr['commit']:.2f}; HAProxy " + ha(lambda h: f"{h['commit']:.2f} "
                                                                     f"(x{h['commit'] / dr['commit']:.2f})")),

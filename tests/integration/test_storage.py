@@ -27,6 +27,12 @@ def store_and_proxy(tmp_path_factory):
     store.stop()
 
 
+def _plog(proxy, d) -> list[dict]:
+    """The proxy's request log so far (it writes in batches: ask it to flush first)."""
+    proxy.control().flush()
+    return [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+
+
 def test_unknown_key_is_refused_and_every_port_is_loopback(store_and_proxy):
     store, ep, proxy, _ = store_and_proxy
     bad = s3_client(proxy.url, Credentials("AKNOTAKEY", "not-a-secret"), max_attempts=1)
@@ -53,7 +59,7 @@ def test_proxy_streams_multipart_and_keeps_signatures_valid(store_and_proxy):
                                 MultipartUpload={"Parts": parts})
     got = c.get_object(Bucket="sf-test", Key="mp/obj")["Body"].read()
     assert hashlib.sha256(got).digest() == hashlib.sha256(b"".join(blobs)).digest()
-    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    log = _plog(proxy, d)
     part_puts = [r for r in log if r["key"] == "mp/obj" and r["part"] is not None]
     assert [r["part"] for r in part_puts] == [1, 2, 3]
     assert all(r["status"] == 200 and r["req_bytes"] >= 5 * 1024 * 1024 for r in part_puts)
@@ -105,7 +111,7 @@ def test_st6_cuts_one_put_after_its_head_and_the_store_empties_the_newer_write(s
     time.sleep(5)
     got = s3_client(ep.url, ep.creds).get_object(Bucket="sf-test", Key="cut/rec")["Body"].read()
     assert got == b"", f"the store kept {got!r}: SeaweedFS no longer empties a cut PUT's key; revisit ST6"
-    log = [orjson.loads(l) for l in (store_and_proxy[3] / "proxy.jsonl").read_bytes().splitlines()]
+    log = _plog(store_and_proxy[2], store_and_proxy[3])
     assert any(r.get("cut") and r["key"] == "cut/rec" and r["withheld"] == 137 for r in log)
 
 
@@ -236,7 +242,7 @@ def test_st4_fails_upload_parts_by_operation_and_a_reset_mid_body_is_retried(sto
     c.complete_multipart_upload(Bucket="sf-test", Key=key, UploadId=up, MultipartUpload=parts)
     assert c.get_object(Bucket="sf-test", Key=key)["Body"].read() == blob
     assert proxy.control().close_rule("st4")["hits"] == 1 and proxy.control().close_rule("st4c")["hits"] == 1
-    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    log = _plog(proxy, d)
     reset = [r for r in log if r.get("rule") == "st4"]
     assert reset[0]["reset"] and reset[0]["forwarded"] == 65536
 
@@ -293,7 +299,7 @@ def test_st2_adds_latency_and_caps_bandwidth_shared_by_requests(store_and_proxy)
     finally:
         closed = proxy.control().close_rule("st2")
     # not a timing assertion on the harness: the proxy's own log says what it did to the request
-    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    log = _plog(proxy, d)
     slowed = [r for r in log if r.get("rule") == "st2"]
     assert closed["hits"] == 1 and slowed and slowed[0]["status"] == 200 and slowed[0]["resp_bytes"] == len(blob)
     assert slowed[0]["delay_ms"] == 100.0 and slowed[0]["throttle_wait_ms"] > 0  # the cap made it wait
@@ -313,7 +319,7 @@ def test_the_store_audit_reads_back_through_minio_and_names_what_differs(store_a
     direct.put_object(Bucket="sf-test", Key="wA/t1/bad", Body=b"not it")  # behind the proxy's back
     c.put_object(Bucket="sf-test", Key="wA/stray", Body=b"x")
     ups = [c.create_multipart_upload(Bucket="sf-test", Key=f"wA/t1/up{i}")["UploadId"] for i in range(7)]
-    log = [orjson.loads(l) for l in (d / "proxy.jsonl").read_bytes().splitlines()]
+    log = _plog(proxy, d)
     assert any(r.get("key") == "wA/t1/good" and len(r.get("sha", "")) == 64 for r in log)
     mc = client_for(ep.url, ep.creds.access_key, ep.creds.secret_key)
     out = audit(mc, "sf-test", "wA", ["t1"], log, page=3)
@@ -324,3 +330,49 @@ def test_the_store_audit_reads_back_through_minio_and_names_what_differs(store_a
     mine = {u["upload_id"] for u in out["incomplete_uploads"] if u["key"].startswith("wA/")}
     assert mine == set(ups) and set(ups) <= set(out["aborted_uploads"])
     assert not [u for u in audit(mc, "sf-test", "wA", ["t1"], log)["incomplete_uploads"] if u["key"].startswith("wA/")]
+
+
+def test_bad_requests_get_a_clear_error_and_the_proxy_keeps_serving(store_and_proxy):
+    """Malformed heads, bad framing, a client that dies mid-body, a bad control call: each gets an answer or a
+    closed connection, nothing truncated reaches the store as complete, and the next request still works."""
+    import socket
+
+    _, ep, proxy, d = store_and_proxy
+    c = _once(ep, proxy)
+    c.put_object(Bucket="sf-test", Key="bad/keep", Body=b"intact")
+
+    def raw(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+            s.sendall(data)
+            try:
+                s.shutdown(socket.SHUT_WR)
+                return s.recv(4096)
+            except OSError:
+                return b""
+
+    nasty = [b"GARBAGE\r\n\r\n", b"GET\r\n\r\n", b"G@T /x HTTP/1.1\r\n\r\n", b"GET nohost HTTP/1.1\r\n\r\n",
+             b"PUT /sf-test/bad/keep HTTP/1.1\r\nContent-Length: 12a\r\n\r\nxxxx",
+             b"PUT /sf-test/bad/keep HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+             b"GET /sf-test/x?partNumber=%C2%B2&uploadId=u HTTP/1.1\r\n\r\n",
+             b"PUT /sf-test/bad/keep HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + b"y" * 5000,  # dies mid-body
+             b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n"]
+    for data in nasty:
+        got = raw(data)
+        assert got == b"" or got.startswith(b"HTTP/1.1 4"), (data[:60], got[:200])
+        assert proxy.proc.poll() is None
+        assert c.get_object(Bucket="sf-test", Key="bad/keep")["Body"].read() == b"intact"
+    for m, p, b in (("POST", "/rules", b"{not json"), ("POST", "/rules", b'{"rule_id": "x", "ops": 5}'),
+                    ("GET", "/nope", b""), ("DELETE", "/rules/none", b"")):
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{proxy.control_port}{p}", data=b or None, method=m,
+                                     headers={"Authorization": f"Bearer {proxy.token}"})
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            raise AssertionError(f"{m} {p} was accepted")
+        except urllib.error.HTTPError as exc:
+            assert 400 <= exc.code < 500 and b"error" in exc.read()
+    assert c.get_object(Bucket="sf-test", Key="bad/keep")["Body"].read() == b"intact"
+    bad = [r for r in _plog(proxy, d) if r.get("bad_request")]
+    assert len(bad) >= 5

@@ -99,3 +99,61 @@ def test_the_rule_index_finds_exactly_what_a_scan_finds_and_skips_other_prefixes
         big[f"o{i}"] = Rule(rule_id=f"o{i}", bucket="b", key_prefix=f"w/t{i:04d}/")
     assert [r.rule_id for r in big.candidates(S3Request.parse("GET", "/b/w/t0007/journal/1"))] == ["o7"]
     assert big.candidates(S3Request.parse("GET", "/b/w/zzz/k")) == []
+
+
+# ---------------------------------------------------------------- fuzz: parser and rule API (hypothesis)
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+                     max_leaves=10)
+_targets = st.one_of(st.text(max_size=80), st.builds(
+    lambda b, k, q: f"/{b}/{k}?{q}", st.text(max_size=10), st.text(max_size=30),
+    st.sampled_from(["", "uploads", "uploadId=u&partNumber=3", "partNumber=²", "list-type=2&prefix=w%2F", "delete",
+                     "uploadId=", "partNumber=99999999999999999999"])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH", "", "G ET"]), _targets)
+def test_the_request_parser_never_raises_anything_but_value_error(method, target):
+    try:
+        req = S3Request.parse(method, target)
+    except ValueError:
+        return
+    assert isinstance(req.op, str) and isinstance(req.target_key, str)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(["rule_id", "action", "status", "code", "methods", "ops", "bucket",
+                                        "key_prefix", "part", "ratio", "seed", "duration_s", "max_hits", "codes",
+                                        "latency_ms", "bandwidth_bps", "reset_after", "lag_s", "nth", "variant",
+                                        "hold_s", "fault", "bogus"]), _json, max_size=8),
+       st.sampled_from(["GET", "PUT", "POST"]), _targets)
+def test_a_rule_the_api_accepts_never_crashes_the_relay(spec, method, target):
+    """Through the control API: any JSON body is either refused (4xx, named) or a rule that matching, drawing
+    and answering can use on any request without raising."""
+    import orjson
+
+    p = FaultProxy("127.0.0.1", 1, None)
+    spec.setdefault("rule_id", "r")
+    try:
+        body = orjson.dumps(spec)
+    except TypeError:
+        return
+    try:
+        status, out = p.dispatch("POST", "/rules", body)
+    except (ValueError, TypeError) as exc:  # the control handler answers these as 400 with the message
+        assert str(exc)
+        return
+    assert status == 201, out
+    try:
+        req = S3Request.parse(method, target)
+    except ValueError:
+        return
+    for rule in p.rules.candidates(req):
+        if rule.matches(req) and rule.draw():
+            rule.answer_code()
+            rule.delay_s()
+            error_response(rule, req, close=False)
+        rule.public()
