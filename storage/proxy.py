@@ -38,8 +38,12 @@ import orjson
 from storage.process import stop_process
 
 CHUNK = 256 * 1024
+# The proxy's one clock: rule windows (time-triggered or opened by a request), hits and lags all read it, and
+# every timestamp it logs comes from it. Tests inject their own (`proxy.clock = fake`) to step windows.
+clock = time.time
 MAX_HEAD = 64 * 1024
 LOG_FLUSH_S = 0.01  # the request log is written in batches this often
+SMALL_BODY = 64 * 1024  # responses up to this size are sent with their head in one write
 HOLD_MAX = 1024 * 1024  # request bodies up to this size are held whole before the store sees the request
 
 
@@ -126,7 +130,7 @@ class Rule:
     reset_after: int = 0  # reset: body bytes forwarded to the store before both connections are reset
     lag_s: float = 1.0  # lag: how long an object written in the window reads as missing after its write
     fault: str | None = None
-    opened_at: float = field(default_factory=time.time)
+    opened_at: float = field(default_factory=lambda: clock())
     matched: int = 0
     hits: int = 0
     first_hit_at: float | None = None
@@ -216,7 +220,7 @@ class Rule:
 
     def expired(self, now: float | None = None) -> bool:
         return (self.duration_s is not None and self.first_hit_at is not None
-                and (now or time.time()) >= self.first_hit_at + self.duration_s)
+                and (now or clock()) >= self.first_hit_at + self.duration_s)
 
     def draw(self) -> bool:
         """Count the match and decide (seeded) whether this request is hit."""
@@ -225,7 +229,7 @@ class Rule:
             return False
         hit = self.ratio >= 1.0 or self._rng.random() < self.ratio
         if hit:
-            now = time.time()
+            now = clock()
             self.hits += 1
             self.first_hit_at = self.first_hit_at or now
             self.last_hit_at = now
@@ -482,6 +486,11 @@ class FaultProxy:
     async def _upstream_head(ureader, uwriter, body_task) -> Head:
         """The upstream's next response head; if the client dies while its body is being relayed, the
         upstream request is aborted at once (never left open to land later)."""
+        if body_task.done() and body_task.exception() is None:  # the common case: read the answer directly
+            rhead = await read_head(ureader)
+            if rhead is None:
+                raise ConnectionError("upstream closed before answering")
+            return rhead
         head_task = asyncio.ensure_future(read_head(ureader))
         done, _ = await asyncio.wait({head_task, body_task}, return_when=asyncio.FIRST_COMPLETED)
         if head_task not in done and body_task.done() and body_task.exception() is not None:
@@ -516,7 +525,7 @@ class FaultProxy:
             if uw is not None:
                 uw.close()
         self.record(**base, status=None, req_bytes=0, resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
-                    cut=True, withheld=head.length, ms=round((time.time() - t0) * 1000, 3))
+                    cut=True, withheld=head.length, ms=round((clock() - t0) * 1000, 3))
 
     def match(self, req: S3Request) -> Rule | None:
         for rule in self.rules.candidates(req):
@@ -531,7 +540,7 @@ class FaultProxy:
         """ST7: a read of an object written in a lag window less than `lag_s` ago answers as missing."""
         if req.method not in ("GET", "HEAD") or not req.key or req.upload_id:
             return None
-        now = time.time()
+        now = clock()
         for rule in self.rules.lag.values():
             if rule.visible_at.get(f"{req.bucket}/{req.key}", 0) > now:
                 rule.matched += 1
@@ -549,12 +558,12 @@ class FaultProxy:
             return
         for rule in self.rules.lag.values():
             if rule.matches(req) and not rule.expired():
-                rule.visible_at[f"{req.bucket}/{req.key}"] = time.time() + rule.lag_s
+                rule.visible_at[f"{req.bucket}/{req.key}"] = clock() + rule.lag_s
 
     def _listing_lag(self, req: S3Request) -> list[Rule]:
         if req.op not in ("ListObjectsV2", "ListObjects"):
             return []
-        now = time.time()
+        now = clock()
         return [r for r in self.rules.lag.values()
                 if any(t > now and k.startswith(f"{req.bucket}/{req.list_prefix or ''}")
                         for k, t in r.visible_at.items())]
@@ -562,7 +571,7 @@ class FaultProxy:
     @staticmethod
     def _strip_listing(body: bytes, bucket: str, rules: list[Rule]) -> tuple[bytes, int]:
         """Remove lagging keys' <Contents> entries from a listing (and fix KeyCount); returns (body, removed)."""
-        now = time.time()
+        now = clock()
         hidden = {k.split("/", 1)[1] for r in rules for k, t in r.visible_at.items()
                   if t > now and k.startswith(bucket + "/")}
         removed = 0
@@ -612,7 +621,7 @@ class FaultProxy:
         if len(rule.hit_keys) < 20:
             rule.hit_keys.append(req.target_key)
         self.record(**base, status=None, req_bytes=sent, resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
-                    reset=True, forwarded=sent, ms=round((time.time() - t0) * 1000, 3))
+                    reset=True, forwarded=sent, ms=round((clock() - t0) * 1000, 3))
 
     async def _gate(self, req: S3Request) -> None:
         """After an `after` boundary fired, the task's next requests wait until the rule is closed (the kill)."""
@@ -631,7 +640,7 @@ class FaultProxy:
                 continue
             rule.counted += 1
             if rule.counted == rule.nth:
-                rule.hits, rule.first_hit_at = 1, time.time()
+                rule.hits, rule.first_hit_at = 1, clock()
                 rule.last_hit_at = rule.first_hit_at
                 if len(rule.hit_keys) < 20:
                     rule.hit_keys.append(req.target_key)
@@ -675,10 +684,10 @@ class FaultProxy:
                 except ValueError as exc:  # answered, logged, closed; never forwarded
                     cwriter.write(bad_request(str(exc)))
                     await cwriter.drain()
-                    self.record(t=time.time(), method=method[:16], bucket=None, key=None, status=400,
+                    self.record(t=clock(), method=method[:16], bucket=None, key=None, status=400,
                                 req_bytes=0, resp_bytes=0, rule=None, fault=None, bad_request=str(exc)[:200])
                     return
-                t0 = time.time()
+                t0 = clock()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
                         "part": req.part, "upload_id": req.upload_id, "prefix": req.list_prefix,
                         "akid": access_key_id(head.get("authorization"), target)}
@@ -708,7 +717,7 @@ class FaultProxy:
                         pass
                     cwriter.transport.abort()  # never forwarded: the store never sees the held request
                     self.record(**base, op=req.op, status=None, req_bytes=0, resp_bytes=0, rule=rule.rule_id,
-                                fault=rule.fault, held=True, aborted=True, ms=round((time.time() - t0) * 1000, 3))
+                                fault=rule.fault, held=True, aborted=True, ms=round((clock() - t0) * 1000, 3))
                     return
                 throttle_up = throttle_down = None
                 delayed = None
@@ -731,7 +740,7 @@ class FaultProxy:
                         rule.hit_keys.append(req.target_key)
                     self.record(**base, status=rule_answer[0], code=rule_answer[1], req_bytes=req_bytes,
                                 resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
-                                ms=round((time.time() - t0) * 1000, 3))
+                                ms=round((clock() - t0) * 1000, 3))
                     if expect:
                         return
                     continue
@@ -748,9 +757,7 @@ class FaultProxy:
                     held = await creader.readexactly(head.length)
                 if uwriter is None:
                     ureader, uwriter = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
-                uwriter.write(head.raw)
-                if held is not None and not expect:
-                    uwriter.write(held)
+                uwriter.write(head.raw + held if held is not None and not expect else head.raw)  # one send
                 await uwriter.drain()
                 if held is not None:
                     if throttle_up is not None:
@@ -758,6 +765,9 @@ class FaultProxy:
                     body_task = asyncio.get_running_loop().create_future()
                     if not expect:
                         body_task.set_result(len(held))
+                elif not head.chunked and not head.length:  # no body (GET, HEAD, DELETE): nothing to relay
+                    body_task = asyncio.get_running_loop().create_future()
+                    body_task.set_result(0)
                 else:
                     body_task = asyncio.create_task(copy_body(creader, uwriter, head, throttle=throttle_up))
                 while True:
@@ -779,19 +789,29 @@ class FaultProxy:
                         # the store applied the write; its answer never reaches the runner (killed meanwhile)
                         self.record(**base, status=status, req_bytes=body_task.result() if body_task.done()
                                     and not body_task.exception() else 0, resp_bytes=0, rule=fired.rule_id,
-                                    fault=fired.fault, held=True, ms=round((time.time() - t0) * 1000, 3))
+                                    fault=fired.fault, held=True, ms=round((clock() - t0) * 1000, 3))
                         ev = self.released.setdefault(fired.rule_id, asyncio.Event())
                         await asyncio.wait_for(ev.wait(), 60)
                         return
                     if strip and status == 200 and rhead.length is not None and rhead.length <= HOLD_MAX:
                         break  # a listing that may name lagging keys: rewritten below before it is relayed
                     strip = []
-                    cwriter.write(rhead.raw)
-                    await cwriter.drain()
                     break
                 no_body = method == "HEAD" or status in (204, 304)
                 closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
-                if strip:  # ST7: drop the lagging keys from the listing, fix its length
+                small = not strip and throttle_down is None and not rhead.chunked and (
+                    no_body or (rhead.length is not None and rhead.length <= SMALL_BODY))
+                if small:  # head and body in one send (most S3 answers are small)
+                    body = b"" if no_body else await ureader.readexactly(rhead.length)
+                    cwriter.write(rhead.raw + body)
+                    await cwriter.drain()
+                    resp_bytes = len(body)
+                elif not strip:
+                    cwriter.write(rhead.raw)
+                    await cwriter.drain()
+                if small:
+                    pass
+                elif strip:  # ST7: drop the lagging keys from the listing, fix its length
                     body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
                     raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
                     cwriter.write(raw + body)
@@ -816,7 +836,7 @@ class FaultProxy:
                     extra = {"delay_ms": round(delay_s * 1000, 3), "throttle_wait_ms": round(waited * 1000, 3)}
                 self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
                             rule=delayed.rule_id if delayed else None, fault=delayed.fault if delayed else None,
-                            ms=round((time.time() - t0) * 1000, 3), **extra)
+                            ms=round((clock() - t0) * 1000, 3), **extra)
                 if closing or (rhead.length is None and not rhead.chunked and not no_body):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
@@ -869,14 +889,14 @@ class FaultProxy:
             if rule is None:
                 return 404, {"error": f"no open rule {rid!r}"}
             self.released.setdefault(rid, asyncio.Event()).set()
-            closed = dict(rule.public(), closed_at=time.time())
+            closed = dict(rule.public(), closed_at=clock())
             self.closed_rules.append(closed)
             return 200, closed
         if method == "DELETE" and path == "/rules":
             closed = []
             for rid in list(self.rules):
                 self.released.setdefault(rid, asyncio.Event()).set()
-                closed.append(dict(self.rules.pop(rid).public(), closed_at=time.time()))
+                closed.append(dict(self.rules.pop(rid).public(), closed_at=clock()))
             self.closed_rules.extend(closed)
             return 200, {"closed": closed}
         return 404, {"error": f"no route {method} {path}"}

@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 pytestmark = pytest.mark.integration
-FAMILY = dict(tasks=6, concurrency=6, seed=11, faults=["ST2", "ST3", "ST4", "ST5", "ST8", "ST7+PK1"],
+FAMILY = dict(tasks=7, concurrency=7, seed=11, faults=["ST2", "ST3", "ST4", "ST5", "ST8", "ST7+PK1", "CR1"],
               fault_timing={"PK1": {"after_model_calls": [4, 6]}, "ST7": {"at_s": [0.0, 0.1], "window_s": [20, 20]},
-                            "ST4": {"window_s": [30, 30]}},
+                            "ST4": {"window_s": [30, 30]}, "CR1": {"after_model_calls": [2, 3], "window_s": [0.4, 0.8]}},
               workload={"steps": 9, "think_ms": 50}, deadline_s=90)
 
 
@@ -21,7 +21,7 @@ def test_durable_survives_every_storage_fault_and_every_one_applied(run_wave):
     result, d = run_wave(runner="durable", **FAMILY)
     assert result["verdict"] == "pass", [(g["task_id"], g["faults"], g["signature"]) for g in result["tasks"]]
     receipts = _receipts(d)
-    assert {r["fault_id"] for r in receipts} == {"ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "PK1"}
+    assert {r["fault_id"] for r in receipts} == {"ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "PK1", "CR1"}
     for r in receipts:
         assert r["status"] == "applied", r
         assert r["evidence"].get("hits", 1) >= 1
@@ -33,6 +33,15 @@ def test_durable_survives_every_storage_fault_and_every_one_applied(run_wave):
     log = [orjson.loads(l) for l in (d / "proxy-requests.jsonl").read_bytes().splitlines()]
     met = {r.get("fault") for r in log if r.get("rule")}
     assert {"ST2", "ST3", "ST4", "ST5", "ST8"} <= met, met
+
+
+def test_naive_is_caught_in_the_storage_family_wave(run_wave):
+    """The negative control on the same plan: the task whose outage-era kill makes it resume (ST7+PK1) fails
+    (naive re-applies and re-asks what it had done), so the wave fails."""
+    result, d = run_wave(runner="naive", **FAMILY)
+    by_fault = {"+".join(g["faults"]): g for g in result["tasks"]}
+    assert by_fault["ST7+PK1"]["verdict"] == "fail", by_fault["ST7+PK1"]["checks"]
+    assert result["verdict"] == "fail"
 
 
 def test_a_fault_that_changed_no_request_is_not_applied(run_wave):

@@ -157,3 +157,23 @@ def test_a_rule_the_api_accepts_never_crashes_the_relay(spec, method, target):
             rule.delay_s()
             error_response(rule, req, close=False)
         rule.public()
+
+
+def test_windows_hits_and_lags_run_on_one_injectable_clock(monkeypatch):
+    """A window opened by a request and a read-after-write lag, stepped with a fake clock (no sleeping)."""
+    import storage.proxy as px
+
+    now = [1000.0]
+    monkeypatch.setattr(px, "clock", lambda: now[0])
+    rule = Rule(rule_id="w", key_prefix="a/", duration_s=2.0)
+    assert rule.first_hit_at is None and rule.draw() and rule.first_hit_at == 1000.0  # opened by the request
+    now[0] += 1.9
+    assert rule.draw() and not rule.expired()
+    now[0] += 0.2
+    assert rule.expired() and not rule.draw() and rule.hits == 2 and rule.matched == 3
+    p = FaultProxy("127.0.0.1", 1, None)
+    p.dispatch("POST", "/rules", b'{"rule_id": "lag", "action": "lag", "lag_s": 1.5, "bucket": "b"}')
+    p._lag_note(S3Request.parse("PUT", "/b/a/k"), 200)
+    assert p._lagging(S3Request.parse("GET", "/b/a/k")) is not None
+    now[0] += 1.6
+    assert p._lagging(S3Request.parse("GET", "/b/a/k")) is None
