@@ -188,11 +188,7 @@ class FaultTiming(Strict):
             raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
         if self.at_request is not None and self.kills and self.kills > 1:
             raise ValueError("at_request fires once (the next matching request); kills applies to the N-th triggers")
-        if self.kills and self.kills > 1:
-            if not kinds:
-                raise ValueError(f"kills {self.kills}: several kills in one task need a boundary (after_model_calls, "
-                                 "after_effects, after_store_writes or after_checkpoints): a clock time after "
-                                 "launch would land while the next attempt starts")
+        if self.kills and self.kills > 1 and kinds and kinds[0] != "at_request":
             lo, hi = getattr(self, kinds[0])
             if hi - lo + 1 < self.kills:
                 raise ValueError(f"kills {self.kills} needs that many distinct N in {kinds[0]} {[lo, hi]}")
@@ -307,11 +303,16 @@ class WaveConfig(Strict):
                 raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
             if t.hits and not fid.startswith("ST"):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
-            if fid == "CR1" and (t.after_effects or t.after_store_writes or t.kills):
-                raise ValueError("CR1: give at_s or after_model_calls (when to rotate) and window_s (how long the "
-                                 "credential source keeps serving the old key)")
-            if (boundary or t.kills) and fid not in ("PK1", "PK5", "CR1"):
-                raise ValueError(f"{fid}: {(boundary or ['kills'])[0]} applies to the kills PK1 and PK5 only")
+            if fid in ("CR1", "DF1") and (t.after_effects or t.after_store_writes or t.at_request or t.kills):
+                raise ValueError(f"{fid}: give at_s or after_model_calls (when), and window_s")
+            if boundary and fid not in ("PK1", "PK2", "PK5", "CR1", "DF1"):
+                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2 (and after_model_calls to CR1, DF1) only")
+            if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
+                raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
+            if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):
+                raise ValueError(f"{fid}: kills {t.kills}: several kills in one task need a boundary "
+                                 "(after_model_calls, after_effects, after_store_writes or after_checkpoints): a clock "
+                                 "time after launch would land while the next attempt starts")
         return v
 
     def fault_params(self) -> dict[str, dict]:

@@ -505,7 +505,7 @@ def grade_task(h: TaskHistory) -> dict:
                 verdicts.append(UNKNOWN)
                 details.append(f"{f['instance']}: no receipt")
                 continue
-            if r.get("fault_id") in ("PK1", "PK5") and r["status"] == "applied" and exercised(r) is None:
+            if r.get("fault_id") in ("PK1", "PK2", "PK5") and r["status"] == "applied" and exercised(r) is None:
                 idle.append(f["instance"])
                 verdicts.append(NOT_APPLIED)
                 details.append(f"{f['instance']}: not_exercised (the kill landed before the attempt had a model "

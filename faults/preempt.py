@@ -129,10 +129,14 @@ class SigkillSandbox:
         if current is None:
             return {"applied": False, "why": "the task had no running sandbox at the planned time"}
         host, sandbox_id = current
-        out = await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}")
+        out = await self.strike(host, sandbox_id, spec)
         out["sandbox_id"] = sandbox_id
         out.update(at)
         return out
+
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec) -> dict:
+        """The preemption itself, once the trigger fired: PK1 is a SIGKILL with no notice."""
+        return await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}")
 
     async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
         return None  # a kill is over once sent
@@ -218,3 +222,106 @@ class NamedWindowKill(SigkillSandbox):
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         return {}
+
+
+@register
+class SpotNotice(SigkillSandbox):
+    """PK2: a spot interruption: a notice is written to `$SANDFLEET_NOTICE` (like a cloud metadata service's
+    `instance-action`), SIGTERM, a seeded grace in which the runner may checkpoint, then SIGKILL. Triggers
+    as PK1 (a clock time, or a boundary of the runner)."""
+
+    id = "PK2"
+    family = "preemption"
+    description = "spot notice: a notice file + SIGTERM, a seeded grace (the runner may checkpoint), then SIGKILL"
+    default_grace = (1.0, 3.0)
+
+    def plan(self, task_id: str, rng: random.Random, base: dict):
+        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k != "window_s"})
+        lo, hi = base.get("window_s", self.default_grace)
+        for sp in specs if isinstance(specs, list) else [specs]:
+            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK2")
+            sp.params["grace_s"] = round(rng.uniform(lo, hi), 3)
+        return specs
+
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec) -> dict:
+        import time
+
+        grace = spec.params["grace_s"]
+        notice = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + grace)),
+                  "grace_s": grace, "reason": "spot interruption (sandfleet PK2)"}
+        wrote = await host.notify.remote(sandbox_id, notice)
+        out = await host.kill.remote(sandbox_id, grace, f"{spec.instance}")
+        out["notice"] = wrote
+        return out
+
+    def _where(self, spec: FaultSpec, injected: dict) -> str:
+        n = injected.get("notice") or {}
+        code = injected.get("exit_code")
+        how = ("it exited by itself in the grace (exit %s)" % code if code is not None and code >= 0
+               else "SIGKILL at the end of the grace")
+        return (f"; notice {'written to $SANDFLEET_NOTICE' if n.get('written') else 'NOT written: ' + n.get('why', '?')}"
+                f", SIGTERM, {spec.params['grace_s']} s grace: {how}" + super()._where(spec, injected))
+
+
+_PROGRESS: dict[str, list] = {}  # PK4 instance -> kills so far (kept if the task ends mid-loop)
+
+
+@register
+class CrashLoop:
+    """PK4: a crash loop: the task's next K attempts (K seeded 2-4) are each killed a seeded short gap after
+    they start, then the task is left alone. A runner must come back every time, and its budget must hold."""
+
+    id = "PK4"
+    family = "preemption"
+    description = "crash loop: the next K attempts are each SIGKILLed a short seeded gap after they start"
+    default_gaps = (0.3, 1.2)
+
+    def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
+        k = int(base.get("kills") or rng.randint(2, 4))
+        lo, hi = base.get("window_s", self.default_gaps)
+        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="attempts",
+                         at_s=0.0, seed=rng.randrange(2**31),
+                         params={"kills": k, "gaps_s": [round(rng.uniform(lo, hi), 3) for _ in range(k)]})
+
+    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        import asyncio
+        import time
+
+        kills, seen = _PROGRESS.setdefault(spec.instance, []), set()
+        for gap in spec.params["gaps_s"]:
+            while True:  # the next attempt (one not killed yet)
+                current = await ctx.current_sandbox(spec.task_id)
+                if current is not None and current[1] not in seen:
+                    break
+                await asyncio.sleep(0.01)
+            host, sandbox_id = current
+            seen.add(sandbox_id)
+            await asyncio.sleep(gap)
+            out = await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}#{len(kills) + 1}")
+            kills.append({"sandbox_id": sandbox_id, "gap_s": gap, "applied": out.get("applied"),
+                          "why": out.get("why", ""), "at": out.get("at", time.time())})
+        landed = [k for k in kills if k["applied"]]
+        return {"applied": bool(landed), "kills": kills, "at": kills[0]["at"] if kills else None,
+                "sandbox_id": landed[0]["sandbox_id"] if landed else None,
+                "why": "" if landed else "no kill landed (every attempt ended first)"}
+
+    async def settle(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> None:
+        return None
+
+    async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
+        return {}
+
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
+        # a task that finished between two kills cancels the loop: the kills that landed still count
+        kills = injected.get("kills") or _PROGRESS.pop(spec.instance, [])
+        _PROGRESS.pop(spec.instance, None)
+        landed = [k for k in kills if k["applied"]]
+        applied = injected.get("applied") if "kills" in injected else (bool(landed) if kills else
+                                                                      injected.get("applied"))
+        status = APPLIED if applied else (NOT_APPLIED if applied is False else UNKNOWN)
+        detail = (f"{len(landed)} of {spec.params['kills']} attempts SIGKILLed "
+                  f"{', '.join(str(k['gap_s']) + ' s' for k in landed)} after they started, then left alone"
+                  if landed else injected.get("why", "the task ended before the crash loop began"))
+        return Receipt(fault_id=self.id, instance=spec.instance, task_id=spec.task_id, status=status,
+                       target={"sandbox_id": injected.get("sandbox_id"), "kills": spec.params["kills"]},
+                       detail=detail, fired_at=injected.get("at"), evidence={"kills": kills})

@@ -181,6 +181,49 @@ class SandboxHost:
             await asyncio.sleep(poll_s)
         return {"fired": False, "seen": seen}
 
+    async def notify(self, sandbox_id: str, notice: dict) -> dict:
+        """PK2: write a spot-interruption notice to `$SANDFLEET_NOTICE` (`.sandfleet/notice` in the workspace),
+        the way a cloud's metadata service announces one. The workspace is the runner's: no link is followed."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"written": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        try:
+            await asyncio.to_thread(_write_in_workspace, sb.spec.workspace, ".sandfleet", "notice",
+                                    (json.dumps(notice) + "\n").encode())
+        except OSError as exc:
+            return {"written": False, "why": f"could not write the notice: {exc}"}
+        return {"written": True, "at": time.time()}
+
+    async def fill_workspace(self, sandbox_id: str) -> dict:
+        """DF1: fill the sandbox's workspace tmpfs with a ballast file (the runner meets a real ENOSPC)."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        try:
+            written = await asyncio.to_thread(_fill, sb.spec.workspace)
+        except OSError as exc:
+            return {"applied": False, "why": f"could not place the ballast: {exc}"}
+        st = os.statvfs(sb.spec.workspace)
+        return {"applied": True, "at": time.time(), "ballast_bytes": written,
+                "free_bytes": st.f_bavail * st.f_frsize}
+
+    async def drain_workspace(self, sandbox_id: str) -> dict:
+        """DF1 clear: remove the ballast (space returns); a sandbox that ended took its workspace with it."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"removed": False, "why": "the sandbox ended (its workspace went with it)"}
+        try:
+            fd = os.open(sb.spec.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.unlink(BALLAST, dir_fd=fd)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return {"removed": False, "why": "the ballast was gone (the runner removed it)"}
+        except OSError as exc:
+            return {"removed": False, "why": str(exc)}
+        return {"removed": True, "at": time.time()}
+
     async def running(self) -> list[str]:
         return sorted(self.backend.sandboxes)
 
@@ -233,6 +276,59 @@ class SandboxHost:
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
         return n
+
+
+BALLAST = ".sandfleet-ballast"
+
+
+def _write_in_workspace(workspace: str, subdir: str, name: str, data: bytes) -> None:
+    """Write `data` to workspace/subdir/name as root without following any link the runner planted."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            os.mkdir(subdir, 0o755, dir_fd=ws)
+        except FileExistsError:
+            pass
+        d = os.open(subdir, flags, dir_fd=ws)
+        try:
+            tmp = f".{name}.{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=d)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+        finally:
+            os.close(d)
+    finally:
+        os.close(ws)
+
+
+def _fill(workspace: str) -> int:
+    """Write a root-owned ballast into the workspace until the tmpfs is full; returns its size."""
+    ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    written = 0
+    try:
+        fd = os.open(BALLAST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=ws)
+        try:
+            for size in (1 << 20, 1 << 12, 1):
+                block = b"\0" * size
+                while True:
+                    try:
+                        n = os.write(fd, block)
+                    except OSError as exc:
+                        if exc.errno == 28:  # ENOSPC
+                            break
+                        raise
+                    written += n
+                    if n < size:
+                        break
+        finally:
+            os.close(fd)
+    finally:
+        os.close(ws)
+    return written
 
 
 class CheckpointReader:

@@ -399,6 +399,7 @@ class ProcessBackend(SandboxBackend):
             SANDFLEET_WORKSPACE=WORKSPACE_IN,
             SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
             SANDFLEET_CHECKPOINT=f"{WORKSPACE_IN}/.sandfleet/checkpoints",
+            SANDFLEET_NOTICE=f"{WORKSPACE_IN}/.sandfleet/notice",
             PATH=env.get("PATH", "/usr/bin:/bin"),
         )
         launch_env = dict(env, SF_NETNS=f"/proc/self/fd/{net.nsfd}")

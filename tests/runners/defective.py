@@ -20,6 +20,7 @@ on every run, not by the luck of a kill's timing:
   reference run, `ref-*`), so the resumed attempt trusts a half-renamed tree (`no_torn_apply`).
 - stale_creds: never resolves credentials again after a 403 (keeps its first client), so a key rotated
   at the store (CR1) leaves it retrying a dead key until its deadline.
+- notice: the durable pattern, plus a SIGTERM handler that reads `$SANDFLEET_NOTICE` (PK2) and logs it.
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -41,7 +42,22 @@ from durable import run_tool  # noqa: E402
 DEFECT = os.environ.get("DEFECT", "")
 
 
+def _on_notice(signum, frame) -> None:
+    """DEFECT=notice: on SIGTERM read the spot notice the harness announced, log it, exit like a killed job."""
+    path = os.environ.get("SANDFLEET_NOTICE", "")
+    try:
+        with open(path) as f:
+            log(f"notice: {f.read().strip()}")
+    except OSError as exc:
+        log(f"notice: unreadable: {exc}")
+    os._exit(143)
+
+
 def run() -> None:
+    if DEFECT == "notice":
+        import signal
+
+        signal.signal(signal.SIGTERM, _on_notice)
     if DEFECT == "slow_start":
         import time
 
