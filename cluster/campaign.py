@@ -12,6 +12,7 @@ All waves run on one fleet; each is stored under `waves/` and can be re-graded.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,6 +78,11 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
     out.mkdir(parents=True)
     rows: list[dict] = []
     own = fleet is None
+    interrupted = None
+
+    def on_signal(signum, frame):
+        raise CampaignInterrupted(signal.Signals(signum).name)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for runner in runners:
             tried: dict[float, str] = {}
@@ -89,6 +95,8 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
                 t = time.perf_counter()
                 w = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
                 result = w.run()
+                if result.get("interrupted"):  # the wave took the signal and stopped in order: so do we
+                    raise CampaignInterrupted(str(result["interrupted"]))
                 o = _outcome(result, fault)
                 rows.append({"runner": cfg.runner_spec()["name"], "fault": fault, "strength": round(x, 4), **o,
                              "wave_id": result["wave_id"], "wall_s": round(time.perf_counter() - t, 1)})
@@ -117,11 +125,23 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
                 else:  # inconclusive or harness error: narrow nothing, try the next point up
                     ok = x if ok is None else ok
                     break
+    except CampaignInterrupted as exc:
+        interrupted = str(exc)
     finally:
-        if own and fleet is not None:
-            fleet.stop()
-    write_campaign(out, fault, lo, hi, rows)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+        try:
+            if own and fleet is not None:
+                fleet.stop()
+        finally:
+            write_campaign(out, fault, lo, hi, rows, interrupted)
+    if interrupted:
+        raise CampaignInterrupted(interrupted)
     return out
+
+
+class CampaignInterrupted(Exception):
+    """A signal stopped the campaign: the waves that finished are written, the bracket says it is partial."""
 
 
 def bracket(rows: list[dict], runner: str) -> str:
@@ -139,12 +159,16 @@ def bracket(rows: list[dict], runner: str) -> str:
             f"fails at {min(bad):g}; survived only above it (not monotone: {sorted(ok)})")
 
 
-def write_campaign(out: Path, fault: str, lo: float, hi: float, rows: list[dict]) -> None:
+def write_campaign(out: Path, fault: str, lo: float, hi: float, rows: list[dict],
+                   interrupted: str | None = None) -> None:
     runners = list(dict.fromkeys(r["runner"] for r in rows))
-    lines = [f"# Storage-fault campaign: {fault} ({KNOBS.get(fault, 'strength')})", "",
-             f"Range {lo:g}-{hi:g}, bisected on a log scale. A strength is survived when every task that really "
-             "met the fault passed; a wave where no task met it is inconclusive.", "",
-             "| runner | strongest survived → weakest failed |", "|---|---|"]
+    lines = [f"# Storage-fault campaign: {fault} ({KNOBS.get(fault, 'strength')})", ""]
+    if interrupted:
+        lines += [f"**Interrupted by {interrupted}**: only the waves below finished; the brackets are partial "
+                  "(a strength never tried says nothing).", ""]
+    lines += [f"Range {lo:g}-{hi:g}, bisected on a log scale. A strength is survived when every task that really "
+              "met the fault passed; a wave where no task met it is inconclusive.", "",
+              "| runner | strongest survived → weakest failed |", "|---|---|"]
     lines += [f"| {name} | {bracket(rows, name)} |" for name in runners]
     lines += ["", "| runner | strength | tasks that met the fault | passed | outcome | wave | wall |",
               "|---|---|---|---|---|---|---|"]

@@ -322,15 +322,18 @@ def campaign_storage(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    try:
-        from cluster.campaign import _config
+    from cluster.campaign import CampaignInterrupted, _config
 
+    try:
         preflight(_config(fault, runners[0], lo, base))
         results.mkdir(parents=True, exist_ok=True)
         d = run_campaign(fault, runners, lo, hi, base, results, probes=probes, progress=not no_progress)
     except HarnessError as exc:
         _err(f"error: {exc}")
         return EXIT_HARNESS
+    except CampaignInterrupted as exc:
+        _err(f"interrupted by {exc}: the finished waves are written (CAMPAIGN.md says the bracket is partial)")
+        return 143 if "TERM" in str(exc) else 130
     print((d / "CAMPAIGN.md").read_text())
     Console().print(f"CAMPAIGN: {d / 'CAMPAIGN.md'}", highlight=False, soft_wrap=True)
     return EXIT_OK

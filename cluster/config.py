@@ -28,8 +28,8 @@ class Strict(BaseModel):
 
 class WorkloadConfig(Strict):
     name: str = Field("patch-repo", description="the workload the model endpoint scripts")
-    steps: int = Field(8, ge=1, le=500, description="patch steps per task")
-    think_ms: int = Field(150, ge=0, le=60000, description="model endpoint think time per call")
+    steps: int = Field(8, strict=True, ge=1, le=500, description="patch steps per task")
+    think_ms: int = Field(150, strict=True, ge=0, le=60000, description="model endpoint think time per call")
 
 
 class RunnerSpec(Strict):
@@ -136,10 +136,33 @@ class StoreConfig(Strict):
         return self
 
 
+S3_OPS = ("PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload", "AbortMultipartUpload",
+          "DeleteObject", "DeleteObjects", "GetObject", "HeadObject", "ListParts", "ListObjectsV2", "ListObjects",
+          "ListMultipartUploads", "PostObject")
+
+
 class RequestTrigger(Strict):
     ops: list[str] | None = Field(None, description="S3 operation names, e.g. [UploadPart]")
     key_prefix: str = Field("", max_length=500, description="under the task's prefix, e.g. snapshots/")
     methods: list[Literal["GET", "PUT", "POST", "DELETE", "HEAD"]] | None = None
+
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, v):
+        bad = [o for o in v or [] if o not in S3_OPS]
+        if bad:
+            raise ValueError(f"unknown S3 operation {bad[0]!r}; valid: {', '.join(S3_OPS)}")
+        return v
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, v):
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"key_prefix {v!r} must stay under the task's prefix (no leading '/', no '..')")
+        return v
+
+
+STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
 
 
 class FaultTiming(Strict):
@@ -211,11 +234,12 @@ class WaveConfig(Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
-    max_attempts: int = Field(6, ge=1, le=100)
+    max_attempts: int = Field(6, strict=True, ge=1, le=100)
     liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "
                                                                "effect or store request) before it counts as hung")
-    retry_loop_n: int = Field(3, ge=1, le=100, description="attempts ending the same way more than this many times "
-                                                           "in a row fail `retry_loop`")
+    retry_loop_n: int = Field(3, strict=True, ge=1, le=100,
+                              description="attempts ending the same way more than this many times in a row fail "
+                                          "`retry_loop`")
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
     address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
     enumerate_boundaries: bool = Field(False, description="run one uninterrupted task, count its boundaries K, "
@@ -270,6 +294,10 @@ class WaveConfig(Strict):
         if bad:
             raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))} "
                              "(A+B puts both on one task, e.g. ST1+PK1)")
+        twice = [item for item in v if len(set(str(item).split("+"))) != len(str(item).split("+"))]
+        if twice:
+            raise ValueError(f"{twice[0]!r} names a fault twice; several kills in one task: fault_timing "
+                             "<F>.kills")
         return v
 
     @field_validator("workload")
@@ -301,6 +329,11 @@ class WaveConfig(Strict):
                                  f"{(boundary or ['at_s'])[0]}")
             if t.after_checkpoints and fid != "PK5":
                 raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
+            if t.strength is not None:
+                if fid not in STRENGTH_FAULTS:
+                    raise ValueError(f"{fid}: strength is a campaign knob of {', '.join(STRENGTH_FAULTS)} only")
+                if fid == "ST3" and t.strength > 1:
+                    raise ValueError(f"ST3: strength {t.strength} is a share of requests, at most 1")
             if t.hits and not fid.startswith("ST"):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
             if fid in ("CR1", "DF1") and (t.after_effects or t.after_store_writes or t.at_request or t.kills):

@@ -436,6 +436,16 @@ class WaveRun:
                 "published_at": time.time() if published else None, "old_akid": old.access_key,
                 "new_akid": new.access_key, "store_switch_ms": round((rotated_at - t0) * 1000, 1)}
 
+    def _issued_secrets(self) -> tuple:
+        """Every secret handed to a runner in this wave (model/effects keys, store secrets), for redaction by
+        value in the evidence; never written anywhere."""
+        out = {e.key for e in self.registry.by_task.values()}
+        if getattr(self, "keys", None) is not None:
+            out |= set(self.keys.issued_secrets)
+        if getattr(self, "endpoint", None) is not None:
+            out.add(self.endpoint.creds.secret_key)
+        return tuple(sorted(out))
+
     def _revoke(self, sandbox_id: str) -> None:
         if self.keys is not None:
             self.keys.revoke(sandbox_id)
@@ -1222,7 +1232,7 @@ class WaveRun:
                               **self.figures)
                 self.timeline.close()
             self._restore_signal_handlers(previous)
-        result = grade.grade_wave(self.dir)
+        result = grade.grade_wave(self.dir, secrets=self._issued_secrets())
         report.write_summary(self.dir, result)
         try:
             self._cache_references(result)

@@ -352,6 +352,12 @@ def grade_task(h: TaskHistory) -> dict:
                               f"{t['not_applied'] + t['neither']}; tests: " +
                               ", ".join(f"{k} {'passes' if v['passed'] else 'FAILS (' + v['why'] + ')'}"
                                         for k, v in sorted(tests.items()))}
+        exp = wl.expected_files(task["seed"], task["steps"]) if hasattr(wl, "expected_files") else {}
+        differ = sorted(p for p in exp if h.artifact.get(p) != exp[p])
+        if differ:  # code the script never asked for: names alone no longer tell what the tests do
+            return {"verdict": UNKNOWN, "torn": [], "tests": tests, "differ": differ,
+                    "detail": f"every multi-file apply is whole, but {differ} differ from what the script's steps "
+                              "produce, so the static reading of the tests cannot vouch for them"}
         if failing:
             return {"verdict": FAIL, "torn": [], "tests": tests,
                     "detail": f"every multi-file apply is whole but the tests fail: "
@@ -370,6 +376,14 @@ def grade_task(h: TaskHistory) -> dict:
             att = next((a for a, st in by_attempt.items() if st.get("sandbox") == e.get("sandbox")), None)
             if att is not None:
                 akids.setdefault(att, set()).update({e.get("akid"), e.get("old_akid")})
+
+    # CR1: a key rotated at the store answers real 403s (no proxy rule tags them); requests signed with it
+    # after its rotation are the fault's doing, not a runner's retry loop
+    dead_keys = {e.get("old_akid"): e["wall"] for e in h.events if e["event"] == "key_rotated" and e.get("old_akid")}
+
+    def rotated_out(r: dict) -> bool:
+        t = dead_keys.get(r.get("akid"))
+        return t is not None and r["t"] >= t - 0.5
 
     def mine(r: dict, attempt: int, t0: float, t1: float) -> bool:
         ids = akids.get(attempt)
@@ -423,7 +437,7 @@ def grade_task(h: TaskHistory) -> dict:
         run, worst_r, prev = 0, (0, ""), None
         for r in sorted(h.requests or [], key=lambda r: r["t"]):
             sig = (r.get("method"), r.get("key"), r.get("status")) if (r.get("status") or 0) >= 400 \
-                and not r.get("fault") else None
+                and not r.get("fault") and not rotated_out(r) else None
             run = run + 1 if sig is not None and sig == prev else (1 if sig else 0)
             prev = sig
             if sig:
@@ -604,7 +618,7 @@ def _read_artifact_safe(adir: Path):
     return (got[0], None) if got else (None, "no artifact captured")
 
 
-def grade_wave(results_dir: str | Path) -> dict:
+def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     """Grade every task of a stored wave and write `<task>.grade.json`; returns the wave result."""
     from fleet.workloads.base import tree_digest
 
@@ -729,7 +743,7 @@ def grade_wave(results_dir: str | Path) -> dict:
             g["inputs"]["digests"][f"artifacts/{g['task_id']}/artifact.json"] = hashlib.sha256(
                 art.read_bytes()).hexdigest()
         if g["verdict"] != PASS:
-            _write_evidence(d, g, hist_of[g["task_id"]])
+            _write_evidence(d, g, hist_of[g["task_id"]], tuple(secrets))
         (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
     bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
     if bad_refs and any(t["faults"] for t in plan["tasks"]):
@@ -786,7 +800,7 @@ def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
 # What evidence files must never show: keys and tokens a runner may print (its env, a request it logs).
 # Model and effects keys are `sf-` + 32 url-safe characters; store secrets are 40 url-safe characters.
 _SECRETS = [
-    (re.compile(r"(?<![A-Za-z0-9_-])sf-[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])"), "sf-<redacted>"),
+    (re.compile(r"sf-[A-Za-z0-9_-]{32}"), "sf-<redacted>"),  # glued to other text or repeated: still a key
     (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1<redacted>"),
     (re.compile(r"(?i)\b([A-Z0-9_]*(?:KEY|SECRET|TOKEN|PASSWORD)[A-Z0-9_]*\s*[=:]\s*[\"']?)[^\s\"',;]{6,}"),
      r"\1<redacted>"),
@@ -797,13 +811,40 @@ _SECRETS = [
 ]
 
 
-def redact(text: str) -> str:
+def redact(text: str, values: list[str] | tuple = ()) -> str:
+    """Remove secrets: first every known secret value (the keys the harness issued in this wave), also any
+    12-character piece of one (a key cut by a log tail, glued to other text, printed twice); then the shapes
+    of the keys the harness hands out (a re-grade no longer knows the values)."""
+    if values:
+        spans = []
+        for v in values:
+            if not v or len(v) < 12:
+                continue
+            for i in range(0, len(v) - 11):
+                piece = v[i:i + 12]
+                start = text.find(piece)
+                while start != -1:
+                    spans.append((start, start + 12))
+                    start = text.find(piece, start + 1)
+        if spans:
+            spans.sort()
+            merged = [list(spans[0])]
+            for a, b in spans[1:]:
+                if a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            out, last = [], 0
+            for a, b in merged:
+                out += [text[last:a], "<redacted>"]
+                last = b
+            text = "".join(out) + text[last:]
     for pattern, repl in _SECRETS:
         text = pattern.sub(repl, text)
     return text
 
 
-def _write_evidence(d: Path, g: dict, h: TaskHistory) -> None:
+def _write_evidence(d: Path, g: dict, h: TaskHistory, secrets: tuple = ()) -> None:
     """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
     and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
     tid = g["task_id"]
@@ -812,7 +853,7 @@ def _write_evidence(d: Path, g: dict, h: TaskHistory) -> None:
 
     def put(name: str, data) -> None:
         body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
-        (ev / name).write_text(redact(body))
+        (ev / name).write_text(redact(body, secrets))
 
     put("grade.json", g)
     put("attempts.json", [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
@@ -830,8 +871,10 @@ def _write_evidence(d: Path, g: dict, h: TaskHistory) -> None:
     for p in sorted((d / "sandboxes").glob(f"{tid}-a*/runner.log")):
         try:
             with open(p, "rb") as f:
-                f.seek(max(0, p.stat().st_size - 65536))
-                tail = f.read().decode(errors="replace").splitlines()[-200:]
+                start = max(0, p.stat().st_size - 65536)
+                f.seek(start)
+                tail = f.read().decode(errors="replace").splitlines()
+                tail = (tail[1:] if start else tail)[-200:]  # never a line cut in the middle (a cut key)
         except OSError as exc:
             tail = [f"(unreadable: {exc})"]
         out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")

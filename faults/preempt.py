@@ -218,7 +218,9 @@ class NamedWindowKill(SigkillSandbox):
     def _where(self, spec: FaultSpec, injected: dict) -> str:
         w = spec.params.get("window")
         return (f", right after named window #{spec.params['after']}" + (f" starting {w!r}" if w else "") +
-                f" ({injected.get('window_name')!r}, {injected.get('lag_ms')} ms after it was announced)")
+                f" ({injected.get('window_name')!r}, " + (f"{injected['lag_ms']} ms after it was announced)"
+                                                          if injected.get("lag_ms") is not None else
+                                                          "its announced time was not usable)"))
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         return {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import stat
 import time
@@ -176,7 +177,9 @@ class SandboxHost:
                     if seen >= nth:
                         out = await self.kill(sandbox_id, 0.0, reason)
                         t_ann = rec.get("t")
-                        lag = round((out["at"] - t_ann) * 1000, 1) if isinstance(t_ann, (int, float)) else None
+                        ok = isinstance(t_ann, (int, float)) and not isinstance(t_ann, bool) and math.isfinite(t_ann) \
+                            and abs(out["at"] - t_ann) < 3600
+                        lag = round((out["at"] - t_ann) * 1000, 1) if ok else None
                         return {"fired": True, **out, "window_name": name[:200], "lag_ms": lag}
             await asyncio.sleep(poll_s)
         return {"fired": False, "seen": seen}

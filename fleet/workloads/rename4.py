@@ -154,6 +154,18 @@ class Rename4:
         s = self.rename_step(seed, steps)
         return {s} if any(self.applied_files(seed, steps, s, files).values()) else set()
 
+    def expected_files(self, seed: int, steps: int) -> dict[str, bytes]:
+        """The four modules as the script's steps leave them (apply_patch appends `append` + newline): the static
+        judge vouches for the tests only on these exact modules (other code could change what the tests do)."""
+        files = {p: self.fixture(seed)[p] for p in MODULES}
+        for st in self.script(seed, steps):
+            if st.tool == "apply_patch" and st.arguments["path"] in files:
+                files[st.arguments["path"]] += st.arguments["append"] + "\n"
+            elif st.tool == "apply_edits":
+                for e in st.arguments["edits"]:
+                    files[e["path"]] = files[e["path"]].replace(e["old"], e["new"])
+        return {p: t.encode() for p, t in files.items()}
+
     def tests(self, seed: int, files: dict[str, bytes]) -> dict[str, tuple[bool, str]]:
         """What tests/test_store.py and tests/test_contract.py would say about this tree, judged statically."""
         try:

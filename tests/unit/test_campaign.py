@@ -38,3 +38,8 @@ def test_bracket_names_the_strongest_survived_and_weakest_failed():
     assert bracket([{"runner": "d", "strength": 1, "outcome": "failed"}], "d").startswith("fails even")
     assert bracket([{"runner": "d", "strength": 1, "outcome": "survived"}], "d").startswith("survives the whole")
     assert bracket([{"runner": "d", "strength": 1, "outcome": "inconclusive"}], "d").startswith("inconclusive")
+
+
+def test_a_strength_outside_the_faults_scale_is_refused():
+    with pytest.raises(ConfigError, match="ST3: strength 5.0 is a share"):
+        plan_waves("ST3", ["durable"], 0.5, 5, {})

@@ -290,3 +290,17 @@ def test_redact_removes_every_key_shape_the_harness_hands_out_and_keeps_digests(
         assert model not in out and s3 not in out, out
     digest = "ab" * 32
     assert redact(f"sha256 {digest} step 3 exit 1") == f"sha256 {digest} step 3 exit 1"
+
+
+def test_known_secret_values_are_redacted_even_cut_glued_or_repeated():
+    import secrets
+
+    from cluster.grade import redact
+
+    model, s3 = "sf-" + secrets.token_urlsafe(24), secrets.token_urlsafe(30)
+    text = (f"{model[1:]}\nk{model}{model}\nobject key w/t000/x{s3}\ns3{s3}!\n"
+            f"half {s3[:20]}\n")
+    out = redact(text, (model, s3))
+    for piece in (model[1:], model[4:20], s3, s3[:20], s3[8:30]):
+        assert piece not in out, (piece, out)
+    assert "object key w/t000/x" in out and "half " in out

@@ -105,3 +105,30 @@ def test_longtool_has_one_seeded_shell_step_that_leaves_a_marker(tmp_path):
     subprocess.run(["sh", "-c", cmd], cwd=tmp_path, check=True, timeout=30)
     assert wl.step_counts({"build.log": (tmp_path / "build.log").read_bytes()}) == {tool[0].step: 1}
     assert os.path.exists(tmp_path / "build.log")
+
+
+def test_rename4_expected_modules_are_what_the_script_leaves_and_extra_code_is_not_vouched_for():
+    from cluster.grade import TaskHistory, grade_task
+
+    wl = workloads.get("rename4")
+    seed, steps = 9, 6
+    tree = {p: t.encode() for p, t in wl.fixture(seed).items()}
+    for st in wl.script(seed, steps):
+        if st.tool == "apply_patch":
+            tree[st.arguments["path"]] += (st.arguments["append"] + "\n").encode()
+        elif st.tool == "apply_edits":
+            for e in st.arguments["edits"]:
+                tree[e["path"]] = tree[e["path"]].replace(e["old"].encode(), e["new"].encode())
+    assert all(tree[p] == b for p, b in wl.expected_files(seed, steps).items())
+    task = {"task_id": "t", "seed": seed, "runner": "x", "workload": "rename4", "steps": steps, "faults": []}
+
+    def torn_check(files):
+        h = TaskHistory(task=task, events=[{"event": "task_end", "state": "done"}], artifact=files, calls=[],
+                        effects=[], writes=[], requests=[])
+        return grade_task(h)["checks"]["no_torn_apply"]
+    assert torn_check(tree)["verdict"] == "pass"
+    new = wl._rename(seed)[1]
+    sneaky = dict(tree, **{"svc/handler.py": tree["svc/handler.py"].replace(
+        b"    validate(payload)", f"    payload = dict(payload, {new}=None)\n    validate(payload)".encode())})
+    c = torn_check(sneaky)
+    assert c["verdict"] == "unknown" and c["differ"] == ["svc/handler.py"], c
