@@ -186,8 +186,9 @@ def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], 
                 # a write the attempt sent after the answer and before it ended, that the store had COMMITTED
                 # (answered 2xx) before the step was asked again: a resuming runner could have seen it. A write
                 # still in flight when the new attempt looked (a slow store) could not have been seen.
+                # (a DELETE records nothing: it cannot be where the answer was made durable)
                 w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])
-                     and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"]]
+                     and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"] and x.get("method") != "DELETE"]
                 if w:
                     reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
                 if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:

@@ -36,7 +36,10 @@ def run_tool(env: Env, call: dict) -> str:
     if name == "apply_edits":
         return apply_edits(env, args)
     if name == "run_command":
-        return run_command(env, args)
+        out = run_command(env, args)
+        if not out.startswith("exit 0"):  # e.g. ENOSPC: fail the attempt; the next one replays the step
+            raise RuntimeError(f"tool run_command failed: {out[:300]}")
+        return out
     if name == "publish":
         out = publish(env, args, idempotency_key=f"{env.task_id}:{args['effect_id']}")
         return json.dumps({"receipt": out["receipt"]})
@@ -74,9 +77,12 @@ def commit(store: TaskStore, key: str, record: dict) -> dict:
             log(f"commit {key} lost the race; adopting the committed record")
             return got
         if raw is None or is_placeholder(raw, record["fence"]):
-            log(f"commit {key}: replacing this attempt's placeholder")
-        else:
-            log(f"commit {key}: the committed object is unreadable (the store emptied it?); replacing it")
+            # this attempt's own claim (a lagging store may not show it yet): overwrite it in one write, so
+            # there is never a moment with neither the claim nor the record
+            store.put(key, json.dumps(record).encode())
+            log(f"commit {key}: replaced this attempt's placeholder")
+            return record
+        log(f"commit {key}: the committed object is unreadable (the store emptied it?); replacing it")
         store.delete(key)
     raise RuntimeError(f"cannot commit {key}: the store keeps an unreadable object there")
 
