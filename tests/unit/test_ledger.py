@@ -56,3 +56,94 @@ def test_zombie_cannot_release_a_newer_lease(tmp_path):
     assert led.active() == []
     events = [h["event"] for h in led.dump()["history"]]
     assert events == ["acquired", "expired", "acquired", "released"]
+
+
+# ---------------------------------------------------------------- a stateful property test of the lease rules
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+
+
+class LeaseRace(RuleBasedStateMachine):
+    """Several holders (hosts, zombies) race for two tasks' leases on one ledger with an injected clock:
+    acquire, renew one or many with the version they last saw, release, revoke, and time passing. Whatever
+    the interleaving: never two live leases of a task, fences only grow, a renewal wins only at the version
+    it expected and only while the lease is live, and a holder whose lease expired or was reclaimed never
+    renews it again."""
+
+    TASKS = ("t0", "t1")
+    TTL = 5.0
+
+    @initialize()
+    def setup(self):
+        import tempfile
+
+        self.now = 1000.0
+        self.dir = tempfile.mkdtemp()
+        self.ledger = LeaseLedger(f"{self.dir}/l.db", clock=lambda: self.now)
+        self.held: dict[str, dict] = {}  # holder -> {"task", "fence", "version"} as that holder believes
+        self.top = {t: 0 for t in self.TASKS}
+        self.dead: set[tuple] = set()  # (task, fence) that expired, were released or revoked
+
+    def teardown(self):
+        import shutil
+
+        if hasattr(self, "ledger"):
+            self.ledger.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(holder=st.sampled_from(["h0", "h1", "h2", "h3"]), task=st.sampled_from(TASKS))
+    def acquire(self, holder, task):
+        got = self.ledger.acquire(task, holder, f"sb-{holder}", self.TTL)
+        if got is not None:
+            assert got["fence"] > self.top[task]
+            self.top[task] = got["fence"]
+            self.held[holder] = {"task": task, "fence": got["fence"], "version": got["version"]}
+
+    @rule(holder=st.sampled_from(["h0", "h1", "h2", "h3"]), batch=st.booleans())
+    def renew(self, holder, batch):
+        h = self.held.get(holder)
+        if h is None:
+            return
+        before = self.ledger.get(h["task"], h["fence"])
+        live_before = before["state"] == "active" and before["expires_at"] > self.now
+        if batch:
+            ok, version = self.ledger.renew_many([(h["task"], h["fence"], h["version"], self.TTL)])[0]
+        else:
+            ok, version = self.ledger.renew(h["task"], h["fence"], h["version"], self.TTL)
+        if ok:
+            assert live_before and before["version"] == h["version"], (before, h)
+            assert (h["task"], h["fence"]) not in self.dead
+            h["version"] = version
+        else:
+            assert not (live_before and before["version"] == h["version"]), (before, h)
+
+    @rule(holder=st.sampled_from(["h0", "h1", "h2", "h3"]), revoke=st.booleans())
+    def end(self, holder, revoke):
+        h = self.held.pop(holder, None)
+        if h is None:
+            return
+        ok, _ = (self.ledger.revoke(h["task"], h["fence"], "test") if revoke else
+                 self.ledger.release(h["task"], h["fence"], h["version"], "done"))
+        if ok:
+            self.dead.add((h["task"], h["fence"]))
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 4.9, 5.0, 6.0]))
+    def time_passes(self, dt):
+        self.now += dt
+        for row in self.ledger.dump()["leases"]:
+            if row["state"] == "active" and row["expires_at"] <= self.now:
+                self.dead.add((row["task_id"], row["fence"]))
+
+    @invariant()
+    def never_two_live_leases_of_a_task(self):
+        if not hasattr(self, "ledger"):
+            return
+        for task in self.TASKS:
+            live = self.ledger.db.execute("SELECT fence FROM leases WHERE task_id=? AND state='active' AND "
+                                          "expires_at > ?", (task, self.now)).fetchall()
+            assert len(live) <= 1, (task, live)
+
+
+LeaseRace.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_lease_race = LeaseRace.TestCase
