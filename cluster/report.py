@@ -56,6 +56,9 @@ def write_summary(d: Path, result: dict) -> Path:
     ref_pass = sum(1 for g in refs if g["verdict"] == PASS)
     cached = sum(1 for t in plan["tasks"] if (t.get("reference") or {}).get("cached"))
     per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
+    tested = _fault_coverage(d)
+    if tested:
+        lines += ["## Faults", "", "- " + "; ".join(tested), ""]
     lines += ["## Durability", "",
               f"- Resume survival rate (interrupted tasks that pass): {rsr}" + (
                   f"; {len(idle)} task(s) left out: their kill was not exercised (it landed before the attempt "
@@ -113,6 +116,25 @@ def write_summary(d: Path, result: dict) -> Path:
         lines.append(f"(timeline picture not drawn: {exc})")
     out = d / "SUMMARY.md"
     out.write_text("\n".join(lines))
+    return out
+
+
+def _fault_coverage(d: Path) -> list[str]:
+    """Per fault id: how many planned instances really applied; a fault none of which applied is NOT TESTED
+    by this wave (whatever the tasks' verdicts say about everything else)."""
+    try:
+        receipts = orjson.loads((Path(d) / "faults.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    by: dict[str, Counter] = defaultdict(Counter)
+    for r in receipts:
+        by[r["fault_id"]][r["status"]] += 1
+    out = []
+    for fid, c in sorted(by.items()):
+        n = sum(c.values())
+        note = "" if c["applied"] else " — **not tested** (no planned instance changed anything)"
+        out.append(f"{fid} applied {c['applied']}/{n}" + (f", not applied {c['not_applied']}" if c["not_applied"] else "")
+                   + (f", unknown {c['unknown']}" if c["unknown"] else "") + note)
     return out
 
 

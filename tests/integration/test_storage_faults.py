@@ -53,6 +53,7 @@ def test_a_fault_that_changed_no_request_is_not_applied(run_wave):
     r = _receipts(d)[0]
     assert r["status"] == "not_applied" and "changed nothing" in r["detail"], r
     assert result["tasks"][0]["verdict"] == "not_applied"
+    assert "ST7 applied 0/1, not applied 1 — **not tested**" in (d / "SUMMARY.md").read_text()
 
 
 def test_a_runner_that_trusts_a_lagging_listing_is_caught(run_wave):
