@@ -747,7 +747,8 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             _write_evidence(d, g, hist_of[g["task_id"]], tuple(secrets))
         (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
     bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
-    if bad_refs and any(t["faults"] for t in plan["tasks"]):
+    # (after a harness fault the references' own results are the fault's doing: that error is already named)
+    if bad_refs and any(t["faults"] for t in plan["tasks"]) and hfault is None:
         g0 = bad_refs[0]
         why = next((f"{k}: {c['detail']}" for k, c in g0["checks"].items() if c["verdict"] != PASS), g0["verdict"])
         harness_errors.append(
