@@ -100,3 +100,11 @@ def register(fault_cls):
 
 def unknown_fault_message(fid: str) -> str:
     return f"unknown fault id {fid!r}; valid fault ids: {', '.join(sorted(CATALOG))}"
+
+
+def timed_spec(fault_id: str, task_id: str, rng, at: tuple, window: tuple, params: dict) -> FaultSpec:
+    """A fault armed at a seeded time after launch with a seeded window: the draws (time, window, seed) in one
+    order for every such fault, so equal seeds plan equal faults."""
+    return FaultSpec(fault_id=fault_id, instance=f"{task_id}-{fault_id}", task_id=task_id, trigger="time",
+                     at_s=round(rng.uniform(*at), 3), window_s=round(rng.uniform(*window), 3),
+                     seed=rng.randrange(2**31), params=params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from faults.base import APPLIED, NOT_APPLIED, UNKNOWN, FaultContext, FaultSpec, Receipt, register
+from faults.base import APPLIED, NOT_APPLIED, UNKNOWN, FaultContext, FaultSpec, Receipt, register, timed_spec
 
 
 @register
@@ -29,9 +29,7 @@ class DiskFull:
             return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="model_call",
                              at_s=0.0, window_s=round(rng.uniform(wlo, whi), 3), seed=rng.randrange(2**31),
                              params={"after": rng.randint(int(a), int(b))})
-        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
-                         at_s=round(rng.uniform(lo, hi), 3), window_s=round(rng.uniform(wlo, whi), 3),
-                         seed=rng.randrange(2**31), params={})
+        return timed_spec(self.id, task_id, rng, (lo, hi), (wlo, whi), {})
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         if spec.trigger == "model_call":

@@ -5,7 +5,7 @@ import asyncio
 import random
 import time
 
-from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register
+from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register, timed_spec
 
 
 def close_rule(spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
@@ -38,9 +38,7 @@ class StoreOutage:
         wlo, whi = base.get("window_s", self.default_len)
         if base.get("strength"):  # campaigns: the outage's length in seconds
             wlo = whi = float(base["strength"])
-        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
-                         at_s=round(rng.uniform(lo, hi), 3), window_s=round(rng.uniform(wlo, whi), 3),
-                         seed=rng.randrange(2**31), params={"status": 503, "code": "ServiceUnavailable"})
+        return timed_spec(self.id, task_id, rng, (lo, hi), (wlo, whi), {"status": 503, "code": "ServiceUnavailable"})
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         rule = ctx.proxy().open_rule(rule_id=spec.instance, action="error", status=spec.params["status"],
@@ -177,9 +175,7 @@ class ProxyWindowFault:
             wlo, whi, params = self.strengthen(float(base["strength"]), (wlo, whi), params)
         if base.get("hits"):
             params["max_hits"] = int(base["hits"])
-        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
-                         at_s=round(rng.uniform(lo, hi), 3), window_s=round(rng.uniform(wlo, whi), 3),
-                         seed=rng.randrange(2**31), params=params)
+        return timed_spec(self.id, task_id, rng, (lo, hi), (wlo, whi), params)
 
     def plan_params(self, rng: random.Random) -> dict:
         return {}
