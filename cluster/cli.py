@@ -62,6 +62,8 @@ def wave_run(
                                                   help="directory of the runner's code (with --runner-cmd)"),
     results: Path = typer.Option(Path("results"), "--results", help="results root"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="simulated Ray nodes on this machine (head + N-1 "
+                                                              "sandbox nodes); needed by PK3"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
     enumerate_boundaries: bool = typer.Option(
         False, "--enumerate-boundaries", help="run one uninterrupted task, count its boundaries (model answers, "
@@ -81,7 +83,7 @@ def wave_run(
     if runner_cmd is not None:
         runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address,
-                 "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries,
+                 "nodes": nodes, "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries,
                  "workload_name": workload, "workload_steps": steps}
     if faults is not None:
         overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)

@@ -191,12 +191,19 @@ class FaultTiming(Strict):
     hits: int | None = Field(None, ge=1, le=100000, strict=True,
                              description="storage faults: end the window after this many hit requests "
                                          "(1 = once); default: the whole window")
+    mode: Literal["abrupt", "drain"] | None = Field(
+        None, description="PK3: 'abrupt' = the node's raylet and host die at once; 'drain' = a Ray drain with reason "
+                          "PREEMPTION and a deadline (window_s), a notice to every sandbox there, then the loss; "
+                          "default: seeded per task")
+    down_s: tuple[float, float] | None = Field(
+        None, description="PK3: the lost node comes back (a new Ray node with the same name) a seeded [lo, hi] s "
+                          "later; default [2, 6]")
     variant: Literal["after", "ambiguous"] | None = Field(
         None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
                           "applied the write but the proxy holds its answer")
 
     @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes",
-                     "after_checkpoints")
+                     "after_checkpoints", "down_s")
     @classmethod
     def _range(cls, v):
         if v is not None and not (0 <= v[0] <= v[1] < 1e6):
@@ -242,10 +249,28 @@ class WaveConfig(Strict):
                                           "`retry_loop`")
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
     address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
+    nodes: int = Field(1, ge=1, le=16, strict=True,
+                       description="Ray nodes of a simulated cluster on this machine (address 'local' only): node-0 "
+                                   "is the head (harness), the others run the sandboxes")
     enumerate_boundaries: bool = Field(False, description="run one uninterrupted task, count its boundaries K, "
                                                           "then plan one PK1 task per boundary and variant")
     boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
                                    description="with enumerate_boundaries: a seeded sample of at most this many")
+
+    @model_validator(mode="after")
+    def _nodes(self):
+        if self.nodes > 1 and self.address != "local":
+            raise ValueError(f"nodes {self.nodes} simulates a cluster on this machine and needs address 'local'; "
+                             f"with address {self.address!r} the wave uses that cluster's nodes")
+        wants = sorted({f for item in self.faults for f in item.split("+")} | set(self.fault_timing)) if \
+            isinstance(self.faults, list) else []
+        if "PK3" in wants and self.nodes < 2:
+            raise ValueError(f"faults: PK3 loses a sandbox node and needs nodes >= 2 (a head and at least one "
+                             f"worker), got nodes {self.nodes} (use --nodes 3)")
+        for fid, t in self.fault_timing.items():
+            if fid != "PK3" and (t.mode is not None or t.down_s is not None):
+                raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")
+        return self
 
     @model_validator(mode="after")
     def _enumeration(self):
@@ -338,8 +363,8 @@ class WaveConfig(Strict):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
             if fid in ("CR1", "DF1") and (t.after_effects or t.after_store_writes or t.at_request or t.kills):
                 raise ValueError(f"{fid}: give at_s or after_model_calls (when), and window_s")
-            if boundary and fid not in ("PK1", "PK2", "PK5", "CR1", "DF1"):
-                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2 (and after_model_calls to CR1, DF1) only")
+            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "CR1", "DF1"):
+                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3 (and after_model_calls to CR1, DF1) only")
             if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
                 raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
             if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):

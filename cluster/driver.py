@@ -128,7 +128,19 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
             refs.append({"task_id": REF + tid, "role": "reference", "reference_of": tid, **base, "faults": [],
                          "reference": {"task_id": REF + tid, "key": key, "cached": False}})
     return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
-            "runner": runner, "tasks": tasks, "references": refs}
+            "runner": runner, "tasks": tasks, "references": refs, "placement": placement(cfg)}
+
+
+def placement(cfg: WaveConfig) -> dict:
+    """Where attempts run, as the plan shows it to the user."""
+    if cfg.nodes == 1:
+        return {"policy": "one node", "sandbox_nodes": ["node-0"],
+                "head": "node-0 (the harness and every sandbox)"}
+    return {"policy": "least-loaded: each attempt goes to the live sandbox node with the fewest attempts running "
+                      "(ties: the lowest number); a draining or lost node gets none; a task's next attempt may land "
+                      "on another node",
+            "sandbox_nodes": [f"node-{i}" for i in range(1, cfg.nodes)],
+            "head": "node-0 (driver, lease ledger, store, fault proxy, model endpoint, effects service; no sandboxes)"}
 
 
 def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCache | None = None) -> dict:
@@ -228,6 +240,7 @@ class TaskRun:
     plan: dict
     life: Lifecycle = field(default_factory=lambda: Lifecycle(TASK_TRANSITIONS, TaskState.PENDING))
     current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
+    node: str | None = None  # the node of the attempt that runs now
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
 
@@ -279,6 +292,19 @@ class FaultContextImpl:
             pass
         return out
 
+    async def node_of(self, task_id: str) -> str | None:
+        run = self.wave.runs[task_id]
+        return run.node if run.current is not None else None
+
+    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, why: str) -> dict:
+        """PK3: the node goes away with every sandbox on it (after a drain notice when mode is 'drain'), and
+        comes back `down_s` later as a new Ray node (an autoscaler replacing a spot VM)."""
+        return await self.wave.lose_node(node, mode, grace_s, down_s, why)
+
+    async def node_back(self, node: str) -> dict:
+        """Wait until a lost node is back (the fault's clear)."""
+        return await self.wave.node_back(node)
+
     def proxy(self):
         if self.wave.lost("fault proxy"):
             raise RuntimeError("the fault proxy is lost (harness fault)")
@@ -316,6 +342,14 @@ class WaveRun:
         self.own_fleet = fleet is None
         self.ledger = None
         self.hosts: list = []
+        self.node_load: dict[str, int] = {}  # node -> attempts running there now (placement)
+        self.placed: dict[str, str] = {}  # sandbox id -> its node
+        self.nodes_out: set[str] = set()  # draining or lost: no new attempt goes there
+        self.nodes_lost: dict[str, dict] = {}  # node -> how PK3 took it (its attempts end as killed, not as a fault)
+        self.node_events: dict[str, asyncio.Event] = {}  # node -> set when it is back
+        self.node_back_info: dict[str, dict] = {}
+        self.node_faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
+        self.node_tasks: list[asyncio.Task] = []
         self.runs: dict[str, TaskRun] = {}
         self.receipts: list[Receipt] = []
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
@@ -380,7 +414,8 @@ class WaveRun:
             if self.cfg.address == "local":
                 (self.private / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
             self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
-                                      ray_tmpdir=ray_tmp if self.cfg.address == "local" else None)
+                                      ray_tmpdir=ray_tmp if self.cfg.address == "local" else None,
+                                      nodes=self.cfg.nodes)
             os.makedirs(self.fleet.state_dir, exist_ok=self.resumed is not None)
             self.fleet.start()
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
@@ -605,7 +640,8 @@ class WaveRun:
         from fleet.host import awaitable
 
         actors = [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
-                                                    zip(self.fleet.node_ids, self.hosts)]
+                                                    zip(self.fleet.node_ids, self.hosts)
+                                                    if n not in self.nodes_out]
 
         async def one(actor):
             try:
@@ -652,6 +688,109 @@ class WaveRun:
         self._part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
         return True
 
+    # ------------------------------------------------------------------ nodes
+    def _place(self) -> str | None:
+        """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number)."""
+        live = [n for n in self.fleet.node_ids if n not in self.nodes_out and n not in self.fleet.down]
+        if not live:
+            return None
+        return min(live, key=lambda n: (self.node_load.get(n, 0), self.fleet.node_ids.index(n)))
+
+    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, instance: str) -> dict:
+        """PK3. 'drain': the GCS is asked to drain the node for preemption with a deadline, every sandbox there
+        gets the notice (as PK2's) and SIGTERM, and at the deadline the node is lost. 'abrupt': lost at once.
+        Lost = its host process SIGKILLed (the sandboxes die with it) and its raylet killed; what the dead host
+        could not remove (workspace mounts, cgroups) goes with the machine. The node comes back `down_s` later."""
+        if node in self.nodes_out:
+            return {"applied": False, "why": f"node {node} was already draining or lost"}
+        if not [n for n in self.fleet.node_ids if n != node and n not in self.nodes_out]:
+            return {"applied": False, "why": f"node {node} is the last live sandbox node (another PK3 took the "
+                                             "others); a wave keeps one to finish its tasks on"}
+        self.nodes_out.add(node)  # from now on no attempt is placed there
+        self.node_faults[node] = instance
+        host = self.hosts[self.fleet.node_ids.index(node)]
+        t_wait = time.monotonic()
+        while time.monotonic() - t_wait < 60 and any(  # a reference run is the positive control: never interrupted
+                r.current is not None and r.node == node and r.plan["role"] == "reference" for r in self.runs.values()):
+            await asyncio.sleep(0.05)
+        if any(r.current is not None and r.node == node and r.plan["role"] == "reference" for r in self.runs.values()):
+            self.nodes_out.discard(node)
+            self.node_faults.pop(node, None)
+            return {"applied": False, "why": f"a reference run (the positive control) still ran on {node} after 60 s"}
+        on_node = sorted(sid for sid, n in self.placed.items() if n == node and
+                         any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
+        out: dict = {"node": node, "mode": mode, "sandboxes": on_node,
+                     "waited_for_references_s": round(time.monotonic() - t_wait, 3)}
+        t0 = time.time()
+        if mode == "drain":
+            ok, err = await asyncio.to_thread(self.fleet.ray_session.drain_node, node, grace_s,
+                                              f"sandfleet {instance}: spot preemption")
+            out["drain"] = {"accepted": ok, "rejection": err, "deadline_s": grace_s}
+            notice = {"action": "terminate", "grace_s": grace_s, "reason": f"node drain (sandfleet {instance})",
+                      "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0 + grace_s))}
+            noticed = await asyncio.gather(*(host.notify.remote(sid, notice) for sid in on_node),
+                                           return_exceptions=True)
+            out["noticed"] = sum(1 for n in noticed if isinstance(n, dict) and n.get("written"))
+            for sid in on_node:  # SIGTERM only: the SIGKILL is the node going away at the deadline
+                try:
+                    await host.terminate.remote(sid)
+                except Exception:  # noqa: BLE001
+                    pass
+            await asyncio.sleep(max(0.0, t0 + grace_s - time.time()))
+        self.nodes_lost[node] = {"instance": instance, "mode": mode, "at": time.time()}
+        self.node_events[node] = asyncio.Event()
+        self.timeline("node_lost", node=node, fault=instance, mode=mode, sandboxes=on_node)
+        lost = await asyncio.to_thread(self.fleet.lose_node, node)
+        out.update(lost)
+        out["reaped"] = await asyncio.to_thread(self._reap_node, node)
+        out["applied"] = True
+        self.node_tasks.append(asyncio.get_running_loop().create_task(self._bring_back(node, down_s, instance)))
+        return out
+
+    def _reap_node(self, node: str) -> list[str]:
+        """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
+        from fleet import cgroups
+        from fleet.sandbox import reap_leftover
+
+        gone = []
+        deadline = time.monotonic() + 10
+        for wid, sid in cgroups.list_sandboxes(self.wave_id):
+            if self.placed.get(sid) == node:
+                reap_leftover(wid, sid)
+                gone.append(sid)
+        while time.monotonic() < deadline and any(self.placed.get(s) == node for _, s in
+                                                  cgroups.list_sandboxes(self.wave_id)):
+            time.sleep(0.05)
+        return gone
+
+    async def _bring_back(self, node: str, down_s: float, instance: str) -> None:
+        await asyncio.sleep(down_s)
+        try:
+            back = await asyncio.to_thread(self.fleet.restore_node, node)
+            back["down_s"] = round(time.time() - self.nodes_lost[node]["at"], 3)
+            self.node_back_info[node] = back
+            self.timeline("node_back", fault=instance, **back)
+        except Exception as exc:  # noqa: BLE001
+            self.node_back_info[node] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            self.timeline("node_not_back", node=node, fault=instance, **self.node_back_info[node])
+        finally:
+            self.nodes_out.discard(node)
+            self.nodes_lost.pop(node, None)
+            self.node_faults.pop(node, None)
+            self.node_events[node].set()
+
+    async def node_back(self, node: str) -> dict:
+        """Wait (bounded) until the lost node is back; the task that planned the fault ending meanwhile (which
+        cancels its fault) does not cut the wait short: the fault's receipt says when the node came back."""
+        ev = self.node_events.get(node)
+        deadline = time.monotonic() + 120
+        while ev is not None and not ev.is_set() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(ev.wait(), max(0.01, deadline - time.monotonic()))
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                continue
+        return dict(self.node_back_info.get(node, {}), back=node not in self.fleet.down)
+
     # ------------------------------------------------------------------ tasks
     async def _run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
         from ray.exceptions import RayActorError
@@ -671,7 +810,6 @@ class WaveRun:
             fired = (self.resumed or {}).get("fired", set())
             self.fault_tasks[tid] = [asyncio.create_task(self._fire(FaultSpec(**f), ctx)) for f in task["faults"]
                                      if f["instance"] not in fired]
-            host = self.hosts[0]
             final = TaskState.FAILED
             why = ""
             while True:
@@ -684,8 +822,13 @@ class WaveRun:
                     final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
                     break
                 sandbox_id = f"{tid}-a{run.attempts + 1}"
+                node = self._place()
+                if node is None:  # every sandbox node is lost or draining: wait for one to come back
+                    await asyncio.sleep(0.1)
+                    continue
+                host = self.hosts[self.fleet.node_ids.index(node)]
                 try:
-                    lease = await self.ledger.acquire.remote(self.lease_key(tid), "node-0", sandbox_id,
+                    lease = await self.ledger.acquire.remote(self.lease_key(tid), node, sandbox_id,
                                                              self.cfg.lease_ttl_s)
                 except RayActorError as exc:
                     self._part_lost("lease ledger", f"the actor died ({str(exc).strip().splitlines()[0][:200]})")
@@ -710,9 +853,11 @@ class WaveRun:
                         "files": {f"repo/{p}": text for p, text in fixture.items()},
                         "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
                         "relays": self.relay_targets}
-                tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node="node-0",
+                tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                    lease_acquired_at=lease.get("acquired_at"), akid=self.akids.get(sandbox_id))
-                run.current = (host, sandbox_id)
+                run.current, run.node = (host, sandbox_id), node
+                self.node_load[node] = self.node_load.get(node, 0) + 1
+                self.placed[sandbox_id] = node
                 self.registry.set_attempt(tid, attempt)
                 ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")
                 result: dict = {}
@@ -733,14 +878,31 @@ class WaveRun:
                     result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
                 finally:
                     run.current = None
+                    self.node_load[node] -= 1
                     self.registry.set_attempt(tid, None)
                 code = result.get("exit_code")
+                if result.get("host_lost") and node in self.nodes_lost:
+                    # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it;
+                    # a lost machine cannot say it is done); its key dies now
+                    lost = self.nodes_lost[node]
+                    tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+                       killed_by=lost["instance"], ended_at=lost["at"], node=node,
+                       cause=f"killed: node {node} lost ({lost['instance']}, {lost['mode']})")
+                    await asyncio.to_thread(self._revoke, sandbox_id)
+                    on_change()
+                    run.life.to(TaskState.RETRYING, f"attempt {attempt}: node {node} lost")
+                    tl("task_retry", task=tid, after_attempt=attempt, exit_code=None)
+                    run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
+                    continue
                 if result.get("host_lost"):
                     tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                        error=result["error"][:300], cause="harness fault: the sandbox host was lost")
-                    self._part_lost("sandbox host node-0", "the actor died while it ran attempt "
+                    self._part_lost(f"sandbox host {node}", "the actor died while it ran attempt "
                                     f"{sandbox_id} ({result['error'].strip().splitlines()[0][:200]})")
                     return
+                if node in self.node_faults and not result.get("cause", "").startswith("killed"):
+                    result["cause"] = (f"{result.get('cause') or f'exit {code}'} (node {node} draining for "
+                                       f"preemption: {self.node_faults[node]})")
                 try:
                     await self.ledger.release.remote(self.lease_key(tid), fence, None, f"exit {code}")
                 except RayActorError as exc:
@@ -853,6 +1015,8 @@ class WaveRun:
                 for ft in fts:
                     ft.cancel()
             await asyncio.gather(*(ft for fts in self.fault_tasks.values() for ft in fts), return_exceptions=True)
+            if self.node_tasks:  # a lost node still on its way back: the sweep must see every node
+                await asyncio.wait(self.node_tasks, timeout=120)
             if progress is not None:
                 progress.stop()
 
@@ -906,7 +1070,8 @@ class WaveRun:
         stopping = self.interrupted or (self.harness_fault and f"harness fault ({self.harness_fault['part']})")
         problems = []
         for part, actor in [("lease ledger", self.ledger)] + [(f"sandbox host {n}", h) for n, h in
-                                                               zip(self.fleet.node_ids, self.hosts)]:
+                                                               zip(self.fleet.node_ids, self.hosts)
+                                                               if n not in self.fleet.down]:
             if self.lost(part):  # hung or dead: end it now rather than wait for each call's timeout
                 problems.append(f"{part} lost (harness fault)")
                 try:
@@ -924,7 +1089,7 @@ class WaveRun:
         live = [l["sandbox_id"] for l in active or []]
         if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
             for n, h in zip(self.fleet.node_ids, self.hosts):
-                if self.lost(f"sandbox host {n}"):
+                if self.lost(f"sandbox host {n}") or n in self.fleet.down:
                     continue
                 try:
                     ray.get(h.cancel_wave.remote(self.wave_id), timeout=30)
@@ -940,7 +1105,7 @@ class WaveRun:
             live = []
         reports = []
         for n, h in zip(self.fleet.node_ids, self.hosts):
-            if self.lost(f"sandbox host {n}"):
+            if self.lost(f"sandbox host {n}") or n in self.fleet.down:
                 continue
             try:
                 reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))

@@ -528,6 +528,14 @@ def grade_task(h: TaskHistory) -> dict:
                 continue
             verdicts.append({"applied": PASS, "not_applied": NOT_APPLIED}.get(r["status"], UNKNOWN))
             details.append(f"{f['instance']}: {r['status']} ({r['detail']})")
+        # a node loss (PK3) takes every sandbox on the node: a task whose own fault did not apply but whose
+        # attempt died with another task's node is an interrupted task all the same
+        hit = [(r["instance"], sid) for r in h.receipts if r.get("fault_id") == "PK3" and r["status"] == "applied"
+               and r["task_id"] != tid for sid in (r.get("target") or {}).get("sandboxes") or []
+               if sid.startswith(tid + "-a")]
+        if hit and NOT_APPLIED in verdicts and UNKNOWN not in verdicts:
+            verdicts = [PASS if v == NOT_APPLIED else v for v in verdicts]
+            details.append("; ".join(f"hit by {i} (its node was lost with attempt {sid} on it)" for i, sid in hit))
         return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle}
 
     def no_foreign_writes():

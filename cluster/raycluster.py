@@ -12,13 +12,27 @@ import shutil
 import tempfile
 
 
+# Node death must be seen in about a second, not Ray's default 15 s+ (PK3 kills nodes on purpose).
+HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                 "health_check_initial_delay_ms": 0, "health_check_timeout_ms": 500}
+
+
+def node_resource(name: str) -> str:
+    """The custom resource that pins a sandbox host to its simulated node (a node's name outlives its Ray id)."""
+    return f"sandfleet-node:{name}"
+
+
 class RaySession:
-    def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None):
+    def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
+                 nodes: int = 1):
         self.address = address
         self.num_cpus = num_cpus
+        self.nodes = nodes  # > 1: a simulated cluster of that many Ray nodes on this machine (local only)
         self.want_tmpdir = tmpdir  # a wave's own Ray: a path that carries the wave's marker (for the sweep)
         self.tmpdir: str | None = None
         self.owned = False
+        self.cluster = None  # ray.cluster_utils.Cluster when nodes > 1
+        self.ray_nodes: dict[str, object] = {}  # node name -> ray._private.node.Node (simulated cluster)
 
     def start(self):
         # Ray reads these when it is imported and when its processes start: set them first.
@@ -41,6 +55,9 @@ class RaySession:
             else:
                 self.tmpdir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
             os.environ["RAY_TMPDIR"] = self.tmpdir
+            if self.nodes > 1:
+                self._start_cluster(ray)
+                return ray
             ray.init(address="local", _temp_dir=self.tmpdir, include_dashboard=False,
                      _node_ip_address="127.0.0.1",
                      num_cpus=self.num_cpus or os.cpu_count(), log_to_driver=False,
@@ -50,11 +67,59 @@ class RaySession:
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
         return ray
 
+    def _node_args(self, name: str) -> dict:
+        return {"num_cpus": 1, "resources": {node_resource(name): 1}, "node_ip_address": "127.0.0.1",
+                "temp_dir": self.tmpdir, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024}
+
+    def _start_cluster(self, ray) -> None:
+        """A simulated cluster: a head (node-0: the harness's actors and the driver) and `nodes - 1` workers,
+        every one a real raylet on 127.0.0.1 under this session's temp dir, with fast health checks."""
+        from ray.cluster_utils import Cluster
+
+        os.makedirs(os.path.join(self.tmpdir, "ray"), exist_ok=True)  # Cluster writes its address file there
+        # shutdown_at_exit=False: the session stops its nodes itself (Ray's exit hooks fail on removed nodes);
+        # a driver that dies leaves them to `sandfleet sweep`, which finds them by this session's temp dir
+        self.cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
+                               head_node_args=dict(self._node_args("node-0"), _system_config=HEALTH_CHECKS))
+        self.ray_nodes["node-0"] = self.cluster.head_node
+        for i in range(1, self.nodes):
+            self.add_node(f"node-{i}")
+        ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+        self.owned = True
+
+    def add_node(self, name: str):
+        """Start (or bring back) the simulated node `name`: a new raylet that offers the node's resource."""
+        node = self.cluster.add_node(**self._node_args(name))
+        self.ray_nodes[name] = node
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Kill the simulated node's raylet and the processes Ray started for it (no grace: a lost machine)."""
+        node = self.ray_nodes.pop(name)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def drain_node(self, name: str, deadline_s: float, why: str) -> tuple[bool, str]:
+        """Ask the GCS to drain the node for preemption (what `ray drain-node --reason PREEMPTION` does): no new
+        work is placed there; the node is killed at the deadline by whoever asked (here: the fault)."""
+        import time
+
+        import ray
+        from ray.core.generated import autoscaler_pb2
+
+        node = self.ray_nodes[name]
+        gcs = ray._raylet.GcsClient(address=self.cluster.address)
+        ok, err = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                 why, int(time.time() * 1000 + deadline_s * 1000))
+        return bool(ok), err or ""
+
     def stop(self) -> None:
         import ray
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster, self.ray_nodes = None, {}
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
@@ -88,8 +153,11 @@ class FleetSession:
     lends it to every wave (ledger keys carry the wave id, hosts are wave-agnostic).
     """
 
-    def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None):
-        self.ray_session = RaySession(address, tmpdir=ray_tmpdir)
+    def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None,
+                 nodes: int = 1):
+        self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes)
+        self.nodes = nodes
+        self.down: set[str] = set()  # sandbox nodes lost (PK3) and not back yet
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="sandfleet-fleet-", dir="/tmp")
         self._own_state_dir = state_dir is None
         self.ledger = None
@@ -102,12 +170,53 @@ class FleetSession:
 
         ray = self.ray_session.start()
         os.chmod(self.state_dir, 0o700)
-        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"))
-        self.node_ids = ["node-0"]
-        self.hosts = [start_host_actor(n, self.ledger) for n in self.node_ids]
+        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"))
+        # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
+        # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers.
+        self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
+        self.hosts = [start_host_actor(n, self.ledger, self._pin(n)) for n in self.node_ids]
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         return self
+
+    def _pin(self, name: str) -> dict | None:
+        return {node_resource(name): 0.001} if self.nodes > 1 else None
+
+    def lose_node(self, name: str) -> dict:
+        """A sandbox node goes away at once, with every sandbox on it: its host process is SIGKILLed (bubblewrap's
+        --die-with-parent takes the sandboxes with it), then its raylet and Ray's other processes for it."""
+        import signal
+        import time
+
+        if self.nodes == 1:
+            raise RuntimeError("a one-node fleet has no node to lose (the head holds the harness)")
+        i = self.node_ids.index(name)
+        t = time.time()
+        self.down.add(name)
+        try:
+            os.kill(self.host_info[i]["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.ray_session.remove_node(name)
+        _drop_harness_dir(self.host_info[i])
+        return {"node": name, "host_pid": self.host_info[i]["pid"], "at": t}
+
+    def restore_node(self, name: str) -> dict:
+        """Bring a lost node back as a new Ray node with the same name (an autoscaler replacing a spot VM)."""
+        import time
+
+        import ray
+
+        from fleet.host import start_host_actor
+
+        i = self.node_ids.index(name)
+        t = time.time()
+        self.ray_session.add_node(name)
+        h = start_host_actor(name, self.ledger, self._pin(name))
+        self.host_info[i] = ray.get(h.join_harness.remote(), timeout=120)
+        self.hosts[i] = h
+        self.down.discard(name)
+        return {"node": name, "host_pid": self.host_info[i]["pid"], "back_after_s": round(time.time() - t, 3)}
 
     def heal(self, timeout_s: float = 15.0) -> list[str]:
         """Replace a ledger or host actor that died (a lent fleet outlives the wave that lost it). The ledger
@@ -123,10 +232,12 @@ class FleetSession:
             ray.get(self.ledger.ping.remote(), timeout=timeout_s)
         except (RayActorError, GetTimeoutError):
             ray.kill(self.ledger)
-            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"))
+            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"))
             ray.get(self.ledger.ping.remote(), timeout=120)
             replaced.append("ledger")
         for i, (n, h) in enumerate(zip(self.node_ids, list(self.hosts))):
+            if n in self.down:
+                continue
             try:
                 ray.get(h.ping.remote(), timeout=timeout_s)
                 if "ledger" not in replaced:
@@ -135,7 +246,7 @@ class FleetSession:
                 pass
             ray.kill(h)  # a host bound to a replaced ledger is replaced too
             _drop_harness_dir(self.host_info[i])
-            self.hosts[i] = start_host_actor(n, self.ledger)
+            self.hosts[i] = start_host_actor(n, self.ledger, self._pin(n))
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
         return replaced
@@ -144,7 +255,9 @@ class FleetSession:
         import ray
 
         if ray.is_initialized():
-            for h in self.hosts:
+            for n, h in zip(self.node_ids, self.hosts):
+                if n in self.down:
+                    continue
                 try:
                     ray.get(h.shutdown.remote(1.0), timeout=30)
                 except Exception:  # noqa: BLE001

@@ -129,12 +129,12 @@ class SigkillSandbox:
         if current is None:
             return {"applied": False, "why": "the task had no running sandbox at the planned time"}
         host, sandbox_id = current
-        out = await self.strike(host, sandbox_id, spec)
+        out = await self.strike(host, sandbox_id, spec, ctx)
         out["sandbox_id"] = sandbox_id
         out.update(at)
         return out
 
-    async def strike(self, host, sandbox_id: str, spec: FaultSpec) -> dict:
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         """The preemption itself, once the trigger fired: PK1 is a SIGKILL with no notice."""
         return await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}")
 
@@ -245,7 +245,7 @@ class SpotNotice(SigkillSandbox):
             sp.params["grace_s"] = round(rng.uniform(lo, hi), 3)
         return specs
 
-    async def strike(self, host, sandbox_id: str, spec: FaultSpec) -> dict:
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         import time
 
         grace = spec.params["grace_s"]
@@ -263,6 +263,64 @@ class SpotNotice(SigkillSandbox):
                else "SIGKILL at the end of the grace")
         return (f"; notice {'written to $SANDFLEET_NOTICE' if n.get('written') else 'NOT written: ' + n.get('why', '?')}"
                 f", SIGTERM, {spec.params['grace_s']} s grace: {how}" + super()._where(spec, injected))
+
+
+@register
+class NodeLoss(SigkillSandbox):
+    """PK3: the Ray node running the task's attempt goes away with every sandbox on it. 'abrupt': its host
+    process and raylet are killed at once. 'drain': first a Ray drain with reason PREEMPTION and a deadline (as
+    `ray drain-node` / a cloud autoscaler does), the notice in every sandbox's `$SANDFLEET_NOTICE` and a
+    SIGTERM, then the loss at the deadline. The node comes back a seeded time later as a new Ray node. Triggers
+    as PK1. Needs a simulated cluster (`--nodes 3`): the head holds the harness and is never lost."""
+
+    id = "PK3"
+    family = "preemption"
+    description = ("node loss: the Ray node of the task's attempt dies with every sandbox on it (abrupt, or after "
+                   "a PREEMPTION drain with a deadline and a notice), and comes back later")
+    default_grace = (1.0, 3.0)
+    default_down = (2.0, 6.0)
+
+    def plan(self, task_id: str, rng: random.Random, base: dict):
+        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k not in ("window_s", "mode", "down_s")})
+        lo, hi = base.get("window_s", self.default_grace)
+        dlo, dhi = base.get("down_s", self.default_down)
+        for sp in specs if isinstance(specs, list) else [specs]:
+            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK3")
+            sp.params["mode"] = base.get("mode") or rng.choice(["abrupt", "drain"])
+            sp.params["grace_s"] = round(rng.uniform(lo, hi), 3)
+            sp.params["down_s"] = round(rng.uniform(dlo, dhi), 3)
+        return specs
+
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
+        node = await ctx.node_of(spec.task_id)
+        if node is None:
+            return {"applied": False, "why": "the task had no attempt on a node at the planned time"}
+        p = spec.params
+        return await ctx.lose_node(node, p["mode"], p["grace_s"], p["down_s"], spec.instance)
+
+    async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
+        out = await super().clear(spec, ctx, injected)
+        if injected.get("applied") and injected.get("node"):
+            out = dict(out, **await ctx.node_back(injected["node"]))  # the node is back before the fault ends
+        return out
+
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
+        r = super().receipt(spec, injected, cleared)
+        if r.status != APPLIED:
+            return r
+        p, node = spec.params, injected.get("node")
+        drain = injected.get("drain") or {}
+        how = ("raylet and host killed at once" if p["mode"] == "abrupt" else
+               f"drained for PREEMPTION ({'accepted' if drain.get('accepted') else 'REFUSED: ' + str(drain.get('rejection'))}"
+               f" by the GCS), notice + SIGTERM to {injected.get('noticed', 0)} sandbox(es), lost at the "
+               f"{p['grace_s']} s deadline")
+        back = (f"back as a new Ray node after {cleared['down_s']} s" if cleared.get("back") else
+                f"NOT back: {cleared.get('error', 'the wave ended first')}")
+        r.target = {"sandbox_id": injected.get("sandbox_id"), "node": node, "sandboxes": injected.get("sandboxes"),
+                    "host_pid": injected.get("host_pid")}
+        r.detail = (f"node {node} lost ({how}) with {len(injected.get('sandboxes') or [])} sandbox(es) on it "
+                    f"({', '.join(injected.get('sandboxes') or [])}); {back}" + self._where(spec, injected))
+        return r
 
 
 _PROGRESS: dict[str, list] = {}  # PK4 instance -> kills so far (kept if the task ends mid-loop)

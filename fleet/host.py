@@ -197,6 +197,13 @@ class SandboxHost:
             return {"written": False, "why": f"could not write the notice: {exc}"}
         return {"written": True, "at": time.time()}
 
+    async def terminate(self, sandbox_id: str) -> dict:
+        """SIGTERM to the sandbox's init (tini forwards it to the runner's process group); no kill follows."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"sent": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        return {"sent": await self.backend.terminate(sb)}
+
     async def fill_workspace(self, sandbox_id: str) -> dict:
         """DF1: fill the sandbox's workspace tmpfs with a ballast file (the runner meets a real ENOSPC)."""
         sb = self.backend.sandboxes.get(sandbox_id)

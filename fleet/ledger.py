@@ -181,8 +181,8 @@ class LeaseLedger:
         self.db.close()
 
 
-def start_ledger_actor(path: str, name: str | None = None):
-    """The ledger as one Ray actor (the only writer of its SQLite file)."""
+def start_ledger_actor(path: str, name: str | None = None, resources: dict | None = None):
+    """The ledger as one Ray actor (the only writer of its SQLite file); `resources` pins it (to the head)."""
     import ray
 
     if not path:
@@ -190,4 +190,6 @@ def start_ledger_actor(path: str, name: str | None = None):
     opts = {"num_cpus": 0, "max_concurrency": 1}
     if name:
         opts["name"] = name
+    if resources:
+        opts["resources"] = resources
     return ray.remote(LeaseLedger).options(**opts).remote(path)

@@ -189,6 +189,10 @@ class SandboxBackend:
         await self._kill(sb, grace_s)
         return True
 
+    async def terminate(self, sb: Sandbox) -> bool:
+        """SIGTERM the sandbox's init, as a preemption notice does; True if it was sent."""
+        return await self._terminate(sb) if sb.exit_code is None else False
+
     async def freeze(self, sb: Sandbox) -> bool:
         if sb.state != SandboxState.RUNNING:
             return False
@@ -228,6 +232,9 @@ class SandboxBackend:
         raise NotImplementedError
 
     async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+        raise NotImplementedError
+
+    async def _terminate(self, sb: Sandbox) -> bool:
         raise NotImplementedError
 
     async def _freeze(self, sb: Sandbox) -> None:
@@ -505,6 +512,16 @@ class ProcessBackend(SandboxBackend):
             except (OSError, ValueError):
                 continue
         return None
+
+    async def _terminate(self, sb: Sandbox) -> bool:
+        init = self._init_pid(sb)
+        if not init:
+            return False
+        try:
+            os.kill(init, signal.SIGTERM)
+            return True
+        except ProcessLookupError:
+            return False
 
     async def _kill(self, sb: Sandbox, grace_s: float) -> None:
         cg = self._cgroups[sb.spec.sandbox_id]
