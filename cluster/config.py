@@ -363,8 +363,8 @@ class WaveConfig(Strict):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
             if fid in ("CR1", "DF1") and (t.after_effects or t.after_store_writes or t.at_request or t.kills):
                 raise ValueError(f"{fid}: give at_s or after_model_calls (when), and window_s")
-            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "CR1", "DF1"):
-                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3 (and after_model_calls to CR1, DF1) only")
+            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6", "CR1", "DF1"):
+                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, DF1) only")
             if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
                 raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
             if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):

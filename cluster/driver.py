@@ -33,7 +33,7 @@ from fleet.effects import EffectsService
 from fleet.model_endpoint import MODEL_ID, ModelEndpoint
 from fleet.runners import HERE as BUILTIN_DIR
 from fleet.sandbox import RUN_IN, SANDBOX_UID, WORKSPACE_IN, check_process_backend
-from fleet.services import TaskRegistry
+from fleet.services import CallLog, TaskRegistry
 from storage.credentials import Credentials, CredentialSource
 from storage.keys import ScopedKeys
 from storage.proxy import ProxyProcess
@@ -241,6 +241,8 @@ class TaskRun:
     life: Lifecycle = field(default_factory=lambda: Lifecycle(TASK_TRANSITIONS, TaskState.PENDING))
     current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
     node: str | None = None  # the node of the attempt that runs now
+    abandon: dict | None = None  # PK6: set to give up on the running attempt (frozen past its lease)
+    abandon_ev: asyncio.Event | None = None
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
 
@@ -305,6 +307,36 @@ class FaultContextImpl:
         """Wait until a lost node is back (the fault's clear)."""
         return await self.wave.node_back(node)
 
+    async def abandon(self, task_id: str, sandbox_id: str, instance: str) -> None:
+        """PK6: the driver gives up on a frozen attempt (its lease will run out) and starts the next one; the
+        attempt's keys are revoked now. The frozen sandbox lives on as a zombie until the fault ends it."""
+        run = self.wave.runs[task_id]
+        if run.current is not None and run.current[1] == sandbox_id and run.abandon_ev is not None:
+            run.abandon = {"instance": instance, "at": time.time()}
+            run.abandon_ev.set()
+
+    async def newer_attempt(self, task_id: str, sandbox_id: str, timeout_s: float) -> str | None:
+        """The sandbox id of a newer attempt of the task once one runs (None after `timeout_s`)."""
+        run, att = self.wave.runs[task_id], int(sandbox_id.rsplit("-a", 1)[1])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and run.life.state not in (TaskState.DONE, TaskState.FAILED,
+                                                                     TaskState.DEADLINE):
+            if run.attempts > att:
+                return f"{task_id}-a{att + 1}"
+            await asyncio.sleep(0.02)
+        return f"{task_id}-a{att + 1}" if run.attempts > att else None
+
+    def fenced_activity(self, task_id: str, sandbox_id: str, since: float) -> dict:
+        """What a zombie attempt did from `since`: its store requests (by its key id) and what each got, and the
+        model/effects calls the services refused because its key was revoked."""
+        akids = {a for a in [self.wave.akids.get(sandbox_id)] if a}
+        reqs = self.store_requests(akids, since, time.time() + 1)
+        attempt = int(sandbox_id.rsplit("-a", 1)[1])
+        refused = [r for r in list(self.wave.fenced_log.records) if r["task"] == task_id
+                   and r["attempt"] == attempt and r["t"] >= since]
+        return {"store": [{"method": r.get("method"), "key": r.get("key"), "status": r.get("status")} for r in reqs],
+                "refused_calls": [{"service": r["service"], "path": r["path"]} for r in refused]}
+
     def proxy(self):
         if self.wave.lost("fault proxy"):
             raise RuntimeError("the fault proxy is lost (harness fault)")
@@ -350,6 +382,7 @@ class WaveRun:
         self.node_back_info: dict[str, dict] = {}
         self.node_faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
         self.node_tasks: list[asyncio.Task] = []
+        self.zombies: list = []  # futures of abandoned attempts (PK6) still running
         self.runs: dict[str, TaskRun] = {}
         self.receipts: list[Receipt] = []
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
@@ -396,6 +429,8 @@ class WaveRun:
         self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
                                    log_path=self.dir / "model-calls.jsonl").start()
         self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
+        self.fenced_log = CallLog(self.dir / "fenced.jsonl")  # calls refused because their attempt was fenced
+        self.model.fenced = self.effects.fenced = self.fenced_log
         # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
         self.relay_targets = {PORT_S3: f"127.0.0.1:{self.proxy.port}",
                               PORT_MODEL: f"127.0.0.1:{self.model.server.server_address[1]}",
@@ -474,7 +509,7 @@ class WaveRun:
     def _issued_secrets(self) -> tuple:
         """Every secret handed to a runner in this wave (model/effects keys, store secrets), for redaction by
         value in the evidence; never written anywhere."""
-        out = {e.key for e in self.registry.by_task.values()}
+        out = self.registry.issued_keys()
         if getattr(self, "keys", None) is not None:
             out |= set(self.keys.issued_secrets)
         if getattr(self, "endpoint", None) is not None:
@@ -482,14 +517,17 @@ class WaveRun:
         return tuple(sorted(out))
 
     def _revoke(self, sandbox_id: str) -> None:
+        self.registry.revoke_attempt(sandbox_id)  # its model and effects key
         if self.keys is not None:
             self.keys.revoke(sandbox_id)
         shutil.rmtree(self.private / "creds" / sandbox_id, ignore_errors=True)
 
-    def _runner_env(self, task: dict, attempt: int, fence: int, workspace: str = WORKSPACE_IN) -> dict:
+    def _runner_env(self, task: dict, attempt: int, fence: int, sandbox_id: str,
+                    workspace: str = WORKSPACE_IN) -> dict:
         """The runner contract's environment (docs/runner-contract.md), as seen inside the sandbox."""
         runner = self.plan["runner"]
-        key = self.registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
+        self.registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
+        key = self.registry.attempt_key(task["task_id"], attempt, sandbox_id)  # dies with the attempt's lease
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **runner["env"]}
         s3 = f"http://127.0.0.1:{PORT_S3}"
@@ -688,6 +726,31 @@ class WaveRun:
         self._part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
         return True
 
+    async def _await_attempt(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> dict:
+        """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on
+        as a zombie: its end is recorded as `zombie_end` when it comes). Raises asyncio.TimeoutError at the
+        deadline and what the host raised (RayActorError) as before."""
+        fut = asyncio.wrap_future(ref.future())
+        ab = asyncio.ensure_future(run.abandon_ev.wait())
+        try:
+            done, _ = await asyncio.wait({fut, ab}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ab.cancel()
+        if fut in done:
+            return fut.result()
+        if run.abandon is not None:
+            def ended(f, sid=sandbox_id, task=run.plan["task_id"]):
+                try:
+                    r = f.result()
+                    self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.get("exit_code"),
+                                  killed_by=r.get("killed_by"), ended_at=r.get("ended_at"))
+                except BaseException as exc:  # noqa: BLE001
+                    self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
+            fut.add_done_callback(ended)
+            self.zombies.append(fut)
+            return {"exit_code": None, "abandoned": run.abandon}
+        raise asyncio.TimeoutError
+
     # ------------------------------------------------------------------ nodes
     def _place(self) -> str | None:
         """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number)."""
@@ -846,7 +909,7 @@ class WaveRun:
                 creds_dir = await asyncio.to_thread(self._attempt_credentials, tid, sandbox_id)
                 sbc = self.cfg.sandbox
                 spec = {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": tid, "attempt": attempt,
-                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence),
+                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence, sandbox_id),
                         "state_dir": str(sdir), "workspace_mb": sbc.workspace_mb,
                         "memory_mb": sbc.memory_mb, "pids_max": sbc.pids_max, "cpu_shares": sbc.cpu_shares,
                         "cpu_quota": sbc.cpu_cores, "workspace_dir": ws,
@@ -861,9 +924,9 @@ class WaveRun:
                 self.registry.set_attempt(tid, attempt)
                 ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")
                 result: dict = {}
+                run.abandon, run.abandon_ev = None, asyncio.Event()
                 try:
-                    result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ref.future())),
-                                                    max(0.1, deadline - loop.time()))
+                    result = await self._await_attempt(run, ref, sandbox_id, max(0.1, deadline - loop.time()))
                 except asyncio.CancelledError:  # the wave is stopping: the sweep ends this attempt's sandbox
                     tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                        killed_by="wave stopped", ended_at=time.time(), cause=f"the wave stopped ({self._stop_why()})")
@@ -881,6 +944,17 @@ class WaveRun:
                     self.node_load[node] -= 1
                     self.registry.set_attempt(tid, None)
                 code = result.get("exit_code")
+                if result.get("abandoned"):  # PK6: frozen past its lease; its lease runs out, its keys die now
+                    ab = result["abandoned"]
+                    await asyncio.to_thread(self._revoke, sandbox_id)
+                    tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+                       killed_by=ab["instance"], ended_at=ab["at"], node=node,
+                       cause=f"killed: frozen, abandoned to run out its lease ({ab['instance']}); a zombie now")
+                    on_change()
+                    run.life.to(TaskState.RETRYING, f"attempt {attempt} abandoned (frozen)")
+                    tl("task_retry", task=tid, after_attempt=attempt, exit_code=None)
+                    run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
+                    continue
                 if result.get("host_lost") and node in self.nodes_lost:
                     # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it;
                     # a lost machine cannot say it is done); its key dies now
@@ -1017,6 +1091,8 @@ class WaveRun:
             await asyncio.gather(*(ft for fts in self.fault_tasks.values() for ft in fts), return_exceptions=True)
             if self.node_tasks:  # a lost node still on its way back: the sweep must see every node
                 await asyncio.wait(self.node_tasks, timeout=120)
+            if self.zombies:  # abandoned attempts end with their fault (bounded: the sweep ends any left)
+                await asyncio.wait(self.zombies, timeout=30)
             if progress is not None:
                 progress.stop()
 
@@ -1158,6 +1234,8 @@ class WaveRun:
         import ray
 
         errors = []
+        if getattr(self, "fenced_log", None) is not None:
+            self.fenced_log.close()
         if self.ledger is not None:
             try:
                 try:

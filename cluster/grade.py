@@ -139,6 +139,7 @@ class TaskHistory:
     requests: list[dict] | None = None  # every proxy request of its attempts (by key id) or under its prefix
     log_tails: dict[int, str] = field(default_factory=dict)  # attempt -> last lines of its runner.log
     limits: dict = field(default_factory=dict)  # max_attempts, liveness_s, retry_loop_n from the plan
+    fenced: list[dict] = field(default_factory=list)  # its calls the services refused (revoked attempt keys)
 
 
 def _check(fn) -> dict:
@@ -556,6 +557,41 @@ def grade_task(h: TaskHistory) -> dict:
                 "detail": f"{len(ups)} multipart upload(s) started under its prefix and never completed or aborted; "
                           f"first: {ups[0]['key']} (upload {ups[0]['upload_id'][:16]})"}
 
+    def fenced_writes_rejected():
+        """PK6: after the zombie was thawed, nothing it did may count: no store write of its key landed, no model
+        call or effect of its attempt was answered. Every request it made must have been refused."""
+        found, bad, refused, seen = [], [], 0, 0
+        for r in h.receipts:
+            if r["task_id"] != tid or r.get("fault_id") != "PK6" or r.get("status") != "applied":
+                continue
+            tgt = r.get("target") or {}
+            sid, t0 = tgt.get("zombie"), tgt.get("thawed_at")
+            if not sid or t0 is None:
+                return {"verdict": UNKNOWN, "detail": f"{r['instance']}: its receipt names no zombie or thaw time"}
+            att = int(sid.rsplit("-a", 1)[1])
+            ids = akids.get(att) or set()
+            store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
+            landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
+            calls = [c for c in h.calls or [] if c.get("attempt") == att and c["t"] >= t0]
+            fx = [e for e in h.effects or [] if e.get("attempt") == att and e["t"] >= t0]
+            mine_refused = [f for f in h.fenced if f.get("attempt") == att and f["t"] >= t0]
+            seen += len(store) + len(calls) + len(fx) + len(mine_refused)
+            refused += sum(1 for q in store if (q.get("status") or 0) >= 400) + len(mine_refused)
+            bad += [f"store {q['method']} {q.get('key')} -> {q.get('status')}" for q in landed]
+            bad += [f"model call answered at {c['t']:.3f}" for c in calls] + [f"effect {e['effect_id']} applied"
+                                                                              for e in fx]
+            found.append(f"{r['instance']} (zombie {sid})")
+        if h.requests is None or h.calls is None:
+            return {"verdict": UNKNOWN, "detail": "the proxy or model log is missing: the zombie cannot be followed"}
+        if bad:
+            return {"verdict": FAIL, "landed": bad[:20],
+                    "detail": f"{len(bad)} thing(s) a fenced zombie did took effect: {'; '.join(bad[:3])}"}
+        if not seen:
+            return {"verdict": NOT_APPLIED, "detail": f"{', '.join(found)}: the zombie made no request after it was "
+                                                      "thawed, so the fencing was not exercised"}
+        return {"verdict": PASS, "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw were "
+                                           "refused (revoked key / stale fence); none took effect"}
+
     names = [("completed", completed)]
     if not is_ref:
         names.append(("resume_equivalent", resume_equivalent))
@@ -570,6 +606,8 @@ def grade_task(h: TaskHistory) -> dict:
         names.append(("no_leaked_upload", no_leaked_upload))
     if h.foreign_writes is not None:  # attributable (per-attempt keys): the writer answers for its writes
         names.append(("no_foreign_writes", no_foreign_writes))
+    if any(f.get("fault_id") == "PK6" for f in task.get("faults") or []):
+        names.append(("fenced_writes_rejected", fenced_writes_rejected))
     for name, fn in names:
         if end is None:
             checks[name] = {"verdict": UNKNOWN, "detail": "the task has no task_end in the timeline "
@@ -697,6 +735,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
                 damaged.setdefault(parts[1], []).append(rec)
 
+    fenced = inp.lines_or_none("fenced.jsonl") or []
     cfg = plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n")}
@@ -708,7 +747,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
         return TaskHistory(
             requests=None if proxy is None else [
                 r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
-            log_tails=_log_tails(d, tid), limits=limits,
+            log_tails=_log_tails(d, tid), limits=limits, fenced=[f for f in fenced if f.get("task") == tid],
             task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
             calls=[c for c in calls if c["task"] == tid] if have_calls else None,
             effects=[e for e in effects if e["task"] == tid] if have_fx else None,

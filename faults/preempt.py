@@ -323,6 +323,84 @@ class NodeLoss(SigkillSandbox):
         return r
 
 
+@register
+class FreezeZombie(SigkillSandbox):
+    """PK6: freeze the task's sandbox (cgroup freezer) and stop its lease renewals, as if its machine stalled.
+    The lease runs out, the driver abandons the attempt (revoking its keys) and a new attempt takes the task
+    with a higher fence; then the old sandbox is thawed: a zombie that believes it still holds the task. Every
+    write it makes must be refused (revoked key at the store and the services, stale fence in the ledger), and
+    it is killed after `observe_s`. Triggers as PK1."""
+
+    id = "PK6"
+    family = "preemption"
+    description = ("freeze the sandbox past its lease expiry, let a new attempt take the task, then thaw the old "
+                   "one: every write the zombie makes must be refused")
+    default_thaw = (0.3, 1.0)
+    observe_s = 4.0
+
+    def plan(self, task_id: str, rng: random.Random, base: dict):
+        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k != "window_s"})
+        lo, hi = base.get("window_s", self.default_thaw)
+        for sp in specs if isinstance(specs, list) else [specs]:
+            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK6")
+            sp.params["thaw_after_s"] = round(rng.uniform(lo, hi), 3)
+        return specs
+
+    async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
+        import asyncio
+
+        fr = await host.freeze_attempt.remote(sandbox_id)
+        if not fr.get("applied"):
+            return fr
+        # from here on the fault runs to its end even if the task ends first (which cancels its faults): a frozen
+        # sandbox is never left behind, and the receipt says what happened (every wait below is bounded)
+        rest = asyncio.ensure_future(self._zombie(host, sandbox_id, spec, ctx, fr))
+        while True:
+            try:
+                return await asyncio.shield(rest)
+            except asyncio.CancelledError:
+                if rest.done():
+                    return rest.result()
+
+    async def _zombie(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext, fr: dict) -> dict:
+        import asyncio
+        import time
+
+        await ctx.abandon(spec.task_id, sandbox_id, spec.instance)
+        newer = await ctx.newer_attempt(spec.task_id, sandbox_id, timeout_s=120)
+        await asyncio.sleep(spec.params["thaw_after_s"] if newer else 0)
+        th = await host.thaw_attempt.remote(sandbox_id)
+        thawed_at = th.get("at") or time.time()
+        deadline = time.monotonic() + self.observe_s
+        while time.monotonic() < deadline and await host.is_running.remote(sandbox_id):
+            await asyncio.sleep(0.05)
+        still = await host.is_running.remote(sandbox_id)
+        if still:
+            await host.kill.remote(sandbox_id, 0.0, f"{spec.instance} (zombie observed {self.observe_s} s)")
+        return {"applied": True, "at": fr["at"], "pid": None, "node": fr.get("node"), "newer": newer,
+                "thawed": th.get("thawed"), "thawed_at": thawed_at, "zombie_killed": still,
+                "activity": ctx.fenced_activity(spec.task_id, sandbox_id, thawed_at)}
+
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
+        r = super().receipt(spec, injected, cleared)
+        if r.status != APPLIED:
+            return r
+        act = injected.get("activity") or {}
+        store = act.get("store") or []
+        landed = [x for x in store if x["method"] in ("PUT", "POST", "DELETE") and 200 <= (x["status"] or 0) < 300]
+        r.target = dict(r.target, zombie=injected.get("sandbox_id"), newer=injected.get("newer"),
+                        thawed_at=injected.get("thawed_at"))
+        r.evidence = {"zombie_store_requests": store[:50], "refused_calls": (act.get("refused_calls") or [])[:50]}
+        r.detail = (f"sandbox {injected.get('sandbox_id')} frozen and its lease left to run out; "
+                    + (f"attempt {injected.get('newer')} took the task, then " if injected.get("newer") else
+                       "NO newer attempt started within 120 s; ")
+                    + f"thawed {spec.params['thaw_after_s']} s later: the zombie made {len(store)} store request(s) "
+                      f"({len(landed)} write(s) landed) and {len(act.get('refused_calls') or [])} model/effects "
+                      f"call(s) refused; " + ("killed after " + str(self.observe_s) + " s" if injected.get(
+                          "zombie_killed") else "it exited by itself"))
+        return r
+
+
 _PROGRESS: dict[str, list] = {}  # PK4 instance -> kills so far (kept if the task ends mid-loop)
 
 

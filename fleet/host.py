@@ -197,6 +197,30 @@ class SandboxHost:
             return {"written": False, "why": f"could not write the notice: {exc}"}
         return {"written": True, "at": time.time()}
 
+    async def freeze_attempt(self, sandbox_id: str) -> dict:
+        """PK6: freeze every process of the sandbox (cgroup freezer) and stop renewing its lease, as if its
+        machine had stalled: the lease runs out and the driver gives the task to a new attempt."""
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        held = self.held.pop(sandbox_id, None)  # no more renewals for it
+        ok = await self.backend.freeze(sb)
+        if not ok:
+            if held is not None:
+                self.held[sandbox_id] = held
+            return {"applied": False, "why": f"sandbox {sandbox_id} could not be frozen (state {sb.state.value})"}
+        return {"applied": True, "at": time.time(), "renewal_stopped": held is not None, "node": self.node_id}
+
+    async def thaw_attempt(self, sandbox_id: str) -> dict:
+        sb = self.backend.sandboxes.get(sandbox_id)
+        if sb is None:
+            return {"thawed": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+        return {"thawed": await self.backend.thaw(sb), "at": time.time()}
+
+    async def is_running(self, sandbox_id: str) -> bool:
+        sb = self.backend.sandboxes.get(sandbox_id)
+        return sb is not None and sb.exit_code is None
+
     async def terminate(self, sandbox_id: str) -> dict:
         """SIGTERM to the sandbox's init (tini forwards it to the runner's process group); no kill follows."""
         sb = self.backend.sandboxes.get(sandbox_id)
@@ -248,7 +272,11 @@ class SandboxHost:
             sb = self.backend.sandboxes.get(sid)
             if sb is not None:
                 await self.backend.kill(sb, 0.0, reason="sweep: no active lease")
-                await self.backend.remove(sb)
+                deadline = time.monotonic() + 10  # the attempt's own run waits for it and removes it
+                while sid in self.backend.sandboxes and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                if sid in self.backend.sandboxes and sb.exit_code is not None:
+                    await self.backend.remove(sb)
                 reaped.append({"wave_id": wid, "sandbox_id": sid, "pids": [sb.pid], "emptied": True,
                                "removed": True, "had_handle": True})
             else:

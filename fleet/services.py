@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -35,6 +35,8 @@ class TaskRegistry:
         self.lock = threading.Lock()
         self.by_key: dict[str, TaskEntry] = {}
         self.by_task: dict[str, TaskEntry] = {}
+        self.by_sandbox: dict[str, str] = {}  # sandbox id -> its attempt's key
+        self.revoked: dict[str, TaskEntry] = {}  # keys of attempts whose lease ended (fenced)
 
     def register(self, task_id: str, seed: int, steps: int, workload: str) -> str:
         with self.lock:
@@ -44,6 +46,26 @@ class TaskRegistry:
             self.by_key[entry.key] = entry
             self.by_task[task_id] = entry
             return entry.key
+
+    def attempt_key(self, task_id: str, attempt: int, sandbox_id: str) -> str:
+        """A key of one attempt: calls with it are that attempt's (never a guess from the time), and it dies with
+        the attempt's lease, so a zombie of the attempt (frozen, then thawed) is refused."""
+        with self.lock:
+            key = "sf-" + secrets.token_urlsafe(24)
+            self.by_key[key] = replace(self.by_task[task_id], key=key, attempt=attempt)
+            self.by_sandbox[sandbox_id] = key
+            return key
+
+    def revoke_attempt(self, sandbox_id: str) -> None:
+        with self.lock:
+            key = self.by_sandbox.get(sandbox_id)
+            entry = self.by_key.pop(key, None) if key else None
+            if entry is not None:
+                self.revoked[key] = entry
+
+    def issued_keys(self) -> set[str]:
+        with self.lock:
+            return {e.key for e in self.by_task.values()} | set(self.by_sandbox.values())
 
     def set_attempt(self, task_id: str, attempt: int | None) -> None:
         with self.lock:
@@ -122,6 +144,7 @@ class JsonService:
     def __init__(self, registry: TaskRegistry, log_path: str | Path | None = None):
         self.registry = registry
         self.log = CallLog(log_path)
+        self.fenced: CallLog | None = None  # where refused calls of fenced attempts are recorded (set by the wave)
         self._in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
         service = self
@@ -201,6 +224,14 @@ class JsonService:
         auth = h.headers.get("Authorization") or ""
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         entry = self.registry.lookup(key) if key else None
+        if entry is None and key in self.registry.revoked:
+            gone = self.registry.revoked[key]
+            if self.fenced is not None:  # the harness's record that a fenced attempt was refused
+                self.fenced.append({"t": time.time(), "service": self.name, "task": gone.task_id,
+                                    "attempt": gone.attempt, "method": h.command, "path": h.path[:200],
+                                    "status": 401})
+            raise HttpError(401, "This attempt's key was revoked: its lease ended and a newer attempt holds the "
+                            "task (fenced).", code="invalid_api_key")
         if entry is None:
             raise HttpError(401, "Incorrect API key provided. This service takes the per-task key it was given "
                             "in the environment.", code="invalid_api_key")

@@ -66,3 +66,41 @@ def test_df1_fills_the_workspace_and_durable_does_the_step_again(run_wave):
     assert g["checks"]["diagnosable"]["verdict"] == "pass"
     log = (d / "sandboxes" / f"{g['task_id']}-a1" / "runner.log").read_text()
     assert "tool run_command failed" in log  # sh's echo met ENOSPC (dash reports it as an I/O error)
+
+
+PK6 = dict(tasks=3, concurrency=3, faults=["PK6"], lease_ttl_s=2.0, deadline_s=90,
+           fault_timing={"PK6": {"after_model_calls": [2, 3]}}, workload={"steps": 6, "think_ms": 80})
+
+
+def test_pk6_a_thawed_zombie_is_fenced(run_wave):
+    """Frozen past its lease, abandoned, a new attempt takes the task, the old sandbox is thawed: whatever the
+    zombie then does is refused (revoked key at the store and the services) and the task passes."""
+    result, d = run_wave(runner="durable", seed=4, **PK6)
+    grades = {g["task_id"]: g for g in result["tasks"]}
+    checks = [g["checks"]["fenced_writes_rejected"] for g in grades.values()]
+    assert all(c["verdict"] in ("pass", "not_applied") for c in checks), checks
+    assert any(c["verdict"] == "pass" for c in checks), checks  # at least one zombie really tried and was refused
+    for r in _receipts(d):
+        assert r["status"] == "applied" and r["target"]["newer"], r
+        tid, zombie = r["task_id"], r["target"]["zombie"]
+        tl = [orjson.loads(x) for x in (d / "timeline.jsonl").read_bytes().splitlines()]
+        end = next(e for e in tl if e["event"] == "attempt_end" and e["sandbox"] == zombie)
+        assert end["cause"].startswith("killed: frozen") and end["killed_by"] == r["instance"]
+        assert any(e["event"] == "zombie_end" and e["sandbox"] == zombie for e in tl)
+        # the ledger: the zombie's lease expired (no one renewed it) before the next fence was handed out
+        led = [orjson.loads(x) for x in (d / "ledger.jsonl").read_bytes().splitlines()]
+        ev = [e for e in led if e["kind"] == "event" and e["task_id"].endswith("/" + tid)]
+        assert [e["event"] for e in ev if e["fence"] == 1][:2] == ["acquired", "expired"], ev
+        assert grades[tid]["verdict"] in ("pass", "not_applied"), grades[tid]["checks"]
+
+
+def test_pk6_broken_fencing_is_caught(run_wave, monkeypatch):
+    """Negative control: the same waves with the harness's revocation switched off (an attempt's keys outlive its
+    lease). A zombie whose calls are then answered must turn fenced_writes_rejected red."""
+    from cluster.driver import WaveRun
+
+    monkeypatch.setattr(WaveRun, "_revoke", lambda self, sandbox_id: None)
+    result, d = run_wave(runner="durable", seed=4, **PK6)
+    checks = [g["checks"]["fenced_writes_rejected"] for g in result["tasks"]]
+    assert any(c["verdict"] == "fail" for c in checks), checks
+    assert result["verdict"] == "fail"
