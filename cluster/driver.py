@@ -461,6 +461,10 @@ class WaveRun:
         self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
         import ray
 
+        # the sweep actor watches the wave from now on: a sandbox alive with no lease for longer than the settle
+        # window is a leak it reaps (long enough for a PK6 zombie's observation and a host's clean-up)
+        self.sweep_settle_s = max(10.0, 2 * self.cfg.lease_ttl_s)
+        ray.get(self.fleet.sweeper.watch.remote(self.wave_id, self.sweep_settle_s), timeout=60)
         self.part_pids = {"store": getattr(getattr(self.store, "proc", None), "pid", None),
                           "fault proxy": self.proxy.proc.pid, "driver": os.getpid(),
                           "lease ledger": ray.get(self.ledger.ping.remote(), timeout=60),
@@ -1134,6 +1138,24 @@ class WaveRun:
             except Exception as exc:  # noqa: BLE001
                 self.timeline("proxy_clear_failed", error=str(exc))
 
+    def _final_sweep(self) -> None:
+        """The sweep actor's last pass for this wave (after its settle window if anything still looks leaked);
+        its report is `sweeper.json`. A lost sweep actor is recorded, never fatal: the host sweep ran already."""
+        import ray
+
+        sweeper = getattr(self.fleet, "sweeper", None) if self.fleet is not None else None
+        if sweeper is None or self.ledger is None:
+            return
+        try:
+            rep = ray.get(sweeper.final.remote(self.wave_id), timeout=self.sweep_settle_s + 60)
+        except Exception as exc:  # noqa: BLE001
+            rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
+                                                       f"{str(exc)[:200]}"], "unavailable": True}
+        self._write_json("sweeper.json", rep)
+        self.timeline("sweep_actor", scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
+                      reaped=len(rep.get("reaped") or []), dangling=len(rep.get("dangling_leases") or []),
+                      expired_but_running=len(rep.get("expired_but_running") or []), errors=rep.get("errors"))
+
     def _sweep(self) -> dict:
         """End what is left of the wave and record it. A stopped wave (signal, harness fault) ends all its
         sandboxes and leases; otherwise sandboxes with no active lease are leaks. A host or ledger that is
@@ -1462,6 +1484,7 @@ class WaveRun:
                 except Exception as exc:  # noqa: BLE001
                     harness_error = harness_error or f"sweep failed: {exc}"
                     self.timeline("harness_error", error=f"sweep: {exc}")
+                self._final_sweep()
                 try:
                     if self.endpoint is not None and self.runs:
                         self._snapshot_store()

@@ -706,6 +706,10 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
         audit = inp.json("store-audit.json")
     except Unreadable:
         audit = None
+    try:
+        sweeper = inp.json("sweeper.json", None)  # the sweep actor's report (no file: a wave before it existed)
+    except Unreadable:
+        sweeper = None
     harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
     hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
     if hfault is not None and not any(err.startswith("harness fault:") for err in harness_errors):
@@ -806,10 +810,15 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     if starts and all(e.get("start_error") for e in starts):
         harness_errors.append(f"no task could start: {starts[0]['start_error']}")
     leaks = {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
+             # the sweep actor's: alive with no lease for longer than its settle window (then reaped), or still
+             # there at its last pass
+             "sandboxes_sweeper": None if sweeper is None else (
+                 [dict(r, by="sweep actor") for r in sweeper.get("reaped") or []] +
+                 [dict(r, by="sweep actor (left at the end)") for r in sweeper.get("left_at_end") or []]),
              "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
     wave_checks = {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
-        "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] else (
+        "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] and not leaks["sandboxes_sweeper"] else (
             UNKNOWN if leaks["sandboxes"] is None or hfault is not None else FAIL),
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),

@@ -161,12 +161,14 @@ class FleetSession:
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="sandfleet-fleet-", dir="/tmp")
         self._own_state_dir = state_dir is None
         self.ledger = None
+        self.sweeper = None  # the sweep actor (fleet/sweeper.py), reused by every wave
         self.hosts: list = []
         self.node_ids: list[str] = []
 
     def start(self) -> "FleetSession":
         from fleet.host import start_host_actor
         from fleet.ledger import start_ledger_actor
+        from fleet.sweeper import start_sweep_actor
 
         ray = self.ray_session.start()
         os.chmod(self.state_dir, 0o700)
@@ -175,7 +177,9 @@ class FleetSession:
         # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers.
         self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
         self.hosts = [start_host_actor(n, self.ledger, self._pin(n)) for n in self.node_ids]
-        ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote()], timeout=120)
+        self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"))
+        ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
+                timeout=120)
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         return self
 
@@ -235,6 +239,17 @@ class FleetSession:
             self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"))
             ray.get(self.ledger.ping.remote(), timeout=120)
             replaced.append("ledger")
+        try:
+            sweeper_ok = "ledger" not in replaced and ray.get(self.sweeper.ping.remote(), timeout=timeout_s) >= 0
+        except (RayActorError, GetTimeoutError):
+            sweeper_ok = False
+        if not sweeper_ok:  # dead, or bound to a replaced ledger
+            from fleet.sweeper import start_sweep_actor
+
+            ray.kill(self.sweeper)
+            self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"))
+            ray.get(self.sweeper.ping.remote(), timeout=120)
+            replaced.append("sweep actor")
         for i, (n, h) in enumerate(zip(self.node_ids, list(self.hosts))):
             if n in self.down:
                 continue
@@ -265,9 +280,11 @@ class FleetSession:
                 ray.kill(h)
             for info in getattr(self, "host_info", []):
                 _drop_harness_dir(info)  # a host that died could not leave its harness cgroup itself
+            if self.sweeper is not None:
+                ray.kill(self.sweeper)
             if self.ledger is not None:
                 ray.kill(self.ledger)
-        self.hosts, self.ledger = [], None
+        self.hosts, self.ledger, self.sweeper = [], None, None
         self.ray_session.stop()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)

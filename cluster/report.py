@@ -76,7 +76,8 @@ def write_summary(d: Path, result: dict) -> Path:
               f", {cached} reused from the reference cache",
               f"- Store audit: {_audit(d)}",
               f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
-              f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}", ""]
+              f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}",
+              f"- Sweep actor: {_sweeper(d)}", ""]
 
     cells: dict[str, Counter] = defaultdict(Counter)
     for g in grades:
@@ -155,6 +156,21 @@ def _wall(grades: list[dict], refs: list[dict]) -> str:
     if not extra:
         return "n/a (no interrupted task beside a reference run in this wave)"
     return f"interrupted tasks took {extra[len(extra) // 2]:+.2f} s (p50) over their reference (n={len(extra)})"
+
+
+def _sweeper(d: Path) -> str:
+    try:
+        r = orjson.loads((Path(d) / "sweeper.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return "no report (sweeper.json missing)"
+    if r.get("unavailable"):
+        return "**unavailable**: " + "; ".join(r.get("errors") or [])
+    out = (f"{r['scans']} pass(es) (p50 {r['scan_ms_p50']} ms); seen with no lease: {len(r['leaked'])}, reaped after "
+           f"the {r['settle_s']} s settle window: {len(r['reaped'])}, left at the end: {len(r['left_at_end'])}; "
+           f"dangling leases: {len(r['dangling_leases'])}; expired but running: {len(r['expired_but_running'])}")
+    if r.get("errors"):
+        out += "; errors: " + "; ".join(r["errors"][:3])
+    return out
 
 
 def _audit(d: Path) -> str:

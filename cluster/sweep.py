@@ -61,6 +61,33 @@ def _environ(pid: str) -> bytes:
 
 def find(wave: str | None = None) -> dict:
     """Leftovers of dead waves, grouped by kind; nothing is changed."""
+    waves, private = markers()
+    dead = {}
+    for w, e in waves.items():
+        if wave and w != wave:
+            continue
+        p = private.get(w)
+        alive = driver_alive(p) if p is not None else False
+        if not alive:
+            dead[w] = e
+    harness = []
+    for d in cgroups.harness_dirs():
+        try:
+            if not Path(d, "cgroup.procs").read_text().split():
+                harness.append(d)
+        except OSError:
+            pass
+    return {"waves": dead, "harness_cgroups": harness}
+
+
+SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode() + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
+
+
+def markers() -> tuple[dict, dict]:
+    """Everything on this machine that carries a wave's marker, live waves too, grouped by wave: processes
+    (a sandbox's environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>` names its sandbox; store and proxy
+    command lines; the wave's private Ray by its temp dir), sandbox cgroups, workspace mounts, private dirs.
+    Used by `sandfleet sweep` (dead waves) and the sweep actor (reconciled with the ledger). Changes nothing."""
     waves: dict[str, dict] = {}
 
     def entry(w: str) -> dict:
@@ -80,9 +107,10 @@ def find(wave: str | None = None) -> dict:
             continue
         cmd = _cmdline(pid)
         env = _environ(pid)
-        m = re.search(rb"SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode() + rb")/", env)
+        m = SANDBOX_MARK.search(env)
         if m:
-            entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+            entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160],
+                                                            "sandbox": m.group(2).decode()})
             continue
         if "weed mini" in cmd or "storage.proxy" in cmd:
             m2 = WAVE_RE.search(cmd)
@@ -103,22 +131,8 @@ def find(wave: str | None = None) -> dict:
             if src.startswith("sandfleet-ws."):
                 w = src.split(".")[1]
                 entry(w)["mounts"].append(line.split()[4])
-    dead = {}
-    for w, e in waves.items():
-        if wave and w != wave:
-            continue
-        p = private.get(w)
-        alive = driver_alive(p) if p is not None else False
-        if not alive:
-            dead[w] = e
-    harness = []
-    for d in cgroups.harness_dirs():
-        try:
-            if not Path(d, "cgroup.procs").read_text().split():
-                harness.append(d)
-        except OSError:
-            pass
-    return {"waves": dead, "harness_cgroups": harness}
+                entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
+    return waves, private
 
 
 def remove(found: dict, keep_data: bool = False) -> list[str]:

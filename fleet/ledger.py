@@ -169,6 +169,14 @@ class LeaseLedger:
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
+    def leases_of(self, prefix: str) -> list[dict]:
+        """Every lease row whose task id starts with `prefix` (a wave's), oldest fence first (the sweep actor)."""
+        self.expire_stale()
+        cur = self.db.execute("SELECT task_id, fence, sandbox_id, holder, state, expires_at FROM leases "
+                              "WHERE task_id >= ? AND task_id < ? ORDER BY task_id, fence", (prefix, prefix + "\uffff"))
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
     def dump(self) -> dict:
         cur = self.db.execute("SELECT * FROM leases ORDER BY task_id, fence")
         cols = [c[0] for c in cur.description]

@@ -1,0 +1,229 @@
+"""The sweep actor: reconciles what runs on the machine with the lease ledger, during a wave and after it.
+
+Every `period_s` it lists the wave's sandboxes by the project's markers (the same finder `sandfleet sweep` uses:
+sandbox cgroups, the environment marker of every sandbox process, workspace mounts) and the wave's leases, and
+reports three things:
+
+- leaked sandbox: something of a sandbox is alive (processes, cgroup, mount) and no active lease covers it;
+- dangling lease: an active lease whose sandbox has nothing alive (its node was lost, or it has not started);
+- expired but running: a sandbox whose lease expired (or was released) while its processes still run.
+
+A leak is reaped only once it has been a leak for `settle_s` (a sandbox between its lease's release and its
+host's clean-up is not one), and again checked against the ledger right before; a sandbox under an active lease
+is never touched, and nothing without the wave's marker is ever listed. `SweepActor` is the plain class;
+`start_sweep_actor` makes it a detached Ray actor at the edge (named per wave, pinned to the head).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+
+def _alive_parts(entry: dict) -> dict[str, dict]:
+    """sandbox id -> what of it is alive: {"pids": [...], "cgroup": bool, "mounts": [...]}."""
+    out: dict[str, dict] = {}
+
+    def one(sid: str) -> dict:
+        return out.setdefault(sid, {"pids": [], "cgroup": False, "mounts": []})
+
+    for p in entry.get("processes", []):
+        if p.get("sandbox"):
+            one(p["sandbox"])["pids"].append(p["pid"])
+    for sid in entry.get("cgroups", []):
+        one(sid)["cgroup"] = True
+    for m, sid in (entry.get("mount_sandboxes") or {}).items():
+        one(sid)["mounts"].append(m)
+    return out
+
+
+class WaveSweep:
+    """The sweep of one wave: its findings, what it reaped, its timings."""
+
+    def __init__(self, wave_id: str, ledger: Any, settle_s: float, clock=time.time, period_s: float = 1.0):
+        self.wave_id = wave_id
+        self.ledger = ledger
+        self.prefix = wave_id + "/"
+        self.settle_s = settle_s
+        self.clock = clock
+        self.period_s = period_s
+        self.first_seen: dict[str, float] = {}  # sandbox id -> when it was first seen leaked
+        self.seen_alive: set[str] = set()  # sandboxes seen alive under their lease at some pass
+        self.dangling_since: dict[str, float] = {}
+        self.scans = 0
+        self.scan_ms: list[float] = []
+        self.reaped: list[dict] = []
+        self.findings: dict[str, dict] = {}  # "<kind>:<sandbox>" -> first finding of that kind for that sandbox
+        self.errors: list[str] = []
+
+    async def _leases(self) -> tuple[dict, dict]:
+        """(active leases by sandbox id, every lease row of the wave by sandbox id (latest fence))."""
+        from fleet.host import awaitable
+
+        rows = await awaitable(self.ledger.leases_of.remote(self.prefix))
+        now = self.clock()
+        active = {r["sandbox_id"]: r for r in rows if r["state"] == "active" and r["expires_at"] > now}
+        latest: dict[str, dict] = {}
+        for r in rows:
+            latest[r["sandbox_id"]] = r
+        return active, latest
+
+    async def scan(self, waves: dict | None = None, reap: bool = True) -> dict:
+        """One pass: list, reconcile, and reap what has been a leak for `settle_s`. Returns this pass's report.
+        `waves`: the finder's markers when the caller already listed them for several waves."""
+        from cluster import sweep as finder
+
+        t0 = time.perf_counter()
+        if waves is None:
+            waves, _ = await asyncio.to_thread(finder.markers)
+        alive = _alive_parts(waves.get(self.wave_id, {}))
+        active, latest = await self._leases()
+        now = self.clock()
+        leaked, expired_running, dangling, reaped = [], [], [], []
+        for sid, parts in sorted(alive.items()):
+            if sid in active:
+                self.first_seen.pop(sid, None)
+                if parts["pids"] or parts["cgroup"]:
+                    self.seen_alive.add(sid)
+                continue
+            row = latest.get(sid)
+            if row is not None and parts["pids"]:
+                expired_running.append({"sandbox_id": sid, "lease_state": row["state"], "fence": row["fence"],
+                                        "pids": parts["pids"]})
+                self._note("expired_but_running", sid, expired_running[-1])
+            since = self.first_seen.setdefault(sid, now)
+            leaked.append({"sandbox_id": sid, "leaked_for_s": round(now - since, 3), **parts})
+            self._note("leaked", sid, leaked[-1])
+        for sid, row in sorted(active.items()):
+            if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"]):
+                self.dangling_since.pop(sid, None)
+                continue
+            # active lease, nothing alive: dangling once its sandbox, seen alive before, stays gone for a pass
+            # (an attempt's end is followed by its release in ms), or none ever came within the settle window
+            # (a lease is taken just before its sandbox starts)
+            since = self.dangling_since.setdefault(sid, now)
+            if (sid in self.seen_alive and now - since >= 0.9 * self.period_s) or now - since >= self.settle_s:
+                dangling.append({"sandbox_id": sid, "task_id": row["task_id"], "fence": row["fence"],
+                                 "holder": row["holder"], "expires_in_s": round(row["expires_at"] - now, 3),
+                                 "sandbox_seen_before": sid in self.seen_alive})
+                self._note("dangling_lease", sid, dangling[-1])
+        if reap:
+            due = [x["sandbox_id"] for x in leaked if x["leaked_for_s"] >= self.settle_s]
+            if due:
+                active, _ = await self._leases()  # again, right before touching anything
+                for sid in due:
+                    if sid in active:
+                        continue
+                    r = await asyncio.to_thread(self._reap, sid)
+                    r["leaked_for_s"] = round(self.clock() - self.first_seen.pop(sid, now), 3)
+                    reaped.append(r)
+        self.reaped += reaped
+        self.scans += 1
+        self.scan_ms.append(round((time.perf_counter() - t0) * 1000, 3))
+        return {"at": now, "leaked": leaked, "expired_but_running": expired_running, "dangling_leases": dangling,
+                "reaped": reaped, "scan_ms": self.scan_ms[-1]}
+
+    def _note(self, kind: str, sid: str, what: dict) -> None:
+        self.findings.setdefault(f"{kind}:{sid}", {"kind": kind, "first_at": self.clock(), **what})
+
+    def _reap(self, sid: str) -> dict:
+        """Kill and remove one leaked sandbox: its cgroup (every member) and mount, then any process that still
+        carries its marker outside the cgroup (checked again by its environment right before the kill)."""
+        from cluster import sweep as finder
+        from fleet.sandbox import reap_leftover
+
+        out = reap_leftover(self.wave_id, sid)
+        killed = []
+        for p in finder.markers()[0].get(self.wave_id, {}).get("processes", []):
+            if p.get("sandbox") != sid:
+                continue
+            m = finder.SANDBOX_MARK.search(finder._environ(str(p["pid"])))
+            if m and m.group(1).decode() == self.wave_id and m.group(2).decode() == sid:
+                try:
+                    os.kill(p["pid"], signal.SIGKILL)
+                    killed.append(p["pid"])
+                except ProcessLookupError:
+                    pass
+        out["killed_outside_cgroup"] = killed
+        return out
+
+    def report(self, last: dict | None = None) -> dict:
+        kinds: dict[str, list] = {}
+        for f in self.findings.values():
+            kinds.setdefault(f["kind"], []).append(f)
+        ms = sorted(self.scan_ms) or [0.0]
+        return {"wave_id": self.wave_id, "scans": self.scans, "settle_s": self.settle_s,
+                "scan_ms_p50": ms[len(ms) // 2], "scan_ms_max": ms[-1],
+                "leaked": kinds.get("leaked", []), "dangling_leases": kinds.get("dangling_lease", []),
+                "expired_but_running": kinds.get("expired_but_running", []), "reaped": self.reaped,
+                "left_at_end": (last or {}).get("leaked", []), "errors": self.errors}
+
+
+class SweepActor:
+    """One per fleet (reused by every wave): sweeps every wave it watches, every `period_s`."""
+
+    def __init__(self, ledger: Any, period_s: float = 1.0, clock=time.time):
+        self.ledger = ledger
+        self.period_s = period_s
+        self.clock = clock
+        self.waves: dict[str, WaveSweep] = {}
+        self._loop_task: asyncio.Task | None = None
+
+    async def ping(self) -> int:
+        return len(self.waves)
+
+    async def watch(self, wave_id: str, settle_s: float = 10.0) -> bool:
+        self.waves[wave_id] = WaveSweep(wave_id, self.ledger, settle_s, self.clock, self.period_s)
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        return True
+
+    async def _run(self) -> None:
+        from cluster import sweep as finder
+
+        while self.waves:
+            try:
+                waves, _ = await asyncio.to_thread(finder.markers)
+            except Exception:  # noqa: BLE001
+                waves = None
+            for w in list(self.waves.values()):
+                try:
+                    await w.scan(waves)
+                except Exception as exc:  # noqa: BLE001 - a lost ledger or a racing sandbox: report, go on
+                    w.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            await asyncio.sleep(self.period_s)
+        self._loop_task = None
+
+    async def scan(self, wave_id: str, reap: bool = True) -> dict:
+        return await self.waves[wave_id].scan(reap=reap)
+
+    async def final(self, wave_id: str) -> dict:
+        """The wave is over: wait out the settle window if anything still looks leaked, reap what still is,
+        report, and stop watching the wave."""
+        w = self.waves[wave_id]
+        last: dict = {}
+        try:
+            last = await w.scan(reap=False)
+            if last["leaked"]:
+                wait = max(0.0, w.settle_s - min(x["leaked_for_s"] for x in last["leaked"]))
+                await asyncio.sleep(wait)
+                await w.scan()
+                last = await w.scan(reap=False)
+        except Exception as exc:  # noqa: BLE001
+            w.errors.append(f"final: {type(exc).__name__}: {exc}"[:300])
+        self.waves.pop(wave_id, None)
+        return w.report(last)
+
+
+def start_sweep_actor(ledger, period_s: float = 1.0, resources: dict | None = None, name: str | None = None):
+    """The fleet's sweep actor: detached (it outlives a driver that dies on a shared cluster)."""
+    import ray
+
+    opts = {"num_cpus": 0, "max_concurrency": 8, "lifetime": "detached"}
+    if name:
+        opts["name"] = name
+    if resources:
+        opts["resources"] = resources
+    return ray.remote(SweepActor).options(**opts).remote(ledger, period_s)
