@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system wave test test-unit bench examples clean
+.PHONY: setup system docker wave test test-unit bench examples clean
 
 setup: system $(STAMP)
 
@@ -19,6 +19,12 @@ system:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux >/dev/null; \
 	fi
 
+# The docker sandbox backend: Debian's docker.io, started with no bridge and no iptables (infra/dockerd-up).
+docker:
+	@command -v dockerd >/dev/null 2>&1 || { echo "installing system packages: docker.io"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null; }
+	@infra/dockerd-up
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -28,7 +34,7 @@ $(STAMP): pyproject.toml
 wave: setup
 	$(BIN)/sandfleet wave run configs/quickstart.yaml
 
-test: setup examples
+test: setup docker examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
 
 test-unit: setup

@@ -113,12 +113,22 @@ def parse_runner(v):
 
 
 class SandboxConfig(Strict):
-    backend: Literal["process"] = "process"
+    backend: Literal["process", "docker"] = Field(
+        "process", description="process: namespaces + cgroups (bubblewrap); docker: containers of a local image")
+    image: str | None = Field(None, min_length=1, max_length=300, pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$",
+                              description="docker: a local image to run in (never pulled); default: the base image "
+                                          "built from Debian's python3 packages")
     workspace_mb: int = Field(64, ge=1, le=4096)
     memory_mb: int = Field(512, ge=64, le=65536)
     pids_max: int = Field(256, ge=16, le=65536)
     cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
     cpu_cores: float = Field(1.0, gt=0, le=256, description="CPU quota of each sandbox, in cores")
+
+    @model_validator(mode="after")
+    def _image(self):
+        if self.image and self.backend != "docker":
+            raise ValueError(f"sandbox.image {self.image!r} is for backend docker, not {self.backend!r}")
+        return self
 
 
 class StoreConfig(Strict):

@@ -195,9 +195,15 @@ def preflight(cfg: WaveConfig) -> None:
     try:
         if cfg.sandbox.backend == "process":
             check_process_backend()
+        else:  # docker: the engine answers, and the image exists locally (the base image is built now, once)
+            check_process_backend()  # the workspace tmpfs and the relays are made the same way
+            from fleet.docker_backend import DockerBackend
+            from fleet.sandbox import SandboxSpec
+
+            DockerBackend().image(SandboxSpec("", "", "", 0, [], {}, "", image=cfg.sandbox.image, backend="docker"))
         if not cfg.store.url:
             find_weed()
-    except (CgroupError, SandboxError, StoreError) as exc:
+    except (CgroupError, SandboxError, StoreError, RuntimeError) as exc:
         raise HarnessError(str(exc)) from None
     if cfg.address not in ("local", "auto"):
         check_ray_address(cfg.address)
@@ -817,13 +823,15 @@ class WaveRun:
     def _reap_node(self, node: str) -> list[str]:
         """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
         from fleet import cgroups
+        from fleet.docker_backend import list_containers
         from fleet.sandbox import reap_leftover
 
         gone = []
         deadline = time.monotonic() + 10
-        for wid, sid in cgroups.list_sandboxes(self.wave_id):
+        docker_sids = [c["sandbox"] for c in list_containers(self.wave_id) or []]  # not children of the host
+        for sid in sorted({s for _, s in cgroups.list_sandboxes(self.wave_id)} | set(docker_sids)):
             if self.placed.get(sid) == node:
-                reap_leftover(wid, sid)
+                reap_leftover(self.wave_id, sid)
                 gone.append(sid)
         while time.monotonic() < deadline and any(self.placed.get(s) == node for _, s in
                                                   cgroups.list_sandboxes(self.wave_id)):
@@ -919,7 +927,7 @@ class WaveRun:
                         "cpu_quota": sbc.cpu_cores, "workspace_dir": ws,
                         "files": {f"repo/{p}": text for p, text in fixture.items()},
                         "ro_binds": self.binds, "hide": self.hide, "ro_mounts": {creds_dir: CREDS_IN},
-                        "relays": self.relay_targets}
+                        "relays": self.relay_targets, "backend": sbc.backend, "image": sbc.image}
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                    lease_acquired_at=lease.get("acquired_at"), akid=self.akids.get(sandbox_id))
                 run.current, run.node = (host, sandbox_id), node

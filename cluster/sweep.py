@@ -91,7 +91,7 @@ def markers() -> tuple[dict, dict]:
     waves: dict[str, dict] = {}
 
     def entry(w: str) -> dict:
-        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "private_dir": None})
+        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [], "private_dir": None})
 
     private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
     ray_tmp = {}  # a wave's private Ray: its temp dir, recorded in the wave's private dir
@@ -132,6 +132,11 @@ def markers() -> tuple[dict, dict]:
                 w = src.split(".")[1]
                 entry(w)["mounts"].append(line.split()[4])
                 entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
+    from fleet.docker_backend import list_containers
+
+    for c in list_containers() or []:  # docker sandboxes: by their wave label
+        if c["wave"] and WAVE_RE.fullmatch(c["wave"]):
+            entry(c["wave"])["containers"].append(c)
     return waves, private
 
 
@@ -152,6 +157,11 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         for sid in e["cgroups"]:
             r = reap_leftover(w, sid)
             done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
+        for c in e.get("containers", []):
+            from fleet.docker_backend import remove_container
+
+            if remove_container(c["id"]):
+                done.append(f"removed container {c['name']}")
         for m in e["mounts"]:
             unmount_workspace(m)
             done.append(f"unmounted {m}")
@@ -196,6 +206,7 @@ def summary(found: dict) -> list[str]:
     lines = []
     for w, e in sorted(found["waves"].items()):
         lines.append(f"{w}: {len(e['processes'])} process(es), {len(e['cgroups'])} sandbox cgroup(s), "
+                     f"{len(e.get('containers', []))} container(s), "
                      f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")

@@ -30,15 +30,23 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def make(ports: list[int]) -> tuple[int, list[socket.socket]]:
-    """A new network namespace with loopback up and a listener on 127.0.0.1:port for each port.
+def make(ports: list[int], join_pid: int | None = None) -> tuple[int, list[socket.socket]]:
+    """A new network namespace with loopback up and a listener on 127.0.0.1:port for each port; with
+    `join_pid`, the (empty) namespace of that process instead (a docker container's, `network_mode="none"`).
 
     Runs in a thread of its own (namespaces are per thread); the thread returns to its namespace.
     Returns (an fd of the namespace, the listening sockets)."""
     orig = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     socks: list[socket.socket] = []
     try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        if join_pid is None:
+            _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        else:
+            target = os.open(f"/proc/{join_pid}/ns/net", os.O_RDONLY)
+            try:
+                _check(_libc.setns(target, CLONE_NEWNET), f"setns into the network namespace of pid {join_pid}")
+            finally:
+                os.close(target)
         try:
             nsfd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -90,9 +98,9 @@ class SandboxNet:
         self.servers: list[asyncio.AbstractServer] = []
         self.conns: set[asyncio.Task] = set()
 
-    async def open(self) -> "SandboxNet":
+    async def open(self, join_pid: int | None = None) -> "SandboxNet":
         ports = sorted(self.relays)
-        self.nsfd, socks = await asyncio.to_thread(make, ports)
+        self.nsfd, socks = await asyncio.to_thread(make, ports, join_pid)
         for port, sock in zip(ports, socks):
             host, _, tport = self.relays[port].rpartition(":")
             self.servers.append(await asyncio.start_server(self._handler(host, int(tport)), sock=sock))

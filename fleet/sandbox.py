@@ -75,6 +75,8 @@ class SandboxSpec:
     ro_mounts: dict[str, str] = field(default_factory=dict)  # host dir -> read-only path inside
     hide: list[str] = field(default_factory=list)  # paths covered by an empty tmpfs inside
     relays: dict[int, str] = field(default_factory=dict)  # loopback port inside -> "host:port" of a service
+    backend: str = "process"  # process | docker
+    image: str | None = None  # docker: a local image (default: the base image built from Debian's packages)
 
     @property
     def workspace(self) -> str:
@@ -319,6 +321,24 @@ def check_process_backend() -> None:
                                f"({hint}, or run `make setup`)")
 
 
+def prepare_workspace(spec: SandboxSpec) -> None:
+    """Mount the size-limited tmpfs workspace (owned by the sandbox user) and seed it with the task's files."""
+    os.makedirs(spec.workspace, exist_ok=True)
+    opts = f"size={spec.workspace_mb * 1024 * 1024},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+    if _libc.mount(spec.mount_source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                   opts.encode()) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {os.strerror(err)}")
+    for rel in list(spec.files) + [".sandfleet/checkpoints"]:
+        full = os.path.join(spec.workspace, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as f:
+            f.write(spec.files.get(rel, ""))
+    for dirpath, dirnames, filenames in os.walk(spec.workspace):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID)
+
+
 class ProcessBackend(SandboxBackend):
     """Unprivileged processes in their own namespaces (bubblewrap), a private tmpfs workspace,
     cgroup v1 limits the runner cannot touch, and only loopback relays to the harness."""
@@ -375,20 +395,7 @@ class ProcessBackend(SandboxBackend):
         return a
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
-        os.makedirs(spec.workspace, exist_ok=True)
-        opts = f"size={spec.workspace_mb * 1024 * 1024},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
-        if _libc.mount(spec.mount_source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                       opts.encode()) != 0:
-            err = ctypes.get_errno()
-            raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {os.strerror(err)}")
-        for rel in list(spec.files) + [".sandfleet/checkpoints"]:
-            full = os.path.join(spec.workspace, rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "w") as f:
-                f.write(spec.files.get(rel, ""))
-        for dirpath, dirnames, filenames in os.walk(spec.workspace):
-            for name in dirnames + filenames:
-                os.lchown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID)
+        prepare_workspace(spec)
 
     async def _start(self, sb: Sandbox) -> None:
         # Blocking work (mount, file writes, cgroup writes, fork/exec) runs in threads: the host's event loop
@@ -592,9 +599,14 @@ def reap_leftover(wave_id: str, sandbox_id: str) -> dict:
     emptied = cg.kill_all()
     cg.remove()
     source = f"sandfleet-ws.{wave_id}.{sandbox_id}"
+    from fleet.docker_backend import list_containers, remove_container
+
+    containers = [c for c in list_containers(wave_id) or [] if c["sandbox"] == sandbox_id]
+    for c in containers:  # a docker sandbox: its container goes (force: killed if it runs)
+        remove_container(c["id"])
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split(" - ", 1)
         if len(fields) == 2 and fields[1].split()[1:2] == [source]:
             unmount_workspace(line.split()[4])
     return {"wave_id": wave_id, "sandbox_id": sandbox_id, "pids": pids, "emptied": emptied,
-            "removed": not cg.exists()}
+            "removed": not cg.exists(), "containers": [c["name"] for c in containers]}

@@ -27,7 +27,7 @@ def _alive_parts(entry: dict) -> dict[str, dict]:
     out: dict[str, dict] = {}
 
     def one(sid: str) -> dict:
-        return out.setdefault(sid, {"pids": [], "cgroup": False, "mounts": []})
+        return out.setdefault(sid, {"pids": [], "cgroup": False, "mounts": [], "container": None})
 
     for p in entry.get("processes", []):
         if p.get("sandbox"):
@@ -36,6 +36,9 @@ def _alive_parts(entry: dict) -> dict[str, dict]:
         one(sid)["cgroup"] = True
     for m, sid in (entry.get("mount_sandboxes") or {}).items():
         one(sid)["mounts"].append(m)
+    for c in entry.get("containers", []):
+        if c.get("sandbox"):
+            one(c["sandbox"])["container"] = c["name"] + (" (running)" if c["running"] else " (stopped)")
     return out
 
 
@@ -85,7 +88,7 @@ class WaveSweep:
         for sid, parts in sorted(alive.items()):
             if sid in active:
                 self.first_seen.pop(sid, None)
-                if parts["pids"] or parts["cgroup"]:
+                if parts["pids"] or parts["cgroup"] or parts["container"]:
                     self.seen_alive.add(sid)
                 continue
             row = latest.get(sid)
@@ -97,7 +100,7 @@ class WaveSweep:
             leaked.append({"sandbox_id": sid, "leaked_for_s": round(now - since, 3), **parts})
             self._note("leaked", sid, leaked[-1])
         for sid, row in sorted(active.items()):
-            if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"]):
+            if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"] or alive[sid]["container"]):
                 self.dangling_since.pop(sid, None)
                 continue
             # active lease, nothing alive: dangling once its sandbox, seen alive before, stays gone for a pass

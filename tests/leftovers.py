@@ -55,14 +55,21 @@ def listening_ports() -> set[int]:
     return ports
 
 
+def containers() -> list[str]:
+    """Docker containers carrying a wave's label (the docker backend's marker)."""
+    from fleet.docker_backend import list_containers
+
+    return sorted(f"{c['name']} ({c['id'][:12]})" for c in list_containers() or [])
+
+
 def snapshot() -> dict:
     return {"processes": marked_processes(), "cgroups": sandbox_cgroups(), "mounts": sandfleet_mounts(),
-            "private_dirs": sorted(str(p) for p in Path("/tmp").glob("sandfleet-w-*"))}
+            "private_dirs": sorted(str(p) for p in Path("/tmp").glob("sandfleet-w-*")), "containers": containers()}
 
 
 def wait_clean(baseline: dict | None = None, timeout_s: float = 15.0) -> dict:
     """Poll (bounded) until nothing beyond `baseline` is left; returns what is left."""
-    baseline = baseline or {k: [] for k in ("processes", "cgroups", "mounts", "private_dirs")}
+    baseline = baseline or {k: [] for k in ("processes", "cgroups", "mounts", "private_dirs", "containers")}
     deadline = time.monotonic() + timeout_s
     while True:
         now = snapshot()

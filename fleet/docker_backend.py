@@ -1,0 +1,267 @@
+"""The docker sandbox backend: the same interface and guarantees as the process backend, in containers.
+
+A container is made with `containers.create()` + `start()` (never `containers.run`, which pulls) from a local
+image (the base image built from Debian's packages, fleet/dockerimage.py, or one a user names): read-only root,
+no capabilities, no-new-privileges, uid/gid 65534, `init=True` (tini as pid 1), memory/pids/CPU limits, a private
+/tmp, `network_mode="none"`, labels carrying the wave and sandbox ids (the marker a sweep finds). Like a process
+sandbox it sees the runner's code and interpreter read-only at their own paths, its credentials read-only, and
+the workspace: the same size-limited tmpfs the host mounts and seeds, bound at /workspace (so faults that
+write into it, DF1's ballast, PK2's notice, PK5's checkpoint file, work unchanged).
+
+The network: the container's own namespace has only loopback. The container starts behind a gate (a shell
+that waits for `/workspace/.sandfleet/go`); the host then opens the loopback listeners inside the
+container's namespace (setns by its pid) and relays them to the harness exactly as for a process sandbox,
+and only then opens the gate. Nothing of the runner runs before its network is what the contract says.
+
+The docker engine runs with `--bridge=none --iptables=false` (infra/dockerd-up); this backend never
+creates a network and never pulls.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+from fleet.netns import SandboxNet
+from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
+                           command_problem, prepare_workspace, unmount_workspace)
+
+GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
+LABEL = "sandfleet.wave"
+
+
+def client():
+    """A docker client, or a clear error naming what is unavailable."""
+    import docker
+
+    try:
+        c = docker.from_env(timeout=60)
+        c.ping()
+        return c
+    except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and socket errors
+        raise SandboxError(f"the docker engine is unavailable ({type(exc).__name__}: {str(exc)[:200]}); start it "
+                           "with `make setup` (infra/dockerd-up: dockerd --bridge=none --iptables=false)") from None
+
+
+def container_name(wave_id: str, sandbox_id: str) -> str:
+    return f"sf-{wave_id}-{sandbox_id}"
+
+
+class DockerBackend(SandboxBackend):
+    name = "docker"
+    LOG_CAP = 16 * 1024 * 1024
+
+    def __init__(self):
+        super().__init__()
+        self._client = None
+        self._containers: dict[str, object] = {}
+        self._nets: dict[str, SandboxNet] = {}
+        self._logs: dict[str, threading.Thread] = {}
+        self._image_lock = threading.Lock()
+        self._base: str | None = None
+
+    @property
+    def docker(self):
+        if self._client is None:
+            self._client = client()
+        return self._client
+
+    def command_problem(self, spec: SandboxSpec) -> str | None:
+        return command_problem(spec.argv, spec.env.get("PATH", ""))
+
+    def image(self, spec: SandboxSpec) -> str:
+        if spec.image:
+            try:
+                self.docker.images.get(spec.image)
+            except Exception:  # noqa: BLE001
+                raise SandboxError(f"sandbox.image {spec.image!r} is not a local image (images are never pulled: "
+                                   "build or load it on every node first)") from None
+            return spec.image
+        with self._image_lock:
+            if self._base is None:
+                from fleet.dockerimage import ensure_base_image
+
+                self._base = ensure_base_image(self.docker)
+            return self._base
+
+    def _create(self, spec: SandboxSpec):
+        from docker.types import Mount
+
+        env = dict(spec.env)
+        env.update(SANDFLEET_WORKSPACE=WORKSPACE_IN, SANDFLEET_SANDBOX=f"{spec.wave_id}/{spec.sandbox_id}",
+                   SANDFLEET_CHECKPOINT=f"{WORKSPACE_IN}/.sandfleet/checkpoints",
+                   SANDFLEET_NOTICE=f"{WORKSPACE_IN}/.sandfleet/notice", PATH=env.get("PATH", "/usr/bin:/bin"))
+        mounts = [Mount(WORKSPACE_IN, spec.workspace, type="bind")]
+        for path in sorted(set(spec.ro_binds)):
+            if os.path.exists(path):
+                mounts.append(Mount(path, path, type="bind", read_only=True))
+        for host, inside in sorted(spec.ro_mounts.items()):
+            mounts.append(Mount(inside, host, type="bind", read_only=True))
+        tmpfs = {"/tmp": "size=64m,mode=1777", RUN_IN: "size=1m,mode=0755"}
+        for path in spec.hide:
+            tmpfs[path] = "size=1m,mode=0755"
+        return self.docker.containers.create(
+            self.image(spec), command=["/bin/sh", "-c", GATE, "sandfleet-gate", *spec.argv],
+            name=container_name(spec.wave_id, spec.sandbox_id), hostname="sandbox",
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}", working_dir=WORKSPACE_IN, environment=env,
+            network_mode="none", read_only=True, init=True, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], mem_limit=spec.memory_mb * 1024 * 1024,
+            memswap_limit=spec.memory_mb * 1024 * 1024, pids_limit=spec.pids_max, cpu_shares=max(2, spec.cpu_shares),
+            nano_cpus=int(spec.cpu_quota * 1e9) if spec.cpu_quota else None, mounts=mounts, tmpfs=tmpfs,
+            labels={LABEL: spec.wave_id, "sandfleet.sandbox": spec.sandbox_id, "sandfleet.task": spec.task_id},
+            stop_signal="SIGTERM", auto_remove=False)
+
+    async def _start(self, sb: Sandbox) -> None:
+        spec = sb.spec
+        await asyncio.to_thread(prepare_workspace, spec)
+        try:
+            c = await asyncio.to_thread(self._create, spec)
+            self._containers[spec.sandbox_id] = c
+            await asyncio.to_thread(c.start)
+        except SandboxError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - docker.errors.*: the engine refused
+            raise SandboxError(f"docker could not create/start the container: {type(exc).__name__}: "
+                               f"{str(exc)[:300]}") from None
+        await asyncio.to_thread(c.reload)
+        pid = c.attrs["State"].get("Pid") or 0
+        if not pid:
+            raise SandboxError(f"container {c.name} did not start: {c.attrs['State'].get('Error') or 'no pid'}")
+        sb.pid = pid
+        self._nets[spec.sandbox_id] = await SandboxNet(spec.relays).open(join_pid=pid)
+        self._pump_log(spec, c)
+        gate = os.path.join(spec.workspace, ".sandfleet", "go")
+        with open(gate, "w"):
+            pass
+
+    def _pump_log(self, spec: SandboxSpec, c) -> None:
+        def pump():
+            n = 0
+            try:
+                with open(spec.log_path, "ab") as out:
+                    for chunk in c.logs(stream=True, follow=True, stdout=True, stderr=True):
+                        if n < self.LOG_CAP:
+                            out.write(chunk[: self.LOG_CAP - n])
+                            out.flush()
+                        n += len(chunk)
+            except Exception:  # noqa: BLE001 - the container was removed under the stream
+                pass
+
+        t = threading.Thread(target=pump, name=f"log-{spec.sandbox_id}", daemon=True)
+        t.start()
+        self._logs[spec.sandbox_id] = t
+
+    async def _wait(self, sb: Sandbox) -> int:
+        c = self._containers[sb.spec.sandbox_id]
+        res = await asyncio.to_thread(c.wait)
+        sb.ended_at = time.time()
+        code = int(res.get("StatusCode", -1))
+        try:
+            await asyncio.to_thread(c.reload)
+            oom = bool(c.attrs["State"].get("OOMKilled"))
+        except Exception:  # noqa: BLE001
+            oom = False
+        sb.extra["events"] = {"oom_kills": int(oom), "pids_max_hits": 0}
+        try:
+            st = os.statvfs(sb.spec.workspace)
+            sb.extra["workspace_full"] = st.f_bavail * st.f_frsize < 64 * 1024
+        except OSError:
+            pass
+        t = self._logs.get(sb.spec.sandbox_id)
+        if t is not None:
+            await asyncio.to_thread(t.join, 5)
+        return code
+
+    def _signal(self, sb: Sandbox, sig: str) -> bool:
+        c = self._containers.get(sb.spec.sandbox_id)
+        if c is None:
+            return False
+        try:
+            c.reload()
+            if c.attrs["State"].get("Paused"):
+                c.unpause()  # a paused container cannot be signalled
+            c.kill(signal=sig)
+            return True
+        except Exception:  # noqa: BLE001 - it ended meanwhile
+            return False
+
+    async def _terminate(self, sb: Sandbox) -> bool:
+        return await asyncio.to_thread(self._signal, sb, "SIGTERM")
+
+    async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+        if grace_s > 0 and await self._terminate(sb):
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and sb.exit_code is None and await asyncio.to_thread(self._running, sb):
+                await asyncio.sleep(0.02)
+        await asyncio.to_thread(self._signal, sb, "SIGKILL")
+
+    def _running(self, sb: Sandbox) -> bool:
+        c = self._containers.get(sb.spec.sandbox_id)
+        try:
+            c.reload()
+            return bool(c.attrs["State"].get("Running"))
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def _freeze(self, sb: Sandbox) -> None:
+        await asyncio.to_thread(self._containers[sb.spec.sandbox_id].pause)
+
+    async def _thaw(self, sb: Sandbox) -> None:
+        await asyncio.to_thread(self._containers[sb.spec.sandbox_id].unpause)
+
+    async def _cleanup(self, sb: Sandbox) -> None:
+        sid = sb.spec.sandbox_id
+        c = self._containers.pop(sid, None)
+        if c is None:  # the create failed: a container of that name may still exist
+            c = await asyncio.to_thread(self._by_name, sb.spec)
+        if c is not None:
+            try:
+                await asyncio.to_thread(c.remove, force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        t = self._logs.pop(sid, None)
+        if t is not None:
+            await asyncio.to_thread(t.join, 5)
+        net = self._nets.pop(sid, None)
+        if net is not None:
+            await net.close()
+        ws = sb.spec.workspace
+        await asyncio.to_thread(unmount_workspace, ws)
+        if os.path.isdir(ws):
+            try:
+                os.rmdir(ws)
+            except OSError:
+                pass
+
+    def _by_name(self, spec: SandboxSpec):
+        try:
+            return self.docker.containers.get(container_name(spec.wave_id, spec.sandbox_id))
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def list_containers(wave_id: str | None = None) -> list[dict] | None:
+    """Containers carrying a wave's label: [{id, name, wave, sandbox, running}]; None when no engine answers
+    (a machine without docker has no docker sandboxes)."""
+    if not os.path.exists("/var/run/docker.sock"):
+        return None
+    try:
+        import docker
+
+        c = docker.from_env(timeout=10)
+        flt = {"label": f"{LABEL}={wave_id}" if wave_id else LABEL}
+        return [{"id": x.id, "name": x.name, "wave": x.labels.get(LABEL), "sandbox": x.labels.get("sandfleet.sandbox"),
+                 "running": x.status in ("running", "paused")} for x in c.containers.list(all=True, filters=flt)]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def remove_container(cid: str) -> bool:
+    import docker
+
+    try:
+        docker.from_env(timeout=30).containers.get(cid).remove(force=True)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
