@@ -60,7 +60,25 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
         spawned.append(p)
         return p
 
+    import docker
+
+    from fleet.dockerimage import ensure_base_image
+
+    dk = docker.from_env()
+    image = ensure_base_image(dk)
+    containers = []
+
+    def container(labels: dict, env: dict) -> object:
+        c = dk.containers.create(image, command=["/bin/sh", "-c", "exec sleep 300"], network_mode="none",
+                                 labels=labels, environment=env, user="65534:65534", read_only=True)
+        containers.append(c)
+        c.start()
+        return c
+
     try:
+        leaked_ct = container({"sandfleet.wave": W, "sandfleet.sandbox": "t905-a1"},
+                              {"SANDFLEET_SANDBOX": f"{W}/t905-a1"})
+        decoy_ct = container({"sandfleet.decoy": "1"}, {})  # no wave label: never touched
         leak = sandbox(W, "t900-a1")  # no lease at all; its child daemonizes (setsid, reparented)
         escaped = process({"SANDFLEET_SANDBOX": f"{W}/t901-a1"}, "(setsid sleep 300 &); exec sleep 300")
         live = sandbox(W, "t902-a1", daemon=False)
@@ -80,7 +98,7 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
 
         ray.get(sweeper.watch.remote(W, 2.0))
         first = ray.get(sweeper.scan.remote(W, False))  # a pass that only looks
-        assert {x["sandbox_id"] for x in first["leaked"]} == {"t900-a1", "t901-a1"}
+        assert {x["sandbox_id"] for x in first["leaked"]} == {"t900-a1", "t901-a1", "t905-a1"}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(p) for p in [leak.pid, escaped.pid, expired.pid] + leak_child):
             time.sleep(0.2)
@@ -95,7 +113,9 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
             assert _alive(p.pid), (p.args, report)
         assert cgroups.SandboxCgroup(W, "t902-a1").exists() and decoy_cg.is_dir()
         leaked = {x["sandbox_id"] for x in report["leaked"]}
-        assert leaked == {"t900-a1", "t901-a1", "t904-a1"}, report["leaked"]
+        assert leaked == {"t900-a1", "t901-a1", "t904-a1", "t905-a1"}, report["leaked"]
+        gone = [c for c in dk.containers.list(all=True) if c.id in (leaked_ct.id, decoy_ct.id)]
+        assert [c.id for c in gone] == [decoy_ct.id] and gone[0].status == "running"
         assert {x["sandbox_id"] for x in report["reaped"]} == leaked
         assert [x["sandbox_id"] for x in report["expired_but_running"]] == ["t904-a1"]
         assert [x["sandbox_id"] for x in report["dangling_leases"]] == ["t903-a1"]
@@ -103,6 +123,11 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
         for x in report["reaped"]:  # a leak is reaped only after being one for the settle window (2 s here)
             assert x["leaked_for_s"] >= 2.0, x
     finally:
+        for c in containers:
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass
         for p in spawned:
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
