@@ -42,9 +42,10 @@ test-unit: setup
 
 # HAProxy (Debian's, HTTP mode, 127.0.0.1 only, own config, stopped by PID) is the production relay the
 # proxy is measured beside
-bench: setup
+bench: setup docker
 	command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy
 	$(BIN)/python -m tests.bench.run
+	$(BIN)/python -m tests.bench.scale
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.

@@ -357,6 +357,9 @@ def main() -> None:
     text = ("# Benchmarks\n\nProduced by `make bench` (`python -m tests.bench.run`) on this machine kind "
             "(2 cores; client, store, proxy and sandboxes share them). One run, side by side.\n\n"
             f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n" + "\n".join(table) + "\n")
+    old = (ROOT / "BENCHMARKS.md").read_text() if (ROOT / "BENCHMARKS.md").exists() else ""
+    if "<!-- scale -->" in old:  # the scale section (tests/bench/scale.py) is kept
+        text += "\n<!-- scale -->" + old.split("<!-- scale -->", 1)[1]
     (ROOT / "BENCHMARKS.md").write_text(text)
     print(text)
 
