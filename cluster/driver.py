@@ -1264,6 +1264,9 @@ class WaveRun:
         import ray
 
         errors = []
+        elog = getattr(getattr(self.fleet, "ray_session", None), "error_log", None)
+        if elog and os.path.exists(elog):  # what Ray said about the nodes it lost (PK3)
+            shutil.copyfile(elog, self.dir / "ray-errors.log")
         if getattr(self, "fenced_log", None) is not None:
             self.fenced_log.close()
         if self.ledger is not None:

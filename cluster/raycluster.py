@@ -32,6 +32,7 @@ class RaySession:
         self.tmpdir: str | None = None
         self.owned = False
         self.cluster = None  # ray.cluster_utils.Cluster when nodes > 1
+        self.error_log: str | None = None  # where a simulated cluster's raylet deaths are written
         self.ray_nodes: dict[str, object] = {}  # node name -> ray._private.node.Node (simulated cluster)
 
     def start(self):
@@ -86,6 +87,24 @@ class RaySession:
             self.add_node(f"node-{i}")
         ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
         self.owned = True
+        self._quiet_node_deaths()
+
+    def _quiet_node_deaths(self) -> None:
+        """A lost node is a planned fault (PK3) here: Ray's driver prints each raylet death with its last log
+        lines to stdout; those go to `ray-errors.log` in the session's temp dir instead (the wave copies it
+        into its results). Ray has no option for this: its error listener's printer is wrapped."""
+        import ray._private.worker as rw
+
+        self.error_log = os.path.join(self.tmpdir, "ray-errors.log")
+        printer, path = rw.print_to_stdstream, self.error_log
+
+        def to_file(data, ignore_prefix):
+            if data.get("pid") != "raylet":
+                return printer(data, ignore_prefix)
+            with open(path, "a") as f:
+                f.write("\n".join(data.get("lines") or []) + "\n")
+
+        rw.print_to_stdstream = to_file
 
     def add_node(self, name: str):
         """Start (or bring back) the simulated node `name`: a new raylet that offers the node's resource."""
@@ -172,12 +191,13 @@ class FleetSession:
 
         ray = self.ray_session.start()
         os.chmod(self.state_dir, 0o700)
-        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"))
+        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"),
+                                         strategy=self._affinity())
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
         # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers.
         self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
-        self.hosts = [start_host_actor(n, self.ledger, self._pin(n)) for n in self.node_ids]
-        self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"))
+        self.hosts = [start_host_actor(n, self.ledger, self._pin(n), self._affinity()) for n in self.node_ids]
+        self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity())
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
                 timeout=120)
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
@@ -185,6 +205,16 @@ class FleetSession:
 
     def _pin(self, name: str) -> dict | None:
         return {node_resource(name): 0.001} if self.nodes > 1 else None
+
+    def _affinity(self):
+        """On an existing cluster (`--address`), the harness's actors and the one sandbox host run on the
+        driver's own node: its services listen on this machine's 127.0.0.1 only, so sandboxes must be here."""
+        if self.ray_session.address == "local":
+            return None
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
     def lose_node(self, name: str) -> dict:
         """A sandbox node goes away at once, with every sandbox on it: its host process is SIGKILLed (bubblewrap's
@@ -216,7 +246,7 @@ class FleetSession:
         i = self.node_ids.index(name)
         t = time.time()
         self.ray_session.add_node(name)
-        h = start_host_actor(name, self.ledger, self._pin(name))
+        h = start_host_actor(name, self.ledger, self._pin(name), self._affinity())
         self.host_info[i] = ray.get(h.join_harness.remote(), timeout=120)
         self.hosts[i] = h
         self.down.discard(name)
@@ -236,7 +266,8 @@ class FleetSession:
             ray.get(self.ledger.ping.remote(), timeout=timeout_s)
         except (RayActorError, GetTimeoutError):
             ray.kill(self.ledger)
-            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"))
+            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"),
+                                             strategy=self._affinity())
             ray.get(self.ledger.ping.remote(), timeout=120)
             replaced.append("ledger")
         try:
@@ -247,7 +278,7 @@ class FleetSession:
             from fleet.sweeper import start_sweep_actor
 
             ray.kill(self.sweeper)
-            self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"))
+            self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity())
             ray.get(self.sweeper.ping.remote(), timeout=120)
             replaced.append("sweep actor")
         for i, (n, h) in enumerate(zip(self.node_ids, list(self.hosts))):
@@ -261,7 +292,7 @@ class FleetSession:
                 pass
             ray.kill(h)  # a host bound to a replaced ledger is replaced too
             _drop_harness_dir(self.host_info[i])
-            self.hosts[i] = start_host_actor(n, self.ledger, self._pin(n))
+            self.hosts[i] = start_host_actor(n, self.ledger, self._pin(n), self._affinity())
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
         return replaced

@@ -6,6 +6,21 @@ import random
 from faults.base import APPLIED, NOT_APPLIED, UNKNOWN, FaultContext, FaultSpec, Receipt, register
 
 
+async def run_to_end(coro):
+    """Await `coro` to its end even if the awaiting fault task is cancelled meanwhile (its task ended): a fault
+    that has begun changing the world (a drain, a freeze) finishes and restores it, and says so in its receipt.
+    Every such coroutine is bounded by its own timeouts."""
+    import asyncio
+
+    task = asyncio.ensure_future(coro)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                return task.result()
+
+
 def boundary_kills(fid: str, task_id: str, rng: random.Random, trigger: str, rng_range, base: dict,
                    extra: dict) -> FaultSpec | list[FaultSpec]:
     """One kill at a seeded Nth boundary, or `kills` K kills at K distinct seeded N (instances -1, -2, ...)."""
@@ -296,7 +311,7 @@ class NodeLoss(SigkillSandbox):
         if node is None:
             return {"applied": False, "why": "the task had no attempt on a node at the planned time"}
         p = spec.params
-        return await ctx.lose_node(node, p["mode"], p["grace_s"], p["down_s"], spec.instance)
+        return await run_to_end(ctx.lose_node(node, p["mode"], p["grace_s"], p["down_s"], spec.instance))
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         out = await super().clear(spec, ctx, injected)
@@ -347,20 +362,12 @@ class FreezeZombie(SigkillSandbox):
         return specs
 
     async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
-        import asyncio
-
         fr = await host.freeze_attempt.remote(sandbox_id)
         if not fr.get("applied"):
             return fr
         # from here on the fault runs to its end even if the task ends first (which cancels its faults): a frozen
         # sandbox is never left behind, and the receipt says what happened (every wait below is bounded)
-        rest = asyncio.ensure_future(self._zombie(host, sandbox_id, spec, ctx, fr))
-        while True:
-            try:
-                return await asyncio.shield(rest)
-            except asyncio.CancelledError:
-                if rest.done():
-                    return rest.result()
+        return await run_to_end(self._zombie(host, sandbox_id, spec, ctx, fr))
 
     async def _zombie(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext, fr: dict) -> dict:
         import asyncio

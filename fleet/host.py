@@ -478,7 +478,7 @@ class CheckpointReader:
         return out
 
 
-def start_host_actor(node_id: str, ledger, resources: dict | None = None):
+def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None):
     import ray
 
     if not node_id:
@@ -486,4 +486,6 @@ def start_host_actor(node_id: str, ledger, resources: dict | None = None):
     opts = {"num_cpus": 0, "max_concurrency": 1000}
     if resources:
         opts["resources"] = resources
+    if strategy is not None:
+        opts["scheduling_strategy"] = strategy
     return ray.remote(SandboxHost).options(**opts).remote(node_id, None, ledger)

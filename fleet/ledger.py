@@ -189,7 +189,7 @@ class LeaseLedger:
         self.db.close()
 
 
-def start_ledger_actor(path: str, name: str | None = None, resources: dict | None = None):
+def start_ledger_actor(path: str, name: str | None = None, resources: dict | None = None, strategy=None):
     """The ledger as one Ray actor (the only writer of its SQLite file); `resources` pins it (to the head)."""
     import ray
 
@@ -200,4 +200,6 @@ def start_ledger_actor(path: str, name: str | None = None, resources: dict | Non
         opts["name"] = name
     if resources:
         opts["resources"] = resources
+    if strategy is not None:
+        opts["scheduling_strategy"] = strategy
     return ray.remote(LeaseLedger).options(**opts).remote(path)

@@ -220,7 +220,8 @@ class SweepActor:
         return w.report(last)
 
 
-def start_sweep_actor(ledger, period_s: float = 1.0, resources: dict | None = None, name: str | None = None):
+def start_sweep_actor(ledger, period_s: float = 1.0, resources: dict | None = None, name: str | None = None,
+                      strategy=None):
     """The fleet's sweep actor: detached (it outlives a driver that dies on a shared cluster)."""
     import ray
 
@@ -229,4 +230,6 @@ def start_sweep_actor(ledger, period_s: float = 1.0, resources: dict | None = No
         opts["name"] = name
     if resources:
         opts["resources"] = resources
+    if strategy is not None:
+        opts["scheduling_strategy"] = strategy
     return ray.remote(SweepActor).options(**opts).remote(ledger, period_s)
