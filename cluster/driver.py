@@ -389,6 +389,7 @@ class WaveRun:
         self.node_faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
         self.node_tasks: list[asyncio.Task] = []
         self.zombies: list = []  # futures of abandoned attempts (PK6) still running
+        self.load_samples: list[dict] = []  # host-load.jsonl
         self.runs: dict[str, TaskRun] = {}
         self.receipts: list[Receipt] = []
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
@@ -621,7 +622,9 @@ class WaveRun:
                  "fault proxy": "the fault proxy failed: re-run the wave",
                  "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
                  "model endpoint": "the model endpoint failed: re-run the wave",
-                 "effects service": "the effects service failed: re-run the wave"}
+                 "effects service": "the effects service failed: re-run the wave",
+                 "docker engine": "the docker engine stopped answering: check `docker info` (infra/dockerd-up "
+                                  "starts it), then re-run the wave"}
         hint = hints.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
         self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
         self.timeline("harness_fault", **self.harness_fault)
@@ -680,7 +683,22 @@ class WaveRun:
                    "effects service": ("127.0.0.1", self.effects.server.server_address[1], "/")}
         got = await asyncio.gather(*(self._answers_http(h, port, self.ANSWER_S, path)
                                      for h, port, path in targets.values()))
-        return {part: (why, False) if why else None for part, why in zip(targets, got)}
+        out = {part: (why, False) if why else None for part, why in zip(targets, got)}
+        if self.cfg.sandbox.backend == "docker":  # the engine every container of the wave depends on
+            out["docker engine"] = await self._docker_answers()
+        return out
+
+    async def _docker_answers(self) -> tuple[str, bool] | None:
+        def ping():
+            import docker
+
+            docker.from_env(timeout=self.ANSWER_S).ping()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ping), self.ANSWER_S + 1)
+            return None
+        except Exception as exc:  # noqa: BLE001 - refused, gone, or hung
+            return f"no answer from the docker engine ({type(exc).__name__}: {str(exc)[:150]})", False
 
     async def _probe_actors(self) -> dict[str, tuple[str, bool] | None]:
         from ray.exceptions import RayActorError
@@ -724,9 +742,23 @@ class WaveRun:
                     return
 
     async def _watch_parts(self) -> None:
-        """Every part the wave started or uses, watched until the wave ends."""
+        """Every part the wave started or uses, watched until the wave ends; and the host's load."""
         await asyncio.gather(self._watch(self._probe_services, self.PROBE_S, self.PROBE_STRIKES),
-                             self._watch(self._probe_actors, self.ACTOR_PROBE_S, self.ACTOR_STRIKES))
+                             self._watch(self._probe_actors, self.ACTOR_PROBE_S, self.ACTOR_STRIKES),
+                             self._sample_load())
+
+    async def _sample_load(self) -> None:
+        """Runnable tasks on the host every 0.5 s (`procs_running` of /proc/stat), for the grader: a runner silent
+        while the host was overloaded is starved, not provably hung (`liveness` is then unknown)."""
+        cores = os.cpu_count() or 1
+        while self.harness_fault is None:
+            try:
+                line = next(x for x in Path("/proc/stat").read_text().splitlines() if x.startswith("procs_running"))
+                self.load_samples.append({"t": round(time.time(), 3), "running": int(line.split()[1]) - 1,
+                                          "cores": cores})  # minus this sampler itself
+            except (OSError, StopIteration, ValueError):
+                pass
+            await asyncio.sleep(0.5)
 
     def _diagnose(self, exc: BaseException) -> bool:
         """An unexpected error in the wave loop: if a part is dead, it is the cause (a harness fault)."""
@@ -1269,6 +1301,8 @@ class WaveRun:
             shutil.copyfile(elog, self.dir / "ray-errors.log")
         if getattr(self, "fenced_log", None) is not None:
             self.fenced_log.close()
+        with open(self.dir / "host-load.jsonl", "ab") as f:  # appended: a resumed wave keeps the first part
+            f.write(b"".join(orjson.dumps(x) + b"\n" for x in self.load_samples))
         if self.ledger is not None:
             try:
                 try:

@@ -119,6 +119,10 @@ class Inputs:
             return None
 
 
+# liveness: a silence is the harness's (unknown) when the host averaged this many runnable tasks per core
+OVERLOAD_PER_CORE = 4
+
+
 @dataclass
 class TaskHistory:
     """Everything stored about one task, as the grader sees it."""
@@ -140,6 +144,7 @@ class TaskHistory:
     log_tails: dict[int, str] = field(default_factory=dict)  # attempt -> last lines of its runner.log
     limits: dict = field(default_factory=dict)  # max_attempts, liveness_s, retry_loop_n from the plan
     fenced: list[dict] = field(default_factory=list)  # its calls the services refused (revoked attempt keys)
+    host_load: list[dict] = field(default_factory=list)  # {"t", "running", "cores"}: runnable tasks on the host
 
 
 def _check(fn) -> dict:
@@ -473,8 +478,20 @@ def grade_task(h: TaskHistory) -> dict:
             ts = [t for t in ts if t0 <= t <= t1]
             for x, y in zip(ts, ts[1:]):
                 if y - x > worst[0]:
-                    worst = (y - x, a["attempt"])
+                    worst = (y - x, a["attempt"], x, y)
         if worst[0] > bound:
+            # a runner starved of CPU looks like a hung one: when the host had far more runnable tasks than
+            # cores through the silence (the harness ran too many sandboxes at once), it cannot be told apart
+            load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3]]
+            if load:
+                cores = load[0].get("cores") or 1
+                mean = sum(x["running"] for x in load) / len(load)
+                if mean >= OVERLOAD_PER_CORE * cores:
+                    return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
+                            "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store "
+                                      f"request (bound {bound:g} s) while the host was overloaded ({mean:.0f} runnable "
+                                      f"tasks on {cores} cores on average): starved or hung, it cannot be told; "
+                                      "run fewer at once"}
             return {"verdict": FAIL, "longest_silence_s": round(worst[0], 2),
                     "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
                               f"(bound {bound:g} s): hung"}
@@ -740,6 +757,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
                 damaged.setdefault(parts[1], []).append(rec)
 
     fenced = inp.lines_or_none("fenced.jsonl") or []
+    host_load = inp.lines_or_none("host-load.jsonl") or []
     cfg = plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n")}
@@ -752,6 +770,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             requests=None if proxy is None else [
                 r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
             log_tails=_log_tails(d, tid), limits=limits, fenced=[f for f in fenced if f.get("task") == tid],
+            host_load=host_load,
             task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
             calls=[c for c in calls if c["task"] == tid] if have_calls else None,
             effects=[e for e in effects if e["task"] == tid] if have_fx else None,

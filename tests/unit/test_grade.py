@@ -269,6 +269,21 @@ def test_a_hung_attempt_fails_liveness():
     assert grade_task(h)["checks"]["liveness"]["verdict"] == PASS
 
 
+def test_a_silence_on_an_overloaded_host_is_unknown_not_a_hang():
+    """A runner starved of CPU (the host ran far more runnable tasks than cores through its silence) cannot be
+    told from a hung one: liveness is unknown. The same silence on a quiet host stays a failure."""
+    ev = _attempts([(-9, "killed: deadline")], each=45.0)
+    calls = [call(0, 90.5, 1)] + [c for c in _calls_over(ev) if c["attempt"] == 2]
+    h = hist(events=ev, calls=calls + one_pass(), receipts=[])
+    h.host_load = [{"t": 90.0 + i * 0.5, "running": 40, "cores": 2} for i in range(200)]
+    live = grade_task(h)["checks"]["liveness"]
+    assert live["verdict"] == UNKNOWN and "overloaded (40 runnable tasks on 2 cores" in live["detail"], live
+    h.host_load = [{"t": 90.0 + i * 0.5, "running": 3, "cores": 2} for i in range(200)]
+    assert grade_task(h)["checks"]["liveness"]["verdict"] == FAIL
+    h.host_load = [{"t": 10.0 + i * 0.5, "running": 40, "cores": 2} for i in range(20)]  # load elsewhere only
+    assert grade_task(h)["checks"]["liveness"]["verdict"] == FAIL
+
+
 def test_running_out_of_attempts_fails_the_budget():
     ev = _attempts([(1, "exit 1")] * 2)[:-2] + [{"event": "task_end", "state": "failed", "wall": 200.0,
                                                   "why": "max_attempts 2 reached"}]
