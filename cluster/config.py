@@ -215,9 +215,12 @@ class FaultTiming(Strict):
     @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes",
                      "after_checkpoints", "down_s")
     @classmethod
-    def _range(cls, v):
+    def _range(cls, v, info):
         if v is not None and not (0 <= v[0] <= v[1] < 1e6):
             raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi < 1e6 (finite), got {list(v)}")
+        if v is not None and info.field_name.startswith("after_") and v[0] < 1:
+            raise ValueError(f"counts boundaries from the 1st: [lo, hi] with 1 <= lo <= hi, got {list(v)} (a 0th "
+                             "boundary never comes)")
         return v
 
     @model_validator(mode="after")
@@ -274,9 +277,9 @@ class WaveConfig(Strict):
                              f"with address {self.address!r} the wave uses that cluster's nodes")
         wants = sorted({f for item in self.faults for f in item.split("+")} | set(self.fault_timing)) if \
             isinstance(self.faults, list) else []
-        if "PK3" in wants and self.nodes < 2:
-            raise ValueError(f"faults: PK3 loses a sandbox node and needs nodes >= 2 (a head and at least one "
-                             f"worker), got nodes {self.nodes} (use --nodes 3)")
+        if "PK3" in wants and self.nodes < 3:
+            raise ValueError(f"faults: PK3 loses a sandbox node and needs nodes >= 3 (a head and two sandbox nodes: "
+                             f"one is lost while the other runs the tasks), got nodes {self.nodes} (use --nodes 3)")
         for fid, t in self.fault_timing.items():
             if fid != "PK3" and (t.mode is not None or t.down_s is not None):
                 raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")

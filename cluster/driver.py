@@ -264,6 +264,18 @@ class FaultContextImpl:
     async def current_sandbox(self, task_id: str):
         return self.wave.runs[task_id].current
 
+    async def runner_started(self, task_id: str) -> None:
+        """Until the task's current attempt has its runner running (cancelled with the task)."""
+        while True:
+            cur = self.wave.runs[task_id].current
+            if cur is not None:
+                try:
+                    if await cur[0].started.remote(cur[1], 0.5):
+                        return
+                except Exception:  # noqa: BLE001 - a lost host: the fault finds no sandbox later
+                    return
+            await asyncio.sleep(0.02)
+
     async def wait_model_answers(self, task_id: str, n: int) -> bool:
         """Polls the endpoint's per-task count of delivered answers (cancelled when the task ends)."""
         while self.wave.model.delivered(task_id) < n:
@@ -304,10 +316,11 @@ class FaultContextImpl:
         run = self.wave.runs[task_id]
         return run.node if run.current is not None else None
 
-    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, why: str) -> dict:
+    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, instance: str,
+                        task_id: str) -> dict:
         """PK3: the node goes away with every sandbox on it (after a drain notice when mode is 'drain'), and
         comes back `down_s` later as a new Ray node (an autoscaler replacing a spot VM)."""
-        return await self.wave.lose_node(node, mode, grace_s, down_s, why)
+        return await self.wave.lose_node(node, mode, grace_s, down_s, instance, task_id)
 
     async def node_back(self, node: str) -> dict:
         """Wait until a lost node is back (the fault's clear)."""
@@ -576,6 +589,10 @@ class WaveRun:
         cleared: dict = {}
         tl = self.timeline
         try:
+            if spec.trigger == "time" and ctx is not None:
+                # a seeded time after the task's runner started, not after its lease was taken (a container can
+                # take a second or two to start; the kill would land before the runner did anything)
+                await ctx.runner_started(spec.task_id)
             await asyncio.sleep(spec.at_s)
             if spec.probability < 1.0 and derive(spec.seed, "draw").random() >= spec.probability:
                 injected = {"applied": False, "why": f"probability draw ({spec.probability}) said no"}
@@ -801,7 +818,8 @@ class WaveRun:
             return None
         return min(live, key=lambda n: (self.node_load.get(n, 0), self.fleet.node_ids.index(n)))
 
-    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, instance: str) -> dict:
+    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, instance: str,
+                        task_id: str) -> dict:
         """PK3. 'drain': the GCS is asked to drain the node for preemption with a deadline, every sandbox there
         gets the notice (as PK2's) and SIGTERM, and at the deadline the node is lost. 'abrupt': lost at once.
         Lost = its host process SIGKILLed (the sandboxes die with it) and its raylet killed; what the dead host
@@ -809,10 +827,9 @@ class WaveRun:
         if node in self.nodes_out:
             return {"applied": False, "why": f"node {node} was already draining or lost"}
         if not [n for n in self.fleet.node_ids if n != node and n not in self.nodes_out]:
-            return {"applied": False, "why": f"node {node} is the last live sandbox node (another PK3 took the "
-                                             "others); a wave keeps one to finish its tasks on"}
+            return {"applied": False, "why": f"node {node} is the last live sandbox node; a wave keeps one to finish "
+                                             "its tasks on"}
         self.nodes_out.add(node)  # from now on no attempt is placed there
-        self.node_faults[node] = instance
         host = self.hosts[self.fleet.node_ids.index(node)]
         t_wait = time.monotonic()
         while time.monotonic() - t_wait < 60 and any(  # a reference run is the positive control: never interrupted
@@ -820,14 +837,19 @@ class WaveRun:
             await asyncio.sleep(0.05)
         if any(r.current is not None and r.node == node and r.plan["role"] == "reference" for r in self.runs.values()):
             self.nodes_out.discard(node)
-            self.node_faults.pop(node, None)
             return {"applied": False, "why": f"a reference run (the positive control) still ran on {node} after 60 s"}
+        own = self.runs[task_id]
+        if not (own.current is not None and own.node == node):
+            self.nodes_out.discard(node)  # the task moved on or ended while a reference run finished there
+            return {"applied": False, "why": f"the task's attempt was no longer on {node} when the node could go "
+                                             "(it waited for a reference run there)"}
         on_node = sorted(sid for sid, n in self.placed.items() if n == node and
                          any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
         out: dict = {"node": node, "mode": mode, "sandboxes": on_node,
                      "waited_for_references_s": round(time.monotonic() - t_wait, 3)}
         t0 = time.time()
         if mode == "drain":
+            self.node_faults[node] = instance  # attempts that end now end because of the drain
             ok, err = await asyncio.to_thread(self.fleet.ray_session.drain_node, node, grace_s,
                                               f"sandfleet {instance}: spot preemption")
             out["drain"] = {"accepted": ok, "rejection": err, "deadline_s": grace_s}

@@ -598,6 +598,8 @@ def grade_task(h: TaskHistory) -> dict:
             bad += [f"model call answered at {c['t']:.3f}" for c in calls] + [f"effect {e['effect_id']} applied"
                                                                               for e in fx]
             found.append(f"{r['instance']} (zombie {sid})")
+        if not found:
+            return {"verdict": NOT_APPLIED, "detail": "no PK6 of this task froze an attempt: no zombie to follow"}
         if h.requests is None or h.calls is None:
             return {"verdict": UNKNOWN, "detail": "the proxy or model log is missing: the zombie cannot be followed"}
         if bad:

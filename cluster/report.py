@@ -110,7 +110,9 @@ def write_summary(d: Path, result: dict) -> Path:
                      f"{g.get('model_recalls')} | {bad} | {causes} |")
     lines += ["", "Files: `plan.json`, `timeline.jsonl`, `faults.json`, `<task>.grade.json`, `ledger.jsonl`, "
               "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.jsonl`, "
-              "`effects.jsonl`, `artifacts/<task>/`, `timeline.png`, `evidence/<task>/`.", ""]
+              "`effects.jsonl`, `sweeper.json` (the sweep actor), `fenced.jsonl` (calls of fenced attempts), "
+              "`host-load.jsonl`, `ray-errors.log` (a simulated cluster's lost nodes), `artifacts/<task>/`, "
+              "`timeline.png`, `evidence/<task>/`.", ""]
     try:
         _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed

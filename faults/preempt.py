@@ -311,7 +311,7 @@ class NodeLoss(SigkillSandbox):
         if node is None:
             return {"applied": False, "why": "the task had no attempt on a node at the planned time"}
         p = spec.params
-        return await run_to_end(ctx.lose_node(node, p["mode"], p["grace_s"], p["down_s"], spec.instance))
+        return await run_to_end(ctx.lose_node(node, p["mode"], p["grace_s"], p["down_s"], spec.instance, spec.task_id))
 
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
         out = await super().clear(spec, ctx, injected)
@@ -441,6 +441,7 @@ class CrashLoop:
                 await asyncio.sleep(0.01)
             host, sandbox_id = current
             seen.add(sandbox_id)
+            await host.started.remote(sandbox_id)  # the gap counts from the runner's start
             await asyncio.sleep(gap)
             out = await host.kill.remote(sandbox_id, 0.0, f"{spec.instance}#{len(kills) + 1}")
             kills.append({"sandbox_id": sandbox_id, "gap_s": gap, "applied": out.get("applied"),

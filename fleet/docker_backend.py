@@ -126,10 +126,19 @@ class DockerBackend(SandboxBackend):
                                f"{str(exc)[:300]}") from None
         await asyncio.to_thread(c.reload)
         pid = c.attrs["State"].get("Pid") or 0
-        if not pid:
-            raise SandboxError(f"container {c.name} did not start: {c.attrs['State'].get('Error') or 'no pid'}")
-        sb.pid = pid
-        self._nets[spec.sandbox_id] = await SandboxNet(spec.relays).open(join_pid=pid)
+        try:
+            if not pid:
+                raise OSError("no pid")
+            sb.pid = pid
+            self._nets[spec.sandbox_id] = await SandboxNet(spec.relays).open(join_pid=pid)
+        except OSError:  # it ended before its gate: no shell in the image, a bad entry point
+            await asyncio.to_thread(c.reload)
+            st = c.attrs["State"]
+            tail = (await asyncio.to_thread(c.logs, tail=5)).decode(errors="replace").strip()[-300:]
+            raise SandboxError(f"the container exited at once (exit {st.get('ExitCode')}"
+                               f"{': ' + st['Error'] if st.get('Error') else ''}) before its runner could start; the "
+                               f"image {c.image.tags[:1] or c.image.id[:19]} needs /bin/sh and sleep for the start "
+                               f"gate{': ' + tail if tail else ''}") from None
         self._pump_log(spec, c)
         gate = os.path.join(spec.workspace, ".sandfleet", "go")
         with open(gate, "w"):

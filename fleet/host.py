@@ -166,8 +166,10 @@ class SandboxHost:
         try:
             try:
                 sb = await self.backend.start(sspec)
-            except SandboxError as exc:  # the backend cannot make this sandbox (e.g. no docker engine)
-                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": str(exc), "node": self.node_id}
+            except Exception as exc:  # noqa: BLE001 - the backend cannot make this sandbox (no docker engine, an
+                # image without a shell, ...): a start error in one line, never a traceback blamed on the runner
+                why = str(exc) if isinstance(exc, SandboxError) else f"{type(exc).__name__}: {str(exc)[:300]}"
+                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": why, "node": self.node_id}
             try:
                 if held is not None:
                     held["sb"] = sb
@@ -191,7 +193,22 @@ class SandboxHost:
         self.finished.append(out)
         return out
 
+    async def started(self, sandbox_id: str, timeout_s: float = 30.0) -> bool:
+        """Wait (bounded) until the sandbox's runner is running (a container can take seconds to start);
+        False if it ended or never came up."""
+        from fleet.lifecycle import SandboxState
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            sb = self.backend.sandboxes.get(sandbox_id)
+            if sb is None or sb.exit_code is not None or sb.state not in (SandboxState.CREATED,):
+                return sb is not None and sb.exit_code is None and sb.state in (SandboxState.RUNNING,
+                                                                                  SandboxState.FROZEN)
+            await asyncio.sleep(0.01)
+        return False
+
     async def kill(self, sandbox_id: str, grace_s: float = 0.0, reason: str = "kill") -> dict:
+        await self.started(sandbox_id)  # a fault aimed at a sandbox still starting lands once it runs
         sb = self.backend.sandboxes.get(sandbox_id)
         if sb is None:
             return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
@@ -254,6 +271,7 @@ class SandboxHost:
     async def freeze_attempt(self, sandbox_id: str) -> dict:
         """PK6: freeze every process of the sandbox (cgroup freezer) and stop renewing its lease, as if its
         machine had stalled: the lease runs out and the driver gives the task to a new attempt."""
+        await self.started(sandbox_id)
         sb = self.backend.sandboxes.get(sandbox_id)
         if sb is None:
             return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}

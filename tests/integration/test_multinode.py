@@ -87,5 +87,5 @@ def test_pk3_needs_a_cluster(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
                         str(tmp_path / "r"), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 254, r
-    assert "PK3" in r.stderr and "nodes >= 2" in r.stderr and "--nodes 3" in r.stderr
+    assert "PK3" in r.stderr and "nodes >= 3" in r.stderr and "--nodes 3" in r.stderr
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
