@@ -65,6 +65,14 @@ class SigkillSandbox:
         return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), seed=rng.randrange(2**31), params={})
 
+    def plan_with(self, task_id: str, rng: random.Random, base: dict, own: tuple, params) -> FaultSpec | list:
+        """PK1's plan (its triggers, `kills`) for a fault built on it, without that fault's `own` config keys;
+        `params(rng)` gives each planned instance its own seeded knobs."""
+        specs = SigkillSandbox.plan(self, task_id, rng, {k: v for k, v in base.items() if k not in own})
+        for sp in specs if isinstance(specs, list) else [specs]:
+            sp.params.update(params(rng))
+        return specs
+
     async def _store_write(self, spec: FaultSpec, ctx: FaultContext) -> dict | None:
         """Arm a proxy boundary rule at the task's Nth 2xx write; returns None once it fired."""
         import asyncio
@@ -253,12 +261,8 @@ class SpotNotice(SigkillSandbox):
     default_grace = (1.0, 3.0)
 
     def plan(self, task_id: str, rng: random.Random, base: dict):
-        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k != "window_s"})
         lo, hi = base.get("window_s", self.default_grace)
-        for sp in specs if isinstance(specs, list) else [specs]:
-            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK2")
-            sp.params["grace_s"] = round(rng.uniform(lo, hi), 3)
-        return specs
+        return self.plan_with(task_id, rng, base, ("window_s",), lambda r: {"grace_s": round(r.uniform(lo, hi), 3)})
 
     async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         import time
@@ -296,15 +300,11 @@ class NodeLoss(SigkillSandbox):
     default_down = (2.0, 6.0)
 
     def plan(self, task_id: str, rng: random.Random, base: dict):
-        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k not in ("window_s", "mode", "down_s")})
         lo, hi = base.get("window_s", self.default_grace)
         dlo, dhi = base.get("down_s", self.default_down)
-        for sp in specs if isinstance(specs, list) else [specs]:
-            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK3")
-            sp.params["mode"] = base.get("mode") or rng.choice(["abrupt", "drain"])
-            sp.params["grace_s"] = round(rng.uniform(lo, hi), 3)
-            sp.params["down_s"] = round(rng.uniform(dlo, dhi), 3)
-        return specs
+        return self.plan_with(task_id, rng, base, ("window_s", "mode", "down_s"), lambda r: {
+            "mode": base.get("mode") or r.choice(["abrupt", "drain"]), "grace_s": round(r.uniform(lo, hi), 3),
+            "down_s": round(r.uniform(dlo, dhi), 3)})
 
     async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         node = await ctx.node_of(spec.task_id)
@@ -354,12 +354,8 @@ class FreezeZombie(SigkillSandbox):
     observe_s = 4.0
 
     def plan(self, task_id: str, rng: random.Random, base: dict):
-        specs = super().plan(task_id, rng, {k: v for k, v in base.items() if k != "window_s"})
         lo, hi = base.get("window_s", self.default_thaw)
-        for sp in specs if isinstance(specs, list) else [specs]:
-            sp.fault_id, sp.instance = self.id, sp.instance.replace("-PK1", "-PK6")
-            sp.params["thaw_after_s"] = round(rng.uniform(lo, hi), 3)
-        return specs
+        return self.plan_with(task_id, rng, base, ("window_s",), lambda r: {"thaw_after_s": round(r.uniform(lo, hi), 3)})
 
     async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         fr = await host.freeze_attempt.remote(sandbox_id)

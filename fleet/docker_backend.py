@@ -25,7 +25,7 @@ import time
 
 from fleet.netns import SandboxNet
 from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
-                           command_problem, prepare_workspace, unmount_workspace)
+                           command_problem, prepare_workspace, release_workspace)
 
 GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
 LABEL = "sandfleet.wave"
@@ -235,13 +235,7 @@ class DockerBackend(SandboxBackend):
         net = self._nets.pop(sid, None)
         if net is not None:
             await net.close()
-        ws = sb.spec.workspace
-        await asyncio.to_thread(unmount_workspace, ws)
-        if os.path.isdir(ws):
-            try:
-                os.rmdir(ws)
-            except OSError:
-                pass
+        await asyncio.to_thread(release_workspace, sb.spec.workspace)
 
     def _by_name(self, spec: SandboxSpec):
         try:

@@ -290,6 +290,16 @@ def unmount_workspace(path: str) -> None:
             _libc.umount2(path.encode(), MNT_DETACH)
 
 
+def release_workspace(path: str) -> None:
+    """Unmount a sandbox's workspace tmpfs and remove its (then empty) mount point."""
+    unmount_workspace(path)
+    if os.path.isdir(path):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
 def command_problem(argv: list[str], path: str) -> str | None:
     """Why the runner command cannot start here, or None (checked before a sandbox is made)."""
     if not argv or not argv[0]:
@@ -567,13 +577,7 @@ class ProcessBackend(SandboxBackend):
         if net is not None:
             await net.close()
         await asyncio.to_thread(cg.remove)
-        ws = sb.spec.workspace
-        await asyncio.to_thread(unmount_workspace, ws)
-        if os.path.isdir(ws):
-            try:
-                os.rmdir(ws)
-            except OSError:
-                pass
+        await asyncio.to_thread(release_workspace, sb.spec.workspace)
 
     def _drain_and_close_log(self, sid: str) -> None:
         entry = self._logs.get(sid)
