@@ -85,20 +85,27 @@ class WaveSweep:
         active, latest = await self._leases()
         now = self.clock()
         leaked, expired_running, dangling, reaped = [], [], [], []
+        for sid in [x for x in self.first_seen if x not in alive]:  # gone by itself: it was not a leak
+            del self.first_seen[sid]
         for sid, parts in sorted(alive.items()):
             if sid in active:
                 self.first_seen.pop(sid, None)
                 if parts["pids"] or parts["cgroup"] or parts["container"]:
                     self.seen_alive.add(sid)
                 continue
+            # the listing and the lease read are not one atomic view (an attempt can end and release its lease
+            # between them): a finding counts once it held on two passes in a row
+            since = self.first_seen.setdefault(sid, now)
+            held = now - since >= 0.9 * self.period_s
             row = latest.get(sid)
             if row is not None and parts["pids"]:
                 expired_running.append({"sandbox_id": sid, "lease_state": row["state"], "fence": row["fence"],
                                         "pids": parts["pids"]})
-                self._note("expired_but_running", sid, expired_running[-1])
-            since = self.first_seen.setdefault(sid, now)
+                if held:
+                    self._note("expired_but_running", sid, expired_running[-1])
             leaked.append({"sandbox_id": sid, "leaked_for_s": round(now - since, 3), **parts})
-            self._note("leaked", sid, leaked[-1])
+            if held:
+                self._note("leaked", sid, leaked[-1])
         for sid, row in sorted(active.items()):
             if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"] or alive[sid]["container"]):
                 self.dangling_since.pop(sid, None)
