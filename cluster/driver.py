@@ -540,11 +540,15 @@ class WaveRun:
             out.add(self.endpoint.creds.secret_key)
         return tuple(sorted(out))
 
-    def _revoke(self, sandbox_id: str) -> None:
+    def _revoke(self, sandbox_id: str, keep_files: bool = False) -> None:
+        """The attempt's keys die: at the services and the store. `keep_files` leaves its (now dead) credential
+        file in place, as on a frozen machine's disk: a thawed zombie then signs with its revoked key and is refused
+        by the store, where it can be seen; the file goes when the zombie ends."""
         self.registry.revoke_attempt(sandbox_id)  # its model and effects key
         if self.keys is not None:
             self.keys.revoke(sandbox_id)
-        shutil.rmtree(self.private / "creds" / sandbox_id, ignore_errors=True)
+        if not keep_files:
+            shutil.rmtree(self.private / "creds" / sandbox_id, ignore_errors=True)
 
     def _runner_env(self, task: dict, attempt: int, fence: int, sandbox_id: str,
                     workspace: str = WORKSPACE_IN) -> dict:
@@ -799,6 +803,7 @@ class WaveRun:
             return fut.result()
         if run.abandon is not None:
             def ended(f, sid=sandbox_id, task=run.plan["task_id"]):
+                shutil.rmtree(self.private / "creds" / sid, ignore_errors=True)  # the zombie's dead key file
                 try:
                     r = f.result()
                     self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.get("exit_code"),
@@ -1012,7 +1017,7 @@ class WaveRun:
                 code = result.get("exit_code")
                 if result.get("abandoned"):  # PK6: frozen past its lease; its lease runs out, its keys die now
                     ab = result["abandoned"]
-                    await asyncio.to_thread(self._revoke, sandbox_id)
+                    await asyncio.to_thread(self._revoke, sandbox_id, True)
                     tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                        killed_by=ab["instance"], ended_at=ab["at"], node=node,
                        cause=f"killed: frozen, abandoned to run out its lease ({ab['instance']}); a zombie now")

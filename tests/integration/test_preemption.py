@@ -99,7 +99,7 @@ def test_pk6_broken_fencing_is_caught(run_wave, monkeypatch):
     lease). A zombie whose calls are then answered must turn fenced_writes_rejected red."""
     from cluster.driver import WaveRun
 
-    monkeypatch.setattr(WaveRun, "_revoke", lambda self, sandbox_id: None)
+    monkeypatch.setattr(WaveRun, "_revoke", lambda self, sandbox_id, keep_files=False: None)
     result, d = run_wave(runner="durable", seed=4, **PK6)
     checks = [g["checks"]["fenced_writes_rejected"] for g in result["tasks"]]
     assert any(c["verdict"] == "fail" for c in checks), checks
