@@ -286,12 +286,15 @@ def ensure_base_image(client: Any = None, log: Callable[[str], Any] = lambda msg
         import docker
 
         client = docker.from_env()
+    def update_and_resolve(why: BaseImageError) -> list:
+        log(f"{str(why).splitlines()[0]}; apt-get update, then resolve again")
+        _run(["apt-get", "-q", "update"], "apt-get update")
+        return package_closure()
+
     try:
         closure = package_closure()
     except BaseImageError as e:  # missing lists: update once, then it must resolve
-        log(f"resolving the closure failed ({str(e).splitlines()[0]}); apt-get update")
-        _run(["apt-get", "-q", "update"], "apt-get update")
-        closure = package_closure()
+        closure = update_and_resolve(e)
     tag = base_tag(closure)
     if _image_exists(client, tag):
         return tag
@@ -307,9 +310,7 @@ def ensure_base_image(client: Any = None, log: Callable[[str], Any] = lambda msg
             try:
                 debs = _download(closure, work / "debs")
             except BaseImageError as e:  # stale lists (a 404 for an old version): update once, resolve again
-                log(f"download failed ({str(e).splitlines()[0]}); apt-get update and retry")
-                _run(["apt-get", "-q", "update"], "apt-get update")
-                closure = package_closure()
+                closure = update_and_resolve(e)
                 tag = base_tag(closure)
                 if _image_exists(client, tag):
                     return tag

@@ -501,9 +501,7 @@ def start_host_actor(node_id: str, ledger, resources: dict | None = None, strate
 
     if not node_id:
         raise ValueError("node_id must be a non-empty string")
-    opts = {"num_cpus": 0, "max_concurrency": 1000}
-    if resources:
-        opts["resources"] = resources
-    if strategy is not None:
-        opts["scheduling_strategy"] = strategy
-    return ray.remote(SandboxHost).options(**opts).remote(node_id, None, ledger)
+    from fleet.ledger import actor_options
+
+    return ray.remote(SandboxHost).options(**actor_options(1000, None, resources, strategy)).remote(node_id, None,
+                                                                                                ledger)

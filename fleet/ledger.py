@@ -189,17 +189,23 @@ class LeaseLedger:
         self.db.close()
 
 
-def start_ledger_actor(path: str, name: str | None = None, resources: dict | None = None, strategy=None):
-    """The ledger as one Ray actor (the only writer of its SQLite file); `resources` pins it (to the head)."""
-    import ray
-
-    if not path:
-        raise ValueError("ledger path must be a file path")
-    opts = {"num_cpus": 0, "max_concurrency": 1}
+def actor_options(max_concurrency: int, name: str | None = None, resources: dict | None = None, strategy=None,
+                  **more) -> dict:
+    """Ray options of a harness actor: no CPU reserved, pinned by a node resource or a scheduling strategy."""
+    opts = {"num_cpus": 0, "max_concurrency": max_concurrency, **more}
     if name:
         opts["name"] = name
     if resources:
         opts["resources"] = resources
     if strategy is not None:
         opts["scheduling_strategy"] = strategy
-    return ray.remote(LeaseLedger).options(**opts).remote(path)
+    return opts
+
+
+def start_ledger_actor(path: str, name: str | None = None, resources: dict | None = None, strategy=None):
+    """The ledger as one Ray actor (the only writer of its SQLite file); `resources` pins it (to the head)."""
+    import ray
+
+    if not path:
+        raise ValueError("ledger path must be a file path")
+    return ray.remote(LeaseLedger).options(**actor_options(1, name, resources, strategy)).remote(path)

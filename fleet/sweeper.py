@@ -232,11 +232,7 @@ def start_sweep_actor(ledger, period_s: float = 1.0, resources: dict | None = No
     """The fleet's sweep actor: detached (it outlives a driver that dies on a shared cluster)."""
     import ray
 
-    opts = {"num_cpus": 0, "max_concurrency": 8, "lifetime": "detached"}
-    if name:
-        opts["name"] = name
-    if resources:
-        opts["resources"] = resources
-    if strategy is not None:
-        opts["scheduling_strategy"] = strategy
+    from fleet.ledger import actor_options
+
+    opts = actor_options(8, name, resources, strategy, lifetime="detached")
     return ray.remote(SweepActor).options(**opts).remote(ledger, period_s)
