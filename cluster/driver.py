@@ -593,7 +593,7 @@ class WaveRun:
         cleared: dict = {}
         tl = self.timeline
         try:
-            if spec.trigger == "time" and ctx is not None and spec.fault_id.startswith("PK"):
+            if spec.trigger == "time" and ctx is not None and getattr(fault, "times_from_runner_start", False):
                 # a seeded time after the task's runner started, not after its lease was taken (a container can
                 # take a second or two to start; the kill would land before the runner did anything)
                 await ctx.runner_started(spec.task_id)

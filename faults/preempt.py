@@ -41,6 +41,9 @@ class SigkillSandbox:
 
     id = "PK1"
     family = "preemption"
+    # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);
+    # storage faults keep launch-relative windows
+    times_from_runner_start = True
     description = ("SIGKILL the sandbox at a seeded time after launch, or at a boundary of the runner: right after "
                    "its Nth model answer, external effect or store write (ambiguous: write applied, answer held)")
     default_window = (0.6, 1.8)
