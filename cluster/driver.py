@@ -1548,6 +1548,9 @@ class WaveRun:
                 harness_error = f"{type(exc).__name__}: {exc}"
                 self.timeline("harness_error", error=harness_error)
         finally:
+            if harness_error is None and self.harness_fault is not None and not self.interrupted:
+                f = self.harness_fault  # the wave loop ended by itself after the fault: the fault is the cause
+                harness_error = f"harness fault: {f['part']}: {f['why']}. {f['hint']}"
             if self.timeline:
                 self._clear_everything()
                 try:
@@ -1558,8 +1561,8 @@ class WaveRun:
                     self.timeline("harness_error", error=f"sweep: {exc}")
                 self._final_sweep()
                 try:
-                    if self.endpoint is not None and self.runs:
-                        self._snapshot_store()
+                    if self.endpoint is not None and self.runs and not self.lost("store"):
+                        self._snapshot_store()  # (a lost store has nothing to read back: the fault says so)
                 except Exception as exc:  # noqa: BLE001
                     harness_error = harness_error or f"store snapshot failed: {exc}"
                     self.timeline("harness_error", error=f"store snapshot: {exc}")
