@@ -91,4 +91,4 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
     t_fault = fault["t"]
     assert not [e for e in events if e["event"] == "attempt_start" and e["t"] > t_fault + 0.5]
     assert not leftovers.wait_clean(before), "the wave left something behind"
-    assert cgroups.harness_dirs() == harness_before, "a harness cgroup was left behind"
+    assert not set(cgroups.harness_dirs()) - set(harness_before), "a harness cgroup was left behind"

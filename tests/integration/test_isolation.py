@@ -33,7 +33,7 @@ def _limits() -> dict:
 def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
     plan = {f"t{i:03d}": a for i, a in enumerate(ATTACKS)}
     plan["t%03d" % len(ATTACKS)] = "none"  # an honest task in the same wave
-    before = _limits()
+    before, left_before = _limits(), leftovers.snapshot()
     assert not [p for p in HOST_PATHS if Path(p).exists()]
     runner = {"name": "hostile", "command": [sys.executable, HOSTILE],
               "env": {"ATTACKS": ",".join(f"{t}={a}" for t, a in plan.items()), "HOST_RESULTS": str(run_wave.root)}}
@@ -57,7 +57,7 @@ def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
     fw = next(g for g in result["tasks"] if g["task_id"] == writer)["checks"]["no_foreign_writes"]
     assert fw["writes"] and all(w["status"] == 403 for w in fw["writes"]), fw
     assert result["wave_checks"]["no_leaked_sandbox"] == "pass"
-    assert not leftovers.wait_clean(), "a sandbox process, cgroup or mount was left behind"
+    assert not leftovers.wait_clean(left_before), "a sandbox process, cgroup or mount was left behind"
     assert not [p for p in HOST_PATHS if Path(p).exists()], "a runner wrote outside its workspace"
     assert not list(run_wave.root.rglob("sf-pwned")), "a runner wrote into results/"
     assert _limits() == before, "a cgroup limit of the harness changed"

@@ -94,7 +94,7 @@ def test_a_wave_whose_driver_was_killed_resumes_and_no_task_runs_twice(fleet, tm
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in grades if g["verdict"] != "pass"}
     assert not bad, bad
     assert not leftovers.wait_clean(before), "the resumed wave left something behind"
-    assert cgroups.harness_dirs() == harness_before
+    assert not set(cgroups.harness_dirs()) - set(harness_before)
     again = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "resume", str(d), "--address",
                             _gcs_address()], capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already ended" in again.stderr, again.stderr

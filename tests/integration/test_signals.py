@@ -26,6 +26,7 @@ def _gcs_address() -> str:
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_the_wave_in_order(fleet, tmp_path, sig, code):
     results = tmp_path / "results"
+    before = leftovers.snapshot()  # what this test leaves, not what a dead earlier run left on the machine
     p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", "--tasks", "4", "--concurrency", "2",
                           "--faults", "ST1", "--seed", "6", "--address", _gcs_address(), "--results", str(results),
                           "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -56,7 +57,7 @@ def test_a_signal_stops_the_wave_in_order(fleet, tmp_path, sig, code):
     assert all(r.get("cleared_at") or r["status"] != "applied" for r in receipts)
     grades = [orjson.loads(p.read_bytes()) for p in d.glob("t*.grade.json")]
     assert grades and all(g["verdict"] in ("pass", "unknown", "not_applied") for g in grades)
-    assert not leftovers.wait_clean(), "something of the interrupted wave is still running"
+    assert not leftovers.wait_clean(before), "something of the interrupted wave is still running"
 
 
 def test_sweep_removes_what_a_killed_driver_left(fleet, tmp_path):
@@ -88,7 +89,9 @@ def test_sweep_removes_what_a_killed_driver_left(fleet, tmp_path):
     dry = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--dry-run"], capture_output=True,
                          text=True, timeout=60)
     assert dry.returncode == 0 and f"would remove: {wave}" in dry.stdout, dry.stdout
-    assert leftovers.snapshot()["private_dirs"] == [x for x in leftovers.snapshot()["private_dirs"]]
+    after_dry = leftovers.snapshot()  # --dry-run changed nothing
+    assert {k: [x for x in left[k] if x not in after_dry[k]] for k in ("private_dirs", "cgroups", "mounts")} == \
+        {"private_dirs": [], "cgroups": [], "mounts": []}
     run = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and f"found: {wave}" in run.stdout, run.stdout + run.stderr
     assert not leftovers.wait_clean(before), "sweep left something of the dead wave"

@@ -158,8 +158,8 @@ def test_wave_results_layout(durable_wave):
     assert all(r["state"] == "released" for r in leases)
 
 
-def test_wave_leaves_nothing_behind(durable_wave, naive_wave):
-    left = leftovers.wait_clean()
+def test_wave_leaves_nothing_behind(durable_wave, naive_wave, baseline):
+    left = leftovers.wait_clean(baseline["snapshot"])
     assert not left, left
 
 
