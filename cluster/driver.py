@@ -644,8 +644,9 @@ class WaveRun:
                  "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
                  "model endpoint": "the model endpoint failed: re-run the wave",
                  "effects service": "the effects service failed: re-run the wave",
-                 "docker engine": "the docker engine stopped answering: check `docker info` (infra/dockerd-up "
-                                  "starts it), then re-run the wave"}
+                 "docker engine": "the docker engine stopped answering (the wave's runners were ended by pid): "
+                                  "check `docker info` (infra/dockerd-up starts it); once it answers, `sandfleet "
+                                  "sweep` removes the wave's containers; then re-run the wave"}
         hint = hints.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
         self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
         self.timeline("harness_fault", **self.harness_fault)
@@ -711,9 +712,9 @@ class WaveRun:
 
     async def _docker_answers(self) -> tuple[str, bool] | None:
         def ping():
-            import docker
+            from fleet.docker_backend import docker_client
 
-            docker.from_env(timeout=self.ANSWER_S).ping()
+            docker_client(self.ANSWER_S).ping()
 
         try:
             await asyncio.wait_for(asyncio.to_thread(ping), self.ANSWER_S + 1)

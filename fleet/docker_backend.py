@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 from fleet.netns import SandboxNet
 from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
@@ -31,17 +33,51 @@ GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
 LABEL = "sandfleet.wave"
 
 
-def client():
-    """A docker client, or a clear error naming what is unavailable."""
+def engine_url() -> str:
+    """The engine the docker backend talks to: `$DOCKER_HOST` (as for the docker CLI), else the local socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def engine_env() -> dict:
+    """What a harness actor (a Ray worker, which does not inherit the driver's environment) needs to reach the
+    same engine as the driver."""
+    return {"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}
+
+
+def docker_client(timeout: float):
     import docker
 
+    return docker.DockerClient(base_url=engine_url(), timeout=timeout)
+
+
+def client():
+    """A docker client, or a clear error naming what is unavailable."""
     try:
-        c = docker.from_env(timeout=60)
+        c = docker_client(60)
         c.ping()
         return c
     except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and socket errors
-        raise SandboxError(f"the docker engine is unavailable ({type(exc).__name__}: {str(exc)[:200]}); start it "
-                           "with `make setup` (infra/dockerd-up: dockerd --bridge=none --iptables=false)") from None
+        raise SandboxError(f"the docker engine at {engine_url()} is unavailable ({type(exc).__name__}: "
+                           f"{str(exc)[:200]}); start it with `make setup` (infra/dockerd-up: dockerd "
+                           "--bridge=none --iptables=false)") from None
+
+
+def engine_answered(exc: BaseException) -> bool:
+    """Did the engine answer (an API error: the container is gone, a conflict) rather than not answer at all?"""
+    import docker
+
+    return isinstance(exc, docker.errors.APIError)
+
+
+def marked(pid: int | None, wave_id: str, sandbox_id: str) -> bool:
+    """Is `pid` still this sandbox's process (its environment carries the sandbox's marker), not a reused pid?"""
+    if not pid:
+        return False
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"SANDFLEET_SANDBOX={wave_id}/{sandbox_id}".encode() in env.split(b"\0")
 
 
 def container_name(wave_id: str, sandbox_id: str) -> str:
@@ -163,7 +199,17 @@ class DockerBackend(SandboxBackend):
 
     async def _wait(self, sb: Sandbox) -> int:
         c = self._containers[sb.spec.sandbox_id]
-        res = await asyncio.to_thread(c.wait)
+        for tries in range(4):
+            try:
+                res = await asyncio.to_thread(c.wait)
+                break
+            except Exception as exc:  # noqa: BLE001 - the engine answered an error, or did not answer
+                if engine_answered(exc):
+                    raise
+                if not await asyncio.to_thread(self._engine_answers):
+                    return await self._end_without_engine(sb, type(exc).__name__)
+                if tries == 3:  # the engine answers pings but not this wait
+                    raise
         sb.ended_at = time.time()
         code = int(res.get("StatusCode", -1))
         try:
@@ -192,8 +238,44 @@ class DockerBackend(SandboxBackend):
                 c.unpause()  # a paused container cannot be signalled
             c.kill(signal=sig)
             return True
-        except Exception:  # noqa: BLE001 - it ended meanwhile
+        except Exception as exc:  # noqa: BLE001 - it ended meanwhile, or the engine is gone
+            if engine_answered(exc):
+                return False
+            return self._signal_by_pid(sb, getattr(signal, sig))
+
+    def _engine_answers(self) -> bool:
+        try:
+            docker_client(3).ping()
+            return True
+        except Exception:  # noqa: BLE001
             return False
+
+    def _signal_by_pid(self, sb: Sandbox, sig: int) -> bool:
+        """The engine does not answer: signal the container's init (its pid namespace's pid 1: SIGKILL ends every
+        process in it) directly, after checking the pid still carries this sandbox's marker."""
+        if not marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id):
+            return False
+        try:
+            os.kill(sb.pid, sig)  # a paused (frozen) container too: SIGKILL ends a frozen task
+            return True
+        except ProcessLookupError:
+            return False
+
+    async def _end_without_engine(self, sb: Sandbox, why: str) -> int:
+        """The engine stopped answering while the runner ran: nothing can be asked of the container any more, so
+        the runner is ended here, by its pid, and the attempt says why. Its container's record stays in the
+        engine's state; `sandfleet sweep` removes it once the engine answers again."""
+        sb.killed_by = sb.killed_by or f"docker engine lost ({why}): container killed by pid"
+        await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        sb.ended_at = time.time()
+        sb.extra["events"] = {"oom_kills": 0, "pids_max_hits": 0}
+        t = self._logs.get(sb.spec.sandbox_id)
+        if t is not None:
+            await asyncio.to_thread(t.join, 5)
+        return 128 + signal.SIGKILL
 
     async def _terminate(self, sb: Sandbox) -> bool:
         return await asyncio.to_thread(self._signal, sb, "SIGTERM")
@@ -227,8 +309,9 @@ class DockerBackend(SandboxBackend):
         if c is not None:
             try:
                 await asyncio.to_thread(c.remove, force=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            except Exception as exc:  # noqa: BLE001 - already gone, or the engine is: its processes go by pid
+                if not engine_answered(exc):
+                    await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
         t = self._logs.pop(sid, None)
         if t is not None:
             await asyncio.to_thread(t.join, 5)
@@ -247,12 +330,11 @@ class DockerBackend(SandboxBackend):
 def list_containers(wave_id: str | None = None) -> list[dict] | None:
     """Containers carrying a wave's label: [{id, name, wave, sandbox, running}]; None when no engine answers
     (a machine without docker has no docker sandboxes)."""
-    if not os.path.exists("/var/run/docker.sock"):
+    url = engine_url()
+    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
         return None
     try:
-        import docker
-
-        c = docker.from_env(timeout=10)
+        c = docker_client(10)
         flt = {"label": f"{LABEL}={wave_id}" if wave_id else LABEL}
         return [{"id": x.id, "name": x.name, "wave": x.labels.get(LABEL), "sandbox": x.labels.get("sandfleet.sandbox"),
                  "running": x.status in ("running", "paused")} for x in c.containers.list(all=True, filters=flt)]
@@ -261,10 +343,8 @@ def list_containers(wave_id: str | None = None) -> list[dict] | None:
 
 
 def remove_container(cid: str) -> bool:
-    import docker
-
     try:
-        docker.from_env(timeout=30).containers.get(cid).remove(force=True)
+        docker_client(30).containers.get(cid).remove(force=True)
         return True
     except Exception:  # noqa: BLE001
         return False

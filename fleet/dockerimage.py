@@ -283,9 +283,9 @@ def ensure_base_image(client: Any = None, log: Callable[[str], Any] = lambda msg
     exists locally (see the module docstring). Never pulls. Raises BaseImageError (a
     RuntimeError) naming what failed."""
     if client is None:
-        import docker
+        from fleet.docker_backend import docker_client
 
-        client = docker.from_env()
+        client = docker_client(60)
     def update_and_resolve(why: BaseImageError) -> list:
         log(f"{str(why).splitlines()[0]}; apt-get update, then resolve again")
         _run(["apt-get", "-q", "update"], "apt-get update")

@@ -139,3 +139,135 @@ def test_docker_engine_down_is_a_clear_harness_error(tmp_path):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "docker engine is unavailable" in r.stderr and "make setup" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+@pytest.fixture
+def private_engine():
+    """A second docker engine this test starts (its own socket, data root and exec root; no bridge, no iptables)
+    and ends by its pid: the machine's shared engine is never the one killed. Yields (url, start, pid)."""
+    import signal
+    import tempfile
+    import time
+
+    import docker
+
+    from fleet.dockerimage import ensure_base_image
+
+    d = Path(tempfile.mkdtemp(prefix="sfd-", dir="/tmp"))
+    url = f"unix://{d}/docker.sock"
+    procs = []
+
+    def answers() -> bool:
+        try:
+            return bool(docker.DockerClient(base_url=url, timeout=2).ping())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def start() -> int:
+        log = open(d / "dockerd.log", "ab")
+        p = subprocess.Popen(["dockerd", "--host", url, "--data-root", str(d / "root"), "--exec-root",
+                              str(d / "exec"), "--pidfile", str(d / "docker.pid"), "--bridge=none",
+                              "--iptables=false", "--ip6tables=false", "--ip-masq=false"],
+                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        deadline = time.monotonic() + 30
+        while not answers() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert answers(), (d / "dockerd.log").read_text()[-2000:]
+        return p.pid
+
+    def ours() -> list[int]:  # the engine's processes and its containerd: their command lines name our dirs
+        return [int(x) for x in os.listdir("/proc") if x.isdigit() and str(d) in _cmdline(x)]
+
+    try:
+        start()
+        tag = ensure_base_image(docker.from_env(timeout=120))  # the machine's engine has it (built, never pulled)
+        docker.DockerClient(base_url=url, timeout=120).images.load(
+            b"".join(docker.from_env(timeout=120).images.get(tag).save()))
+        yield url, start, lambda: procs[-1].pid
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # it stops its containers and its containerd
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
+        for pid in ours():  # a containerd (or shim) left by the SIGKILLed engine: ours by its dirs
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while ours() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+            if str(d) in line.split()[4]:
+                subprocess.run(["umount", "-l", line.split()[4]], check=False)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
+        assert not ours(), "a process of the private docker engine was left"
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_runner(fleet, private_engine, tmp_path):
+    """dockerd SIGKILLed while containers run: their runners keep running under their shims, so the harness ends
+    them by pid (marker-checked), the wave ends as a harness fault naming the engine with `unknown` verdicts
+    (never a hang, never a runner blamed), and once the engine is back `sandfleet sweep` removes the records."""
+    import signal
+    import time
+
+    import docker
+    import ray
+
+    from tests import leftovers
+
+    url, start, engine_pid = private_engine
+    env = dict(os.environ, DOCKER_HOST=url)
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text("tasks: 2\nconcurrency: 2\nseed: 5\nfaults: none\nsandbox: {backend: docker}\n"
+                   "workload: {steps: 12, think_ms: 300}\ndeadline_s: 120\n")
+    results = tmp_path / "r"
+    before = leftovers.snapshot()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address",
+                          ray.get_runtime_context().gcs_address, "--results", str(results), "--no-progress"],
+                         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    priv = docker.DockerClient(base_url=url, timeout=10)
+    try:
+        deadline = time.monotonic() + 120
+        running = []
+        while time.monotonic() < deadline and p.poll() is None and len(running) < 2:
+            running = priv.containers.list(filters={"label": "sandfleet.wave", "status": "running"})
+            time.sleep(0.1)
+        assert len(running) >= 2, "two containers never ran at once on the private engine"
+        wave = running[0].labels["sandfleet.wave"]
+        time.sleep(1.0)
+        os.kill(engine_pid(), signal.SIGKILL)
+        time.sleep(0.5)
+        runners = [x for x in leftovers.marked_processes() if x not in before["processes"]]
+        assert runners, "no runner outlived the engine: nothing for the harness to end"
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 2, (out[-2000:], err[-2000:])
+    assert "harness fault: docker engine" in err, err[-2000:]
+    d = results / wave
+    grades = [orjson.loads(g.read_bytes()) for g in d.glob("t*.grade.json")]
+    assert grades and not [g["task_id"] for g in grades if g["verdict"] == "fail"], "a runner was blamed"
+    assert any(g["verdict"] == "unknown" and (g["harness_fault"] or "").startswith("docker engine") for g in grades)
+    # the runners that outlived the engine were ended by the harness (the engine stayed dead all along)
+    assert not leftovers.wait_clean(before), "a runner or sandbox of the wave outlived it"
+    start()  # the engine comes back: the wave's containers are records of a dead wave, and the sweep removes them
+    assert priv.containers.list(all=True, filters={"label": f"sandfleet.wave={wave}"})
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep"], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and f"found: {wave}" in r.stdout, (r.stdout, r.stderr)
+    assert not priv.containers.list(all=True, filters={"label": f"sandfleet.wave={wave}"})
