@@ -410,6 +410,7 @@ class WaveRun:
         self.figures: dict = {}
         self.interrupted: str | None = None
         self.harness_fault: dict | None = None
+        self._last_ok: dict[str, float] = {}  # each watched part: when it last answered a probe
         self.resumed: dict | None = None  # what a resumed wave kept: finished tasks, attempts, fired faults
         self.prior_receipts: list[dict] = []
         self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
@@ -747,7 +748,7 @@ class WaveRun:
         """Run `probe` every `every` s; a part certainly lost, or failing `strikes_needed` probes in a row, is a
         harness fault. Strikes and the last good time are kept per part."""
         strikes: dict[str, int] = {}
-        last_ok: dict[str, float] = {}
+        last_ok = self._last_ok
         t0 = time.time()
         while self.harness_fault is None:
             await asyncio.sleep(every)
@@ -1064,6 +1065,10 @@ class WaveRun:
                    cause=result.get("start_error") or result.get("cause") or result.get("error"),
                    events=result.get("events"))
                 on_change()
+                if result.get("harness_part"):  # the backend's engine failed under this attempt: the harness's
+                    why = (result.get("start_error") or result.get("cause") or "")[:300]
+                    self._part_lost(result["harness_part"], f"{why} (attempt {sandbox_id})",
+                                    since=self._last_ok.get(result["harness_part"]))
                 if self.harness_fault is not None:
                     return  # this attempt may have ended because of the fault: no verdict from it
                 if result.get("start_error"):

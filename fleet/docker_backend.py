@@ -50,6 +50,12 @@ def docker_client(timeout: float):
     return docker.DockerClient(base_url=engine_url(), timeout=timeout)
 
 
+class EngineUnavailable(SandboxError):
+    """The docker engine does not answer: the harness's fault, never the runner's."""
+
+    harness_part = "docker engine"
+
+
 def client():
     """A docker client, or a clear error naming what is unavailable."""
     try:
@@ -57,9 +63,9 @@ def client():
         c.ping()
         return c
     except Exception as exc:  # noqa: BLE001 - docker.errors.DockerException and socket errors
-        raise SandboxError(f"the docker engine at {engine_url()} is unavailable ({type(exc).__name__}: "
-                           f"{str(exc)[:200]}); start it with `make setup` (infra/dockerd-up: dockerd "
-                           "--bridge=none --iptables=false)") from None
+        raise EngineUnavailable(f"the docker engine at {engine_url()} is unavailable ({type(exc).__name__}: "
+                                f"{str(exc)[:200]}); start it with `make setup` (infra/dockerd-up: dockerd "
+                                "--bridge=none --iptables=false)") from None
 
 
 def engine_answered(exc: BaseException) -> bool:
@@ -110,7 +116,11 @@ class DockerBackend(SandboxBackend):
         if spec.image:
             try:
                 self.docker.images.get(spec.image)
-            except Exception:  # noqa: BLE001
+            except SandboxError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                if not engine_answered(exc):
+                    raise EngineUnavailable(f"the docker engine stopped answering ({type(exc).__name__})") from None
                 raise SandboxError(f"sandbox.image {spec.image!r} is not a local image (images are never pulled: "
                                    "build or load it on every node first)") from None
             return spec.image
@@ -157,9 +167,10 @@ class DockerBackend(SandboxBackend):
             await asyncio.to_thread(c.start)
         except SandboxError:
             raise
-        except Exception as exc:  # noqa: BLE001 - docker.errors.*: the engine refused
-            raise SandboxError(f"docker could not create/start the container: {type(exc).__name__}: "
-                               f"{str(exc)[:300]}") from None
+        except Exception as exc:  # noqa: BLE001 - docker.errors.*: the engine refused, or did not answer
+            err = SandboxError if engine_answered(exc) else EngineUnavailable
+            raise err(f"docker could not create/start the container: {type(exc).__name__}: "
+                      f"{str(exc)[:300]}") from None
         await asyncio.to_thread(c.reload)
         pid = c.attrs["State"].get("Pid") or 0
         try:
@@ -266,6 +277,7 @@ class DockerBackend(SandboxBackend):
         the runner is ended here, by its pid, and the attempt says why. Its container's record stays in the
         engine's state; `sandfleet sweep` removes it once the engine answers again."""
         sb.killed_by = sb.killed_by or f"docker engine lost ({why}): container killed by pid"
+        sb.extra["harness_part"] = EngineUnavailable.harness_part
         await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id) and time.monotonic() < deadline:

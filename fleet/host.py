@@ -169,7 +169,10 @@ class SandboxHost:
             except Exception as exc:  # noqa: BLE001 - the backend cannot make this sandbox (no docker engine, an
                 # image without a shell, ...): a start error in one line, never a traceback blamed on the runner
                 why = str(exc) if isinstance(exc, SandboxError) else f"{type(exc).__name__}: {str(exc)[:300]}"
-                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": why, "node": self.node_id}
+                out = {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": why, "node": self.node_id}
+                if getattr(exc, "harness_part", None):  # the engine, not the runner: a harness fault
+                    out["harness_part"] = exc.harness_part
+                return out
             try:
                 if held is not None:
                     held["sb"] = sb

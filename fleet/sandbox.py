@@ -52,7 +52,10 @@ MAX_ARTIFACT_FILES = 20000
 
 
 class SandboxError(RuntimeError):
-    pass
+    """A sandbox could not be made or run. `harness_part` names the part of the harness at fault (the backend's
+    engine not answering), when it is not the runner's or the config's doing."""
+
+    harness_part: str | None = None
 
 
 @dataclass
@@ -139,7 +142,8 @@ class Sandbox:
                 "attempt": self.spec.attempt, "state": self.state.value, "pid": self.pid,
                 "exit_code": self.exit_code, "started_at": self.started_at, "ended_at": self.ended_at,
                 "start_ms": self.start_ms, "killed_by": self.killed_by, "cause": self.cause(),
-                "events": self.extra.get("events", {}), "history": self.life.history}
+                "events": self.extra.get("events", {}), "history": self.life.history,
+                **({"harness_part": self.extra["harness_part"]} if self.extra.get("harness_part") else {})}
 
 
 class SandboxBackend:

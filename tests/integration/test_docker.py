@@ -137,7 +137,8 @@ def test_docker_engine_down_is_a_clear_harness_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results", str(tmp_path / "r"),
                         "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "docker engine is unavailable" in r.stderr and "make setup" in r.stderr, r.stderr
+    assert f"docker engine at unix://{tmp_path}/no-docker.sock is unavailable" in r.stderr, r.stderr  # names it
+    assert "make setup" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
@@ -164,6 +165,8 @@ def private_engine():
             return False
 
     def start() -> int:
+        if procs and procs[-1].poll() is not None:  # a killed engine leaves its pid file: it names a dead pid
+            (d / "docker.pid").unlink(missing_ok=True)
         log = open(d / "dockerd.log", "ab")
         p = subprocess.Popen(["dockerd", "--host", url, "--data-root", str(d / "root"), "--exec-root",
                               str(d / "exec"), "--pidfile", str(d / "docker.pid"), "--bridge=none",
