@@ -44,8 +44,17 @@ def bench_backends(rows: list, n: int = 20) -> None:
         d = Path(tempfile.mkdtemp(prefix="sfbench-be-"))
         socks = {18000 + k: "127.0.0.1:9" for k in range(3)}
         got = {b: {"start": [], "ready": [], "kill": []} for b in backends}
-        backends["docker"].image(SandboxSpec("", "", "", 0, [], {}, "", backend="docker"))  # built before timing
+        got["engine"] = []
+        image = backends["docker"].image(SandboxSpec("", "", "", 0, [], {}, "", backend="docker"))  # built first
+        engine = backends["docker"].docker
         for i in range(n):
+            # the engine's own floor: a bare container of the same image (network none, nothing else) start()ed
+            bare = await asyncio.to_thread(engine.containers.create, image, command=["/bin/sh", "-c", "sleep 30"],
+                                           network_mode="none", labels={"sandfleet.bench": "1"})
+            t = time.perf_counter()
+            await asyncio.to_thread(bare.start)
+            got["engine"].append((time.perf_counter() - t) * 1000)
+            await asyncio.to_thread(bare.remove, force=True)
             for name, be in backends.items():
                 spec = SandboxSpec("w-bench", f"{name}{i}", "t", 1,
                                    ["/bin/sh", "-c", 'echo up > "$SANDFLEET_CHECKPOINT"; exec sleep 30'],
@@ -75,6 +84,11 @@ def bench_backends(rows: list, n: int = 20) -> None:
                      f"process {statistics.median(p[what]):.1f} / {pct(p[what], 95):.1f}",
                      f"docker {statistics.median(k[what]):.1f} / {pct(k[what], 95):.1f}",
                      f"docker x{statistics.median(k[what]) / statistics.median(p[what]):.1f} of process (p50)"))
+    e = got["engine"]
+    rows.append((f"the engine's floor: a bare container's start() (same image, network none, no limits, no mounts), "
+                 f"n={n}: p50 / p95 (ms)", f"{statistics.median(e):.1f} / {pct(e, 95):.1f}",
+                 f"docker sandbox until the command runs: {statistics.median(k['ready']):.1f}",
+                 f"sandbox x{statistics.median(k['ready']) / statistics.median(e):.2f} of the bare start (p50)"))
 
 
 def bench_sweep(rows: list, live: int = 500, ledger_rows: int = 10000) -> None:

@@ -186,7 +186,7 @@ def private_engine():
         start()
         tag = ensure_base_image(docker.from_env(timeout=120))  # the machine's engine has it (built, never pulled)
         docker.DockerClient(base_url=url, timeout=120).images.load(
-            b"".join(docker.from_env(timeout=120).images.get(tag).save()))
+            b"".join(docker.from_env(timeout=120).images.get(tag).save(named=True)))
         yield url, start, lambda: procs[-1].pid
     finally:
         for p in procs:
