@@ -394,26 +394,55 @@ class WaveConfig(Strict):
 def _format(err: ValidationError, source: str) -> str:
     lines = [f"invalid wave config ({source}):"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
+        path, value = tuple(e["loc"]), e.get("input")
+        if e["type"] == "value_error" and isinstance(value, dict):  # a check across fields: name the one it is about
+            field = _named_field(path, msg)
+            if field is not None:
+                path, value = path + (field,), value.get(field)
+        loc = ".".join(str(p) for p in path) or "(top level)"
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"])
             msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
-        value = e.get("input")
         lines.append(f"  field `{loc}`: value {value!r}: {msg}")
     return "\n".join(lines)
 
 
-def _allowed_fields(loc: tuple) -> list[str]:
+def _model_at(loc: tuple) -> type[BaseModel]:
+    """The config model at `loc` (a mapping's key, as in fault_timing.PK1, is stepped over)."""
+    import typing
+
     model: type[BaseModel] = WaveConfig
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
+    parts = list(loc)
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
         ann = getattr(field, "annotation", None) if field else None
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
+        args = typing.get_args(ann) if typing.get_origin(ann) is dict else ()
+        if args and isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
+            ann = args[-1]
+            if parts:
+                parts.pop(0)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             break
-    return sorted(model.model_fields)
+        model = ann
+    return model
+
+
+def _allowed_fields(loc: tuple) -> list[str]:
+    return sorted(_model_at(tuple(loc)[:-1]).model_fields)
+
+
+def _named_field(loc: tuple, msg: str) -> str | None:
+    """The first field of the model at `loc` that a cross-field check's message names (`nodes 3 ...`,
+    `sandbox.image ...`, `give one boundary per fault, not after_model_calls and ...`)."""
+    import re
+
+    fields = _model_at(loc).model_fields
+    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_.]*", msg):
+        name = word.rsplit(".", 1)[-1]
+        if name in fields:
+            return name
+    return None
 
 
 def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":

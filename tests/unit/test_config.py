@@ -90,3 +90,17 @@ def test_league_config_errors_name_the_field(tmp_path):
     assert [(n, f) for n, f, _ in waves] == [("durable", ["PK1"]), ("durable", []), ("naive", ["PK1"]),
                                               ("naive", [])]
     assert all(c.seed == 3 for _, _, c in waves)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"nodes": 3, "address": "auto"}, "field `nodes`: value 3"),
+    ({"faults": ["PK3"]}, "field `faults`: value ['PK3']"),
+    ({"sandbox": {"image": "x"}}, "field `sandbox.image`: value 'x'"),
+    ({"fault_timing": {"PK1": {"after_model_calls": [1, 2], "after_effects": [1, 1]}}},
+     "field `fault_timing.PK1.after_model_calls`"),
+    ({"fault_timing": {"PK1": {"bogus": 1}}}, "allowed fields here: after_checkpoints"),
+])
+def test_a_check_across_fields_names_the_field_it_is_about(data, field):
+    with pytest.raises(ConfigError) as exc:
+        build_config(data)
+    assert field in str(exc.value) and "(top level)" not in str(exc.value), str(exc.value)
