@@ -75,7 +75,9 @@ def write_summary(d: Path, result: dict) -> Path:
               f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
               f", {cached} reused from the reference cache",
               f"- Store audit: {_audit(d)}",
-              f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])}; "
+              f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])} at the hosts' end-of-wave sweep, "
+              f"{_count(result['leaks'].get('sandboxes_sweeper'))} by the sweep actor "
+              f"(no_leaked_sandbox: {result['wave_checks']['no_leaked_sandbox']}); "
               f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}",
               f"- Sweep actor: {_sweeper(d)}", ""]
 
