@@ -25,7 +25,7 @@ from cluster import grade, report
 from cluster.artifacts import ReferenceCache, reference_key, write_artifact
 from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
-from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
+from faults.base import APPLIED, CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import derive, plan_faults, task_seed
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet import workloads
@@ -1142,8 +1142,9 @@ class WaveRun:
                                                                           TaskState.DEADLINE))
             running = sum(1 for r in self.runs.values() if r.current is not None)
             attempts = sum(r.attempts for r in self.runs.values())
-            progress.update(bar, completed=done,
-                            info=f"running {running}  attempts {attempts}  faults fired {len(self.receipts)}")
+            applied = sum(1 for r in self.receipts if r.status == APPLIED)
+            progress.update(bar, completed=done, info=f"running {running}  attempts {attempts}  faults applied "
+                                                      f"{applied} of {len(self.receipts)} ended")
 
         self._loop, self._main = asyncio.get_running_loop(), asyncio.current_task()
         if self.interrupted:  # a signal came during set-up
