@@ -28,6 +28,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- scale -->"
+HAND = "<!-- scale: by hand (kept when make bench rewrites the table above) -->"
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -240,7 +241,9 @@ def main() -> None:
                + "\n".join(table) + "\n")
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    text = text.split(MARK)[0].rstrip() + "\n\n" + section
+    after = text.split(MARK, 1)[1] if MARK in text else ""
+    kept = HAND + after.split(HAND, 1)[1] if HAND in after else ""  # runs by hand and their reading stay
+    text = text.split(MARK)[0].rstrip() + "\n\n" + section + ("\n" + kept if kept else "")
     path.write_text(text)
     print(section)
 
