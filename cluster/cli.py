@@ -349,17 +349,21 @@ def sweep_cmd(
     """Find and remove what dead waves left behind (processes, sandboxes, cgroups, mounts, key files)."""
     from cluster import sweep
 
-    found = sweep.find(wave)
+    unseen: list = []
+    found = sweep.find(wave, unseen)
     lines = sweep.summary(found)
+    for why in unseen:  # a part of the machine the sweep could not look at: say so, and do not say "nothing"
+        _err(f"warning: {why}; run `sandfleet sweep` again once it answers")
     if not lines:
-        out.print("nothing left behind by a dead wave", highlight=False, soft_wrap=True)
-        return EXIT_OK
+        out.print("nothing left behind by a dead wave" + (" that could be looked at" if unseen else ""),
+                  highlight=False, soft_wrap=True)
+        return EXIT_HARNESS if unseen else EXIT_OK
     for line in lines:
         out.print(("would remove: " if dry_run else "found: ") + line, highlight=False, soft_wrap=True)
     if not dry_run:
         for line in sweep.remove(found):
             out.print(f"  {line}", highlight=False, soft_wrap=True)
-    return EXIT_OK
+    return EXIT_HARNESS if unseen else EXIT_OK
 
 
 @app.command("faults")

@@ -1263,8 +1263,9 @@ class WaveRun:
             for n, h in zip(self.fleet.node_ids, self.hosts):
                 if self.lost(f"sandbox host {n}") or n in self.fleet.down:
                     continue
+                engine = self.harness_fault["why"][:200] if self.lost("docker engine") else None
                 try:
-                    ray.get(h.cancel_wave.remote(self.wave_id), timeout=30)
+                    ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
                 except Exception as exc:  # noqa: BLE001
                     problems.append(f"cancel on host: {type(exc).__name__}")
             for lease in active or []:

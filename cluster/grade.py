@@ -34,6 +34,7 @@ import orjson
 
 from cluster.artifacts import read_artifact
 from fleet import workloads
+from fleet.docker_backend import LISTING_ERROR
 
 PASS, FAIL, UNKNOWN, NOT_APPLIED = "pass", "fail", "unknown", "not_applied"
 RANK = {PASS: 0, NOT_APPLIED: 1, UNKNOWN: 2, FAIL: 3}
@@ -684,6 +685,14 @@ def _read_artifact_safe(adir: Path):
     return (got[0], None) if got else (None, "no artifact captured")
 
 
+def _once_each(reaps: list[dict]) -> list[dict]:
+    """One entry per sandbox (a sandbox whose escaped processes took two passes to reap is one leak)."""
+    out: dict[str, dict] = {}
+    for r in reaps:
+        out.setdefault(r.get("sandbox_id"), r)
+    return list(out.values())
+
+
 def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     """Grade every task of a stored wave and write `<task>.grade.json`; returns the wave result."""
     from fleet.workloads.base import tree_digest
@@ -833,14 +842,19 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     leaks = {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
              # the sweep actor's: alive with no lease for longer than its settle window (then reaped), or still
              # there at its last pass
-             "sandboxes_sweeper": None if sweeper is None else (
+             "sandboxes_sweeper": None if sweeper is None else _once_each(
                  [dict(r, by="sweep actor") for r in sweeper.get("reaped") or []] +
                  [dict(r, by="sweep actor (left at the end)") for r in sweeper.get("left_at_end") or []]),
              "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
+    # a look that could not be whole proves nothing absent: the hosts' sweep with problems (a host that did not
+    # answer, a cancel that timed out), a sweep actor that did not report or could not list the containers
+    looked = (sweep is not None and not sweep.get("problems")) and (sweeper is None or not (
+        sweeper.get("unavailable") or any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or [])))
     wave_checks = {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
-        "no_leaked_sandbox": PASS if leaks["sandboxes"] == [] and not leaks["sandboxes_sweeper"] else (
-            UNKNOWN if leaks["sandboxes"] is None or hfault is not None else FAIL),
+        "no_leaked_sandbox": (UNKNOWN if hfault is not None else FAIL) if (leaks["sandboxes"] or
+                                                                          leaks["sandboxes_sweeper"]) else (
+            PASS if looked else UNKNOWN),
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),
         "positive_control": merge(g["verdict"] for g in ref_grades),

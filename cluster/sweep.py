@@ -59,9 +59,10 @@ def _environ(pid: str) -> bytes:
         return b""
 
 
-def find(wave: str | None = None) -> dict:
-    """Leftovers of dead waves, grouped by kind; nothing is changed."""
-    waves, private = markers()
+def find(wave: str | None = None, errors: list | None = None) -> dict:
+    """Leftovers of dead waves, grouped by kind; nothing is changed. `errors` gets what could not be looked at
+    (a docker engine that did not answer)."""
+    waves, private = markers(errors)
     dead = {}
     for w, e in waves.items():
         if wave and w != wave:
@@ -83,7 +84,7 @@ def find(wave: str | None = None) -> dict:
 SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode() + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
 
 
-def markers() -> tuple[dict, dict]:
+def markers(errors: list | None = None) -> tuple[dict, dict]:
     """Everything on this machine that carries a wave's marker, live waves too, grouped by wave: processes
     (a sandbox's environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>` names its sandbox; store and proxy
     command lines; the wave's private Ray by its temp dir), sandbox cgroups, workspace mounts, private dirs.
@@ -134,7 +135,7 @@ def markers() -> tuple[dict, dict]:
                 entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
     from fleet.docker_backend import list_containers
 
-    for c in list_containers() or []:  # docker sandboxes: by their wave label
+    for c in list_containers(errors=errors) or []:  # docker sandboxes: by their wave label
         if c["wave"] and WAVE_RE.fullmatch(c["wave"]):
             entry(c["wave"])["containers"].append(c)
     return waves, private

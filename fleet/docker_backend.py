@@ -97,17 +97,31 @@ class DockerBackend(SandboxBackend):
     def __init__(self):
         super().__init__()
         self._client = None
+        self._ctl = None
+        # why the engine is taken for gone (a control call timed out or was refused, a ping failed, or the driver
+        # said so): from then on signals and removals go by pid at once, not through a minute of timeouts; the
+        # next container the engine starts clears it
+        self.engine_lost: str | None = None
         self._containers: dict[str, object] = {}
         self._nets: dict[str, SandboxNet] = {}
         self._logs: dict[str, threading.Thread] = {}
         self._image_lock = threading.Lock()
         self._base: str | None = None
 
+    CONTROL_S = 10.0  # signal, inspect, pause, remove: a hung engine must not hold a kill for a minute
+
     @property
     def docker(self):
         if self._client is None:
             self._client = client()
         return self._client
+
+    @property
+    def ctl(self):
+        """The low-level API with a short timeout, for control calls on a container."""
+        if self._ctl is None:
+            self._ctl = docker_client(self.CONTROL_S).api
+        return self._ctl
 
     def command_problem(self, spec: SandboxSpec) -> str | None:
         return command_problem(spec.argv, spec.env.get("PATH", ""))
@@ -165,6 +179,7 @@ class DockerBackend(SandboxBackend):
             c = await asyncio.to_thread(self._create, spec)
             self._containers[spec.sandbox_id] = c
             await asyncio.to_thread(c.start)
+            self.engine_lost = None
         except SandboxError:
             raise
         except Exception as exc:  # noqa: BLE001 - docker.errors.*: the engine refused, or did not answer
@@ -211,8 +226,21 @@ class DockerBackend(SandboxBackend):
     async def _wait(self, sb: Sandbox) -> int:
         c = self._containers[sb.spec.sandbox_id]
         for tries in range(4):
+            waiting = asyncio.ensure_future(asyncio.to_thread(c.wait))
+            gone = asyncio.ensure_future(self._init_gone(sb))
             try:
-                res = await asyncio.to_thread(c.wait)
+                await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done() and not self.engine_lost:  # the init is gone: a live engine says so soon
+                    await asyncio.wait({waiting}, timeout=self.CONTROL_S)
+            finally:
+                gone.cancel()
+            if not waiting.done():  # gone for CONTROL_S and the engine still says nothing: hung or dead
+                if not self.engine_lost and await asyncio.to_thread(self._engine_answers):
+                    await asyncio.wait({waiting}, timeout=3 * self.CONTROL_S)
+                if not waiting.done():
+                    return await self._end_without_engine(sb, "no answer to its wait after the runner ended")
+            try:
+                res = waiting.result()
                 break
             except Exception as exc:  # noqa: BLE001 - the engine answered an error, or did not answer
                 if engine_answered(exc):
@@ -224,8 +252,7 @@ class DockerBackend(SandboxBackend):
         sb.ended_at = time.time()
         code = int(res.get("StatusCode", -1))
         try:
-            await asyncio.to_thread(c.reload)
-            oom = bool(c.attrs["State"].get("OOMKilled"))
+            oom = bool((await asyncio.to_thread(self.ctl.inspect_container, c.id))["State"].get("OOMKilled"))
         except Exception:  # noqa: BLE001
             oom = False
         sb.extra["events"] = {"oom_kills": int(oom), "pids_max_hits": 0}
@@ -239,26 +266,49 @@ class DockerBackend(SandboxBackend):
             await asyncio.to_thread(t.join, 5)
         return code
 
+    async def _init_gone(self, sb: Sandbox) -> None:
+        """Returns once the container's init (its pid namespace's pid 1, which carries the sandbox's marker) ended."""
+        try:
+            fd = os.pidfd_open(sb.pid)
+        except (OSError, TypeError):  # already gone (or never had a pid)
+            return
+        try:
+            if not marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id):  # the pid was reused: ours is gone
+                return
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+            loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+            try:
+                await ended
+            finally:
+                loop.remove_reader(fd)
+        finally:
+            os.close(fd)
+
     def _signal(self, sb: Sandbox, sig: str) -> bool:
         c = self._containers.get(sb.spec.sandbox_id)
         if c is None:
             return False
+        if self.engine_lost:
+            return self._signal_by_pid(sb, getattr(signal, sig))
         try:
-            c.reload()
-            if c.attrs["State"].get("Paused"):
-                c.unpause()  # a paused container cannot be signalled
-            c.kill(signal=sig)
+            if self.ctl.inspect_container(c.id)["State"].get("Paused"):
+                self.ctl.unpause(c.id)  # a paused container cannot be signalled
+            self.ctl.kill(c.id, signal=sig)
             return True
         except Exception as exc:  # noqa: BLE001 - it ended meanwhile, or the engine is gone
             if engine_answered(exc):
                 return False
+            self.engine_lost = f"{type(exc).__name__} on a signal"
             return self._signal_by_pid(sb, getattr(signal, sig))
 
     def _engine_answers(self) -> bool:
         try:
             docker_client(3).ping()
+            self.engine_lost = None
             return True
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
+            self.engine_lost = f"{type(exc).__name__} on a ping"
             return False
 
     def _signal_by_pid(self, sb: Sandbox, sig: int) -> bool:
@@ -278,15 +328,13 @@ class DockerBackend(SandboxBackend):
         engine's state; `sandfleet sweep` removes it once the engine answers again."""
         sb.killed_by = sb.killed_by or f"docker engine lost ({why}): container killed by pid"
         sb.extra["harness_part"] = EngineUnavailable.harness_part
+        self.engine_lost = self.engine_lost or why
         await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         sb.ended_at = time.time()
         sb.extra["events"] = {"oom_kills": 0, "pids_max_hits": 0}
-        t = self._logs.get(sb.spec.sandbox_id)
-        if t is not None:
-            await asyncio.to_thread(t.join, 5)
         return 128 + signal.SIGKILL
 
     async def _terminate(self, sb: Sandbox) -> bool:
@@ -302,55 +350,66 @@ class DockerBackend(SandboxBackend):
     def _running(self, sb: Sandbox) -> bool:
         c = self._containers.get(sb.spec.sandbox_id)
         try:
-            c.reload()
-            return bool(c.attrs["State"].get("Running"))
+            return bool(self.ctl.inspect_container(c.id)["State"].get("Running"))
         except Exception:  # noqa: BLE001
             return False
 
     async def _freeze(self, sb: Sandbox) -> None:
-        await asyncio.to_thread(self._containers[sb.spec.sandbox_id].pause)
+        await asyncio.to_thread(self.ctl.pause, self._containers[sb.spec.sandbox_id].id)
 
     async def _thaw(self, sb: Sandbox) -> None:
-        await asyncio.to_thread(self._containers[sb.spec.sandbox_id].unpause)
+        await asyncio.to_thread(self.ctl.unpause, self._containers[sb.spec.sandbox_id].id)
 
     async def _cleanup(self, sb: Sandbox) -> None:
         sid = sb.spec.sandbox_id
         c = self._containers.pop(sid, None)
-        if c is None:  # the create failed: a container of that name may still exist
-            c = await asyncio.to_thread(self._by_name, sb.spec)
-        if c is not None:
+        cid = c.id if c is not None else None
+        if cid is None and not self.engine_lost:  # the create failed: a container of that name may still exist
+            cid = await asyncio.to_thread(self._id_by_name, sb.spec)
+        if cid is not None and self.engine_lost and not await asyncio.to_thread(self._engine_answers):
+            # its record stays in the engine for `sandfleet sweep`
+            await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
+        elif cid is not None:
             try:
-                await asyncio.to_thread(c.remove, force=True)
+                await asyncio.to_thread(self.ctl.remove_container, cid, force=True)
             except Exception as exc:  # noqa: BLE001 - already gone, or the engine is: its processes go by pid
                 if not engine_answered(exc):
+                    self.engine_lost = f"{type(exc).__name__} on a removal"
                     await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
         t = self._logs.pop(sid, None)
-        if t is not None:
+        if t is not None and not self.engine_lost:  # a lost engine's log stream may never end: leave its thread
             await asyncio.to_thread(t.join, 5)
         net = self._nets.pop(sid, None)
         if net is not None:
             await net.close()
         await asyncio.to_thread(release_workspace, sb.spec.workspace)
 
-    def _by_name(self, spec: SandboxSpec):
+    def _id_by_name(self, spec: SandboxSpec) -> str | None:
         try:
-            return self.docker.containers.get(container_name(spec.wave_id, spec.sandbox_id))
+            return self.ctl.inspect_container(container_name(spec.wave_id, spec.sandbox_id))["Id"]
         except Exception:  # noqa: BLE001
             return None
 
 
-def list_containers(wave_id: str | None = None) -> list[dict] | None:
+LISTING_ERROR = "docker engine:"
+
+
+def list_containers(wave_id: str | None = None, errors: list | None = None) -> list[dict] | None:
     """Containers carrying a wave's label: [{id, name, wave, sandbox, running}]; None when no engine answers
-    (a machine without docker has no docker sandboxes)."""
+    (a machine without docker has no docker sandboxes). When an engine's socket is there but the engine does not
+    answer, `errors` gets a line saying containers were not listed."""
     url = engine_url()
     if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
         return None
     try:
-        c = docker_client(10)
+        c = docker_client(5)
         flt = {"label": f"{LABEL}={wave_id}" if wave_id else LABEL}
         return [{"id": x.id, "name": x.name, "wave": x.labels.get(LABEL), "sandbox": x.labels.get("sandfleet.sandbox"),
                  "running": x.status in ("running", "paused")} for x in c.containers.list(all=True, filters=flt)]
-    except Exception:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001
+        if errors is not None:
+            errors.append(f"{LISTING_ERROR} containers at {url} were not listed ({type(exc).__name__}: "
+                          f"{str(exc)[:120]})")
         return None
 
 

@@ -361,13 +361,15 @@ class SandboxHost:
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
 
-    async def cancel_wave(self, wave_id: str, timeout_s: float = 20.0) -> int:
+    async def cancel_wave(self, wave_id: str, timeout_s: float = 20.0, engine_lost: str | None = None) -> int:
         """Stop every attempt of a wave: none starts any more, running ones are killed, and this returns
-        once they are all removed (bounded)."""
+        once they are all removed (bounded). `engine_lost`: the driver found the docker engine gone, so its
+        containers are ended by pid at once."""
         self.cancelled_waves.add(wave_id)
+        if engine_lost and "docker" in self.backend.by_name:
+            self.backend.by_name["docker"].engine_lost = engine_lost
         mine = [sb for sb in self.backend.sandboxes.values() if sb.spec.wave_id == wave_id]
-        for sb in mine:
-            await self.backend.kill(sb, 0.0, reason="wave cancelled")
+        await asyncio.gather(*(self.backend.kill(sb, 0.0, reason="wave cancelled") for sb in mine))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(sb.spec.wave_id == wave_id
                                                   for sb in self.backend.sandboxes.values()):
@@ -377,10 +379,8 @@ class SandboxHost:
     async def shutdown(self, grace_s: float = 1.0, timeout_s: float = 20.0) -> int:
         """Kill every sandbox and wait until each is removed (cgroups, mounts), so nothing outlives the host."""
         self.closing = True
-        n = 0
-        for sb in list(self.backend.sandboxes.values()):
-            if await self.backend.kill(sb, grace_s, reason="host shutdown"):
-                n += 1
+        n = sum(await asyncio.gather(*(self.backend.kill(sb, grace_s, reason="host shutdown")
+                                       for sb in list(self.backend.sandboxes.values()))))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and (self.backend.sandboxes or self.in_flight):
             await asyncio.sleep(0.02)

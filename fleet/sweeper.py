@@ -80,7 +80,9 @@ class WaveSweep:
 
         t0 = time.perf_counter()
         if waves is None:
-            waves, _ = await asyncio.to_thread(finder.markers)
+            listing: list = []
+            waves, _ = await asyncio.to_thread(finder.markers, listing)
+            self.errors += [e for e in listing if e not in self.errors]
         alive = _alive_parts(waves.get(self.wave_id, {}))
         active, latest = await self._leases()
         now = self.clock()
@@ -194,11 +196,13 @@ class SweepActor:
         from cluster import sweep as finder
 
         while self.waves:
+            listing: list = []
             try:
-                waves, _ = await asyncio.to_thread(finder.markers)
+                waves, _ = await asyncio.to_thread(finder.markers, listing)
             except Exception:  # noqa: BLE001
                 waves = None
             for w in list(self.waves.values()):
+                w.errors += [e for e in listing if e not in w.errors]  # e.g. a docker engine that did not answer
                 try:
                     await w.scan(waves)
                 except Exception as exc:  # noqa: BLE001 - a lost ledger or a racing sandbox: report, go on
