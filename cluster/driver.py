@@ -645,7 +645,7 @@ class WaveRun:
                  "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
                  "model endpoint": "the model endpoint failed: re-run the wave",
                  "effects service": "the effects service failed: re-run the wave",
-                 "docker engine": "the docker engine stopped answering (the wave's runners were ended by pid): "
+                 "docker engine": "the docker engine stopped answering (a runner still running was ended by pid): "
                                   "check `docker info` (infra/dockerd-up starts it); once it answers, `sandfleet "
                                   "sweep` removes the wave's containers; then re-run the wave"}
         hint = hints.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
