@@ -238,7 +238,7 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
     env = dict(os.environ, DOCKER_HOST=url)
     cfg = tmp_path / "wave.yaml"
     cfg.write_text("tasks: 2\nconcurrency: 2\nseed: 5\nfaults: none\nsandbox: {backend: docker}\n"
-                   "workload: {steps: 12, think_ms: 300}\ndeadline_s: 120\n")
+                   "workload: {steps: 60, think_ms: 300}\ndeadline_s: 120\n")  # a runner needs 18 s or more
     results = tmp_path / "r"
     before = leftovers.snapshot()
     p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address",
@@ -271,7 +271,10 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
     grades = [orjson.loads(g.read_bytes()) for g in d.glob("t*.grade.json")]
     assert grades and not [g["task_id"] for g in grades if g["verdict"] == "fail"], "a runner was blamed"
     assert any(g["verdict"] == "unknown" and (g["harness_fault"] or "").startswith("docker engine") for g in grades)
-    # the runners that outlived the engine were ended by the harness (the engine stayed dead all along)
+    # the runners that outlived the engine were ended by the harness (the engine stayed dead or hung all along):
+    # none ran on to its last step
+    calls = [orjson.loads(x) for x in (d / "model-calls.jsonl").read_bytes().splitlines() if x.strip()]
+    assert calls and not [c for c in calls if c.get("kind") == "final"], "a runner ran to its end"
     assert not leftovers.wait_clean(before), "a runner or sandbox of the wave outlived it"
     records = {"label": f"sandfleet.wave={wave}"}
     if sig == "SIGKILL":
