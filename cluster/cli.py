@@ -301,7 +301,7 @@ def campaign_storage(
     import yaml
 
     from cluster.campaign import parse_range, plan_waves, run_campaign
-    from cluster.config import ConfigError
+    from cluster.config import ConfigError, load_yaml
     from cluster.driver import HarnessError, preflight
 
     try:
@@ -310,7 +310,10 @@ def campaign_storage(
         if config is not None:
             if not config.is_file():
                 raise ConfigError(f"--config {str(config)!r} does not exist")
-            base = yaml.safe_load(config.read_text()) or {}
+            try:
+                base = load_yaml(config.read_text()) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError(f"--config {str(config)!r} is not valid YAML: {err}") from None
             if not isinstance(base, dict):
                 raise ConfigError(f"--config {str(config)!r}: top level must be a mapping")
         base = {**base, "tasks": tasks, "concurrency": min(tasks, base.get("concurrency", tasks)), "seed": seed}

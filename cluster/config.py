@@ -49,7 +49,7 @@ class RunnerSpec(Strict):
             except ValueError as exc:
                 raise ValueError(f"command is not a valid shell-quoted string: {exc}") from None
         if not v or not all(isinstance(a, str) and a for a in v):
-            raise ValueError("command must be a non-empty list of non-empty strings")
+            raise ValueError("command must be a non-empty list of non-empty strings, or one shell-quoted string")
         return v
 
     @field_validator("env")
@@ -328,6 +328,11 @@ class WaveConfig(Strict):
             v = items
         if not isinstance(v, list):
             raise ValueError("faults must be a list of fault ids")
+        if any(str(item).strip().lower() == "none" for item in v) and v != ["none"]:
+            raise ValueError(f"`none` stands alone (no faults); {v!r} mixes it with fault ids: drop it, or give "
+                             "only `none`")
+        if v == ["none"]:
+            return []
         bad = [f for item in v for f in str(item).split("+") if f not in CATALOG]
         if bad:
             raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))} "
@@ -465,6 +470,25 @@ def build_config(data: dict, overrides: dict | None = None, source: str = "confi
         raise ConfigError(f"invalid wave config ({source}): {err}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (the last one would win silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping "
+                                                        "(the last one would win silently)", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str):
+    """Parse a config file's YAML; raises yaml.YAMLError (duplicate keys included)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveConfig:
     data: dict = {}
     source = "defaults"
@@ -473,7 +497,7 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text())
+            data = load_yaml(p.read_text())
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
         except (OSError, UnicodeDecodeError) as err:

@@ -17,7 +17,7 @@ import orjson
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format, build_config, parse_runner
+from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format, build_config, load_yaml, parse_runner
 from faults.base import CATALOG
 
 
@@ -58,7 +58,7 @@ def load_league(path: Path) -> LeagueConfig:
     if not p.is_file():
         raise ConfigError(f"league config {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"league config {str(p)!r} is not valid YAML: {err}") from None
     if not isinstance(data, dict) or not data:

@@ -104,3 +104,14 @@ def test_a_check_across_fields_names_the_field_it_is_about(data, field):
     with pytest.raises(ConfigError) as exc:
         build_config(data)
     assert field in str(exc.value) and "(top level)" not in str(exc.value), str(exc.value)
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_winning(tmp_path):
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("tasks: 2\nsandbox: {memory_mb: 128}\ntasks: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert "'tasks' is given twice" in str(e.value) and "line 3" in str(e.value), str(e.value)
+    cfg.write_text("tasks: 2\nsandbox: {memory_mb: 128, memory_mb: 256}\n")  # nested mappings too
+    with pytest.raises(ConfigError, match="'memory_mb' is given twice"):
+        load_config(cfg)
