@@ -402,10 +402,14 @@ def list_containers(wave_id: str | None = None, errors: list | None = None) -> l
     if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
         return None
     try:
-        c = docker_client(5)
         flt = {"label": f"{LABEL}={wave_id}" if wave_id else LABEL}
-        return [{"id": x.id, "name": x.name, "wave": x.labels.get(LABEL), "sandbox": x.labels.get("sandfleet.sandbox"),
-                 "running": x.status in ("running", "paused")} for x in c.containers.list(all=True, filters=flt)]
+        # one listing call (the high-level list inspects each container after it, and a container removed between
+        # the two made the whole listing fail)
+        rows = docker_client(5).api.containers(all=True, filters=flt)
+        return [{"id": x["Id"], "name": (x.get("Names") or ["/"])[0].lstrip("/"),
+                 "wave": (x.get("Labels") or {}).get(LABEL),
+                 "sandbox": (x.get("Labels") or {}).get("sandfleet.sandbox"),
+                 "running": x.get("State") in ("running", "paused")} for x in rows]
     except Exception as exc:  # noqa: BLE001
         if errors is not None:
             errors.append(f"{LISTING_ERROR} containers at {url} were not listed ({type(exc).__name__}: "
