@@ -84,6 +84,7 @@ class SandboxHost:
         self.backend = backend or Backends()
         self.ledger = ledger
         self.finished: list[dict] = []
+        self.ended: set[str] = set()  # sandbox ids whose run_attempt returned (started or not)
         self.cancelled_waves: set[str] = set()
         self.closing = False
         self.in_flight = 0
@@ -148,16 +149,21 @@ class SandboxHost:
         (before the workspace is removed) and returned as `artifact`.
         """
         sspec = SandboxSpec(**spec)
-        if sspec.wave_id in self.cancelled_waves:
-            return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled", "node": self.node_id}
-        missing = self.backend.command_problem(sspec)
-        if missing:
-            return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing, "node": self.node_id}
-        self.in_flight += 1
         try:
-            return await self._run(sspec, lease, ttl_s, capture)
+            if sspec.wave_id in self.cancelled_waves:
+                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled",
+                        "node": self.node_id}
+            missing = self.backend.command_problem(sspec)
+            if missing:
+                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing,
+                        "node": self.node_id}
+            self.in_flight += 1
+            try:
+                return await self._run(sspec, lease, ttl_s, capture)
+            finally:
+                self.in_flight -= 1
         finally:
-            self.in_flight -= 1
+            self.ended.add(sspec.sandbox_id)
 
     async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None) -> dict:
         # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
@@ -197,13 +203,17 @@ class SandboxHost:
         return out
 
     async def started(self, sandbox_id: str, timeout_s: float = 30.0) -> bool:
-        """Wait (bounded) until the sandbox's runner is running (a container can take seconds to start);
+        """Wait (bounded) until the sandbox's runner is running (a container can take seconds to start; the
+        attempt's own call may not have reached this host yet: Ray does not order an async actor's calls);
         False if it ended or never came up."""
         from fleet.lifecycle import SandboxState
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             sb = self.backend.sandboxes.get(sandbox_id)
+            if sb is None and sandbox_id not in self.ended:  # not here yet
+                await asyncio.sleep(0.01)
+                continue
             if sb is None or sb.exit_code is not None or sb.state not in (SandboxState.CREATED,):
                 return sb is not None and sb.exit_code is None and sb.state in (SandboxState.RUNNING,
                                                                                   SandboxState.FROZEN)
@@ -238,6 +248,7 @@ class SandboxHost:
         """Kill the sandbox right after its runner announced its `nth` named window (a JSON line in the file
         `$SANDFLEET_CHECKPOINT` whose `name` starts with `window`). Returns {"fired": True, ...kill} or, when
         the sandbox ended first, {"fired": False, "seen": how many matching windows it announced}."""
+        await self.started(sandbox_id)  # armed before the attempt reached this host: wait for it
         sb = self.backend.sandboxes.get(sandbox_id)
         if sb is None:
             return {"fired": False, "seen": 0}
@@ -261,6 +272,7 @@ class SandboxHost:
     async def notify(self, sandbox_id: str, notice: dict) -> dict:
         """PK2: write a spot-interruption notice to `$SANDFLEET_NOTICE` (`.sandfleet/notice` in the workspace),
         the way a cloud's metadata service announces one. The workspace is the runner's: no link is followed."""
+        await self.started(sandbox_id)
         sb = self.backend.sandboxes.get(sandbox_id)
         if sb is None:
             return {"written": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
@@ -305,6 +317,7 @@ class SandboxHost:
 
     async def fill_workspace(self, sandbox_id: str) -> dict:
         """DF1: fill the sandbox's workspace tmpfs with a ballast file (the runner meets a real ENOSPC)."""
+        await self.started(sandbox_id)
         sb = self.backend.sandboxes.get(sandbox_id)
         if sb is None:
             return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
