@@ -142,6 +142,24 @@ def test_docker_engine_down_is_a_clear_harness_error(tmp_path):
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
+def test_a_sweep_that_cannot_list_containers_says_so_and_exits_2(tmp_path):
+    """A docker socket with no engine behind it (a stopped engine's stale socket): `sandfleet sweep` must not say
+    "nothing left" as if it had looked; it warns that containers were not listed and exits 2."""
+    import socket
+
+    sock = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()  # the file stays; nothing answers on it
+    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}")
+    for args in (["sweep", "--dry-run"], ["sweep"]):
+        r = subprocess.run([sys.executable, "-m", "cluster.cli", *args], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert f"containers at unix://{sock} were not listed" in r.stderr, r.stderr
+        assert "could be looked at" in r.stdout or "found:" in r.stdout or "would remove:" in r.stdout, r.stdout
+
+
 @pytest.fixture
 def private_engine():
     """A second docker engine this test starts (its own socket, data root and exec root; no bridge, no iptables)
