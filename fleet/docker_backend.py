@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fleet.netns import SandboxNet
 from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
-                           command_problem, prepare_workspace, release_workspace)
+                           command_problem, pidfd_ended, prepare_workspace, release_workspace)
 
 GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
 LABEL = "sandfleet.wave"
@@ -273,15 +273,8 @@ class DockerBackend(SandboxBackend):
         except (OSError, TypeError):  # already gone (or never had a pid)
             return
         try:
-            if not marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id):  # the pid was reused: ours is gone
-                return
-            loop = asyncio.get_running_loop()
-            ended = loop.create_future()
-            loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
-            try:
-                await ended
-            finally:
-                loop.remove_reader(fd)
+            if marked(sb.pid, sb.spec.wave_id, sb.spec.sandbox_id):  # else the pid was reused: ours is gone
+                await pidfd_ended(fd)
         finally:
             os.close(fd)
 

@@ -284,6 +284,17 @@ def read_tree(root: str) -> dict:
     return {"files": files, "skipped": sorted(skipped)}
 
 
+async def pidfd_ended(fd: int) -> None:
+    """Until the process behind pidfd `fd` has ended (the fd turns readable); the caller owns and closes `fd`."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
@@ -497,14 +508,10 @@ class ProcessBackend(SandboxBackend):
     async def _wait(self, sb: Sandbox) -> int:
         proc = self._procs[sb.spec.sandbox_id]
         if proc.poll() is None:
-            loop = asyncio.get_running_loop()
             fd = os.pidfd_open(proc.pid)
-            done = loop.create_future()
-            loop.add_reader(fd, lambda: done.done() or done.set_result(None))
             try:
-                await done
+                await pidfd_ended(fd)
             finally:
-                loop.remove_reader(fd)
                 os.close(fd)
         code = proc.wait()
         sb.ended_at = time.time()
