@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker wave test test-unit bench examples clean
+.PHONY: setup system docker wave test test-quick test-unit bench examples clean
 
 setup: system $(STAMP)
 
@@ -36,6 +36,10 @@ wave: setup
 
 test: setup docker examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
+
+# the edit-test loop: the unit and harness tiers only (no Ray, no store, no sandbox; well under a minute)
+test-quick: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

@@ -49,8 +49,10 @@ def plan_waves(fault: str, runners: list, lo: float, hi: float, wave: dict) -> N
 def _config(fault: str, runner, strength: float, wave: dict):
     timing = dict(wave.get("fault_timing") or {})
     timing[fault] = {**timing.get(fault, {}), "strength": strength}
-    if fault in ("ST1", "ST2", "ST3", "ST5", "ST7", "ST8") and "at_s" not in timing[fault]:
-        timing[fault]["at_s"] = [0.2, 0.6]
+    if fault in ("ST1", "ST2", "ST3", "ST5", "ST7", "ST8") and not {"at_s", "after_model_calls"} & set(timing[fault]):
+        # armed right after the runner's first model answer, not at a clock time: on a loaded host a clock time can
+        # fall before the runner's first request or after its last one, and a probe that met nothing proves nothing
+        timing[fault]["after_model_calls"] = [1, 1]
     if fault == "ST7":  # a lag only shows when an attempt resumes: a kill after the runner's 3rd answer
         timing.setdefault("PK1", {"after_model_calls": [3, 4]})
     return build_config({**wave, "runner": runner, "faults": [f"{fault}+PK1" if fault == "ST7" else fault],

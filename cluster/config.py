@@ -368,8 +368,8 @@ class WaveConfig(Strict):
             boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "at_request")
                         if getattr(t, k)]
             if fid == "PK5" and (boundary or t.at_s):
-                raise ValueError(f"PK5 fires at a named window: give after_checkpoints (and window), not "
-                                 f"{(boundary or ['at_s'])[0]}")
+                raise ValueError(f"PK5: {(boundary or ['at_s'])[0]} is not its trigger: PK5 fires at a named window: "
+                                 "give after_checkpoints (and window)")
             if t.after_checkpoints and fid != "PK5":
                 raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
             if t.strength is not None:
@@ -379,10 +379,14 @@ class WaveConfig(Strict):
                     raise ValueError(f"ST3: strength {t.strength} is a share of requests, at most 1")
             if t.hits and not fid.startswith("ST"):
                 raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
-            if fid in ("CR1", "DF1") and (t.after_effects or t.after_store_writes or t.at_request or t.kills):
-                raise ValueError(f"{fid}: give at_s or after_model_calls (when), and window_s")
-            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6", "CR1", "DF1"):
-                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, DF1) only")
+            armed_only = fid in ("CR1", "DF1") or fid.startswith("ST")  # armed at a clock time or a model answer
+            wrong = [k for k in ("after_effects", "after_store_writes", "at_request") if getattr(t, k)]
+            if armed_only and (wrong or (t.kills and fid in ("CR1", "DF1"))):
+                raise ValueError(f"{fid}: {(wrong or ['kills'])[0]} is not one of its triggers: give at_s or "
+                                 "after_model_calls (when it is armed), and window_s")
+            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6") and not armed_only:
+                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, "
+                                 "DF1 and the storage faults ST*) only")
             if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
                 raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
             if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):
@@ -402,6 +406,9 @@ def _format(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         path, value = tuple(e["loc"]), e.get("input")
         if e["type"] == "value_error" and isinstance(value, dict):  # a check across fields: name the one it is about
+            key = msg.split(":", 1)[0]
+            if path == ("fault_timing",) and isinstance(value.get(key), dict):  # "PK5: ...": about fault_timing.PK5
+                path, value = path + (key,), value[key]
             field = _named_field(path, msg)
             if field is not None:
                 path, value = path + (field,), value.get(field)

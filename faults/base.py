@@ -108,3 +108,26 @@ def timed_spec(fault_id: str, task_id: str, rng, at: tuple, window: tuple, param
     return FaultSpec(fault_id=fault_id, instance=f"{task_id}-{fault_id}", task_id=task_id, trigger="time",
                      at_s=round(rng.uniform(*at), 3), window_s=round(rng.uniform(*window), 3),
                      seed=rng.randrange(2**31), params=params)
+
+
+def armed_spec(fault_id: str, task_id: str, rng, base: dict, at: tuple, window: tuple, params: dict) -> FaultSpec:
+    """`timed_spec`, or, with `after_model_calls: [lo, hi]` in the fault's timing, armed right after the task's
+    seeded Nth model answer (a boundary of the runner: load cannot move where in its run the fault lands). The
+    boundary adds one draw after timed_spec's, so plans without it are unchanged."""
+    spec = timed_spec(fault_id, task_id, rng, at, window, params)
+    if "after_model_calls" in base:
+        lo, hi = base["after_model_calls"]
+        spec.trigger, spec.at_s = "model_call", 0.0
+        spec.params["after"] = rng.randint(int(lo), int(hi))
+    return spec
+
+
+async def wait_armed(spec: FaultSpec, ctx: FaultContext) -> dict | None:
+    """For a fault armed at a model-answer boundary: wait for it. None once it came (or the fault is timed);
+    else the `not_applied` injection result: the task ended first."""
+    if spec.trigger != "model_call":
+        return None
+    n = spec.params["after"]
+    if await ctx.wait_model_answers(spec.task_id, n):
+        return None
+    return {"applied": False, "why": f"the task ended before its model answer #{n} was delivered"}

@@ -128,7 +128,8 @@ class SigkillSandbox:
                 return {"applied": False, "why": f"{rid} closed without its window opening"}
             await asyncio.sleep(0.01)
         await asyncio.sleep(max(0.0, rule["first_hit_at"] + spec.params["into_s"] - time.time()))
-        return {"window_opened_at": rule["first_hit_at"]}
+        closes = rule["first_hit_at"] + rule["duration_s"] if rule.get("duration_s") else None
+        return {"window_opened_at": rule["first_hit_at"], "window_closes_at": closes}
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         at = {}
@@ -187,6 +188,10 @@ class SigkillSandbox:
             return (f", while the proxy held its store request {injected.get('held_request')} (never forwarded; "
                     "dropped when the kill was done)")
         if spec.trigger == "during":
+            closes, at = injected.get("window_closes_at"), injected.get("at")
+            if closes is not None and at is not None and at > closes:  # said as it was, not as it was planned
+                return (f", {at - injected['window_opened_at']:.2f} s after the {spec.params['during']} outage "
+                        f"opened: after it had closed (planned {spec.params['into_s']} s into it)")
             return f", {spec.params['into_s']} s into the {spec.params['during']} outage (the runner was retrying)"
         if spec.trigger == "store_write":
             if spec.params.get("variant") == "ambiguous":

@@ -5,7 +5,7 @@ import asyncio
 import random
 import time
 
-from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, register, timed_spec
+from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, armed_spec, register, wait_armed
 
 
 def close_rule(spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
@@ -38,9 +38,13 @@ class StoreOutage:
         wlo, whi = base.get("window_s", self.default_len)
         if base.get("strength"):  # campaigns: the outage's length in seconds
             wlo = whi = float(base["strength"])
-        return timed_spec(self.id, task_id, rng, (lo, hi), (wlo, whi), {"status": 503, "code": "ServiceUnavailable"})
+        return armed_spec(self.id, task_id, rng, base, (lo, hi), (wlo, whi),
+                          {"status": 503, "code": "ServiceUnavailable"})
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        early = await wait_armed(spec, ctx)
+        if early is not None:
+            return early
         rule = ctx.proxy().open_rule(rule_id=spec.instance, action="error", status=spec.params["status"],
                                      code=spec.params["code"], bucket=ctx.bucket,
                                      key_prefix=ctx.task_prefix(spec.task_id), seed=spec.seed, fault=self.id,
@@ -108,11 +112,19 @@ class CutPut:
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
         lo, hi = base.get("at_s", self.default_at)
         hlo, hhi = base.get("hold_s", self.default_hold)
-        return FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
+        spec = FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), seed=rng.randrange(2**31),
                          params={"hold_s": round(rng.uniform(hlo, hhi), 3)})
+        if "after_model_calls" in base:  # armed right after the task's Nth model answer
+            a, b = base["after_model_calls"]
+            spec.trigger, spec.at_s = "model_call", 0.0
+            spec.params["after"] = rng.randint(int(a), int(b))
+        return spec
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        early = await wait_armed(spec, ctx)
+        if early is not None:
+            return early
         rule = ctx.proxy().open_rule(rule_id=spec.instance, action="cut_body", methods=["PUT"], bucket=ctx.bucket,
                                      key_prefix=ctx.task_prefix(spec.task_id), seed=spec.seed, fault=self.id,
                                      max_hits=1, hold_s=spec.params["hold_s"])
@@ -175,7 +187,7 @@ class ProxyWindowFault:
             wlo, whi, params = self.strengthen(float(base["strength"]), (wlo, whi), params)
         if base.get("hits"):
             params["max_hits"] = int(base["hits"])
-        return timed_spec(self.id, task_id, rng, (lo, hi), (wlo, whi), params)
+        return armed_spec(self.id, task_id, rng, base, (lo, hi), (wlo, whi), params)
 
     def plan_params(self, rng: random.Random) -> dict:
         return {}
@@ -191,6 +203,9 @@ class ProxyWindowFault:
         return [spec.instance] + [f"{spec.instance}{sfx}" for sfx in spec.params.get("extra_rules", [])]
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        early = await wait_armed(spec, ctx)
+        if early is not None:
+            return early
         ctl = ctx.proxy()
         opened = []
         for r in self.rules(spec, ctx):

@@ -267,6 +267,9 @@ class SandboxHost:
                         lag = round((out["at"] - t_ann) * 1000, 1) if ok else None
                         return {"fired": True, **out, "window_name": name[:200], "lag_ms": lag}
             await asyncio.sleep(poll_s)
+        # what it announced between the last read and its end counts for the next attempt's N
+        seen += sum(1 for rec in reader.new_lines()
+                    if isinstance(rec, dict) and isinstance(rec.get("name"), str) and rec["name"].startswith(window))
         return {"fired": False, "seen": seen}
 
     async def notify(self, sandbox_id: str, notice: dict) -> dict:

@@ -165,7 +165,9 @@ class JsonService:
                 service._dispatch(self, "POST")
 
         self.server = _Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, name=self.name, daemon=True)
+        # a short poll: stop() waits one poll for the loop to see its shutdown (0.5 s by default, per service per wave)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name=self.name, daemon=True)
 
     @property
     def url(self) -> str:

@@ -8,6 +8,10 @@ def stop_process(proc, grace_s: float = 5.0) -> None:
     """SIGTERM a child we started, wait `grace_s`, then SIGKILL; always reaps it."""
     if proc is None or proc.poll() is not None:
         return
+    if grace_s <= 0:  # no grace: SIGKILL at once (a SIGTERM first would only race it)
+        proc.kill()
+        proc.wait(5)
+        return
     proc.terminate()
     try:
         proc.wait(grace_s)

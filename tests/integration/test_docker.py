@@ -72,7 +72,10 @@ FAULTS = {
     "PK1": dict(fault_timing={"PK1": {"after_model_calls": [2, 3]}}),
     "PK2": dict(fault_timing={"PK2": {"after_model_calls": [2, 3], "window_s": [0.5, 0.5]}}),
     "PK4": dict(fault_timing={"PK4": {"kills": 2, "window_s": [0.4, 0.5]}}, workload={"steps": 8, "think_ms": 200}),
-    "PK5": dict(fault_timing={"PK5": {"after_checkpoints": [2, 4], "window": "after-commit:"}}),
+    # the kill after the 2nd-4th commit leaves at least 4 steps of 150 ms to run: it lands (by pid, at once) long
+    # before the runner could finish on a loaded host
+    "PK5": dict(fault_timing={"PK5": {"after_checkpoints": [2, 4], "window": "after-commit:"}},
+                workload={"steps": 8, "think_ms": 150}),
     "PK6": dict(fault_timing={"PK6": {"after_model_calls": [2, 3]}}, lease_ttl_s=2.0),
 }
 
@@ -271,11 +274,14 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
             time.sleep(0.1)
         assert len(running) >= 2, "two containers never ran at once on the private engine"
         wave = running[0].labels["sandfleet.wave"]
-        time.sleep(1.0)
+        # the runners' processes (marked) are seen running before the engine goes: they are what the harness must
+        # end by pid (looked for after the kill, they raced the harness's own kill)
+        deadline = time.monotonic() + 60
+        while not (runners := [x for x in leftovers.marked_processes() if x not in before["processes"]]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert runners, "no runner process ran in the containers: nothing for the harness to end"
         os.kill(engine_pid(), getattr(signal, sig))
-        time.sleep(0.5)
-        runners = [x for x in leftovers.marked_processes() if x not in before["processes"]]
-        assert runners, "no runner outlived the engine: nothing for the harness to end"
         out, err = p.communicate(timeout=240)
     finally:
         if p.poll() is None:

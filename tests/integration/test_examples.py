@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # PK1 fires right after the runner's 3rd-5th model answer (a boundary, not a clock: a kill while a
 # framework is still importing would test nothing); ST1 at its usual time
 WAVE = dict(tasks=2, concurrency=2, seed=4, faults=["PK1", "ST1"], workload={"steps": 10, "think_ms": 100},
-            fault_timing={"PK1": {"after_model_calls": [3, 5]}}, deadline_s=120)
+            fault_timing={"PK1": {"after_model_calls": [3, 5]}, "ST1": {"after_model_calls": [2, 4]}}, deadline_s=120)
 
 
 def example(name: str) -> dict:

@@ -66,7 +66,7 @@ def _check_node_loss(r, wave: Path) -> list[dict]:
 
 def test_pk3_abrupt_node_loss_tasks_finish_on_the_other_node(tmp_path):
     r, wave = _wave(tmp_path, "tasks: 4\nconcurrency: 4\nseed: 11\nfaults: [PK3]\n"
-                              "fault_timing: {PK3: {mode: abrupt, after_model_calls: [2, 3], down_s: [6, 7]}}\nlease_ttl_s: 3\n"
+                              "fault_timing: {PK3: {mode: abrupt, after_model_calls: [2, 3], down_s: [11, 12]}}\nlease_ttl_s: 3\n"
                               "workload: {steps: 6, think_ms: 80}\n")
     for rec in _check_node_loss(r, wave):
         assert "raylet and host killed at once" in rec["detail"]
@@ -75,7 +75,7 @@ def test_pk3_abrupt_node_loss_tasks_finish_on_the_other_node(tmp_path):
 def test_pk3_drain_gives_notice_then_loses_the_node(tmp_path):
     r, wave = _wave(tmp_path, "tasks: 4\nconcurrency: 4\nseed: 12\nfaults: [PK3]\n"
                               "fault_timing: {PK3: {mode: drain, window_s: [1, 1.5], after_model_calls: [2, 3], "
-                              "down_s: [6, 7]}}\nlease_ttl_s: 3\nworkload: {steps: 6, think_ms: 80}\n")
+                              "down_s: [11, 12]}}\nlease_ttl_s: 3\nworkload: {steps: 6, think_ms: 80}\n")
     for rec in _check_node_loss(r, wave):
         assert "drained for PREEMPTION (accepted by the GCS)" in rec["detail"], rec["detail"]
         assert "notice + SIGTERM to " in rec["detail"] and "notice + SIGTERM to 0 " not in rec["detail"]

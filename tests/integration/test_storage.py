@@ -94,22 +94,25 @@ def test_st6_cuts_one_put_after_its_head_and_the_store_empties_the_newer_write(s
 
     _, ep, proxy, _ = store_and_proxy
     ctl = proxy.control()
+    # the next writer's client is made first, and the store's side of the cut request is held 2 s: the complete
+    # PUT reaches the store well inside the hold on a loaded host (it raced a 0.5 s hold before)
+    c = s3_client(proxy.url, ep.creds, max_attempts=1)
+    direct = s3_client(ep.url, ep.creds)
     ctl.open_rule(rule_id="st6-test", action="cut_body", methods=["PUT"], bucket="sf-test", key_prefix="cut/",
-                  max_hits=1, hold_s=0.5, fault="ST6")
+                  max_hits=1, hold_s=2.0, fault="ST6")
     try:
         body = b"x" * 137
         s = socket.create_connection(("127.0.0.1", proxy.port))
         s.sendall(signed_put_head(proxy.url, ep.creds, "sf-test", "cut/rec", body) + body)
         assert s.recv(100) == b"", "the cut writer got an answer"
         s.close()
-        time.sleep(0.1)
-        c = s3_client(proxy.url, ep.creds, max_attempts=1)
         c.put_object(Bucket="sf-test", Key="cut/rec", Body=b"complete record")  # the next writer: 200
     finally:
         closed = ctl.close_rule("st6-test")
     assert closed["hits"] == 1 and closed["hit_keys"] == ["cut/rec"]
-    time.sleep(5)
-    got = s3_client(ep.url, ep.creds).get_object(Bucket="sf-test", Key="cut/rec")["Body"].read()
+    deadline = time.monotonic() + 30  # the proxy closes the store's side once its hold ends: wait for the result
+    while (got := direct.get_object(Bucket="sf-test", Key="cut/rec")["Body"].read()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert got == b"", f"the store kept {got!r}: SeaweedFS no longer empties a cut PUT's key; revisit ST6"
     log = _plog(store_and_proxy[2], store_and_proxy[3])
     assert any(r.get("cut") and r["key"] == "cut/rec" and r["withheld"] == 137 for r in log)

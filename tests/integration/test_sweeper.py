@@ -85,21 +85,26 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
         assert ray.get(ledger.acquire.remote(f"{W}/t902", "node-0", "t902-a1", 120.0))
         assert ray.get(ledger.acquire.remote(f"{W}/t903", "node-0", "t903-a1", 120.0))  # no sandbox: dangling
         expired = sandbox(W, "t904-a1", daemon=False)
-        assert ray.get(ledger.acquire.remote(f"{W}/t904", "node-0", "t904-a1", 0.6))  # runs out under it
+        # runs out under it: after the first scan (8 s leaves a loaded host time to set the rest up first)
+        assert ray.get(ledger.acquire.remote(f"{W}/t904", "node-0", "t904-a1", 8.0))
         other_wave = sandbox(W2, "t900-a1", daemon=False)  # same marker scheme, a wave not watched
         plain = process({})
         malformed = process({"SANDFLEET_SANDBOX": "not-a-wave/t900-a1"})
         decoy_cg.mkdir()
         in_decoy = process({})
         (decoy_cg / "cgroup.procs").write_text(str(in_decoy.pid))
-        time.sleep(0.3)
-        leak_child = [p for p in _marked(W) if p not in (leak.pid, escaped.pid, live.pid, expired.pid)]
-        assert len(leak_child) >= 2, leak_child  # the two daemonized sleeps
+        deadline = time.monotonic() + 10
+        while True:  # the two daemonized sleeps
+            leak_child = [p for p in _marked(W) if p not in (leak.pid, escaped.pid, live.pid, expired.pid)]
+            if len(leak_child) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(leak_child) >= 2, leak_child
 
         ray.get(sweeper.watch.remote(W, 2.0))
         first = ray.get(sweeper.scan.remote(W, False))  # a pass that only looks
         assert {x["sandbox_id"] for x in first["leaked"]} == {"t900-a1", "t901-a1", "t905-a1"}
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 45
         while time.monotonic() < deadline and any(_alive(p) for p in [leak.pid, escaped.pid, expired.pid] + leak_child):
             time.sleep(0.2)
         report = ray.get(sweeper.final.remote(W), timeout=60)

@@ -13,7 +13,15 @@ from tests import leftovers
 
 pytestmark = pytest.mark.integration
 
-FAULTY = dict(faults=["PK1", "ST1"], seed=11, workload={"steps": 10, "think_ms": 150}, deadline_s=90)
+# PK1 and ST1 land at boundaries of the runner (its Nth model answer), so load cannot move where in the run they
+# land; the clock triggers have their own test (test_clock_timed_faults_say_what_they_hit)
+FAULTY = dict(faults=["PK1", "ST1"], seed=11, workload={"steps": 10, "think_ms": 150}, deadline_s=90,
+              fault_timing={"PK1": {"after_model_calls": [3, 8]}, "ST1": {"after_model_calls": [2, 6]}})
+# the negative control's kill: the proxy holds naive's first progress save (never forwarded) while the sandbox is
+# killed, so steps 0-2 were applied in place and never saved, on every run, however loaded the machine
+NAIVE_FAULTY = dict(FAULTY, fault_timing={"PK1": {"at_request": {"methods": ["PUT"],
+                                                                 "key_prefix": "naive/progress.json"}},
+                                          "ST1": {"after_model_calls": [2, 6]}})
 
 
 def _lines(path):
@@ -39,7 +47,7 @@ def durable_wave(run_wave):
 
 @pytest.fixture(scope="module")
 def naive_wave(run_wave):
-    return run_wave(runner="naive", tasks=10, concurrency=5, **FAULTY)
+    return run_wave(runner="naive", tasks=10, concurrency=5, **NAIVE_FAULTY)
 
 
 def test_durable_runner_survives_pk1_and_st1(durable_wave):
@@ -102,6 +110,8 @@ def test_naive_runner_is_flagged(naive_wave):
         if acted and m and max(acted) + 1 > int(m.group(1)):
             vulnerable.append(g["task_id"])
     assert vulnerable, "no kill landed between two progress saves: the control proved nothing"
+    kills = [r for r in orjson.loads((d / "faults.json").read_bytes()) if r["fault_id"] == "PK1"]
+    assert kills and all(r["status"] == "applied" and "naive/progress.json" in r["detail"] for r in kills), kills
     for tid in vulnerable:
         g = grades[tid]
         assert g["verdict"] == "fail", g
@@ -229,18 +239,39 @@ def test_durable_survives_puts_cut_after_their_head(run_wave):
 def test_durable_survives_a_kill_inside_a_storage_outage(run_wave):
     """ST1+PK1 on one task: the kill lands inside the outage's window, while the runner is retrying its store
     calls; both receipts are applied and durable still passes."""
-    # the outage is armed after the first steps (armed at once it meets the runner's start-up listing, and a
-    # kill then is rightly `not_exercised`): 1.4-1.6 s after launch leaves a loaded 2-core machine time for the
-    # runner's start and first answer (at 0.9-1.1 s CI saw a kill land before it, once), 8 x 200 ms of steps after
+    # the outage is armed right after the runner's 2nd or 3rd model answer (armed at a clock time it could meet
+    # the runner's start-up listing, and a kill then is rightly `not_exercised`); it opens at the task's next
+    # store request and lasts 4 s, and the kill comes 0.1-0.6 s into it: a margin of 3.4 s for a loaded host
     result, d = run_wave(runner="durable", tasks=3, concurrency=3, faults=["ST1+PK1"], seed=13,
-                         fault_timing={"ST1": {"at_s": [1.4, 1.6]}}, workload={"steps": 8, "think_ms": 200},
-                         deadline_s=90)
+                         fault_timing={"ST1": {"after_model_calls": [2, 3], "window_s": [4.0, 4.0]}},
+                         workload={"steps": 8, "think_ms": 200}, deadline_s=90)
     receipts = orjson.loads((d / "faults.json").read_bytes())
     assert sorted(r["fault_id"] for r in receipts) == ["PK1"] * 3 + ["ST1"] * 3
     for r in receipts:
         assert r["status"] == "applied", r
         if r["fault_id"] == "PK1":
-            assert "outage" in r["detail"], r["detail"]
+            assert "s into the" in r["detail"] and "outage" in r["detail"], r["detail"]
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
     assert not bad, bad
     assert "ST1+PK1@during" in (d / "SUMMARY.md").read_text()
+
+
+def test_clock_timed_faults_say_what_they_hit(run_wave):
+    """The clock triggers themselves (PK1 `at_s` from the runner's start, ST1 armed at `at_s` after launch): where
+    in the run they land is the clock's, so only their receipts are asserted: applied, or not_applied with the
+    reason; a kill that landed is graded on what it hit (pass, or not_exercised when it came before the runner's
+    first durable act), never `fail`."""
+    result, d = run_wave(runner="durable", tasks=2, concurrency=2, faults=["PK1", "ST1"], seed=3,
+                         fault_timing={"PK1": {"at_s": [0.2, 1.0]}, "ST1": {"at_s": [0.2, 1.0]}},
+                         workload={"steps": 6, "think_ms": 100}, deadline_s=90)
+    plan = orjson.loads((d / "plan.json").read_bytes())
+    assert sorted(f["trigger"] for t in plan["tasks"] for f in t["faults"]) == ["time", "time"]
+    for r in orjson.loads((d / "faults.json").read_bytes()):
+        if r["status"] == "not_applied":
+            assert any(w in r["detail"] for w in ("before the planned time", "never opened", "before the kill landed",
+                                                  "no running sandbox")), r
+        else:
+            assert r["status"] == "applied" and r["fired_at"], r
+    for g in result["tasks"]:
+        assert g["verdict"] in ("pass", "not_applied"), (g["task_id"], g["signature"], g["checks"])
+        assert g["checks"]["resume_equivalent"]["verdict"] == "pass", g["checks"]["resume_equivalent"]

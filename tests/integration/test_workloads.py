@@ -44,9 +44,10 @@ def test_durable_keeps_the_rename_whole_under_kills(run_wave):
 
 
 def test_a_duplicated_hunk_is_caught_and_longtool_kills_land_mid_tool(run_wave):
-    # naive re-applies hunks after a kill: each duplicate still compiles, only its marker shows it
+    # naive re-applies hunks after a kill: each duplicate still compiles, only its marker shows it. The kill lands
+    # while the proxy holds naive's first progress save: three hunks applied and none saved, on every run
     result, d = run_wave(runner="naive", seed=5, tasks=3, concurrency=3, faults="PK1",
-                         fault_timing={"PK1": {"after_model_calls": [4, 5]}},
+                         fault_timing={"PK1": {"at_request": {"methods": ["PUT"], "key_prefix": "naive/progress.json"}}},
                          workload={"name": "hunks8", "think_ms": 10}, deadline_s=60)
     twice = [g for g in result["tasks"] if g["checks"]["no_double_apply"]["verdict"] == "fail"]
     assert twice, [(g["task_id"], g["checks"]["no_double_apply"]) for g in result["tasks"]]

@@ -99,6 +99,10 @@ def test_league_config_errors_name_the_field(tmp_path):
     ({"fault_timing": {"PK1": {"after_model_calls": [1, 2], "after_effects": [1, 1]}}},
      "field `fault_timing.PK1.after_model_calls`"),
     ({"fault_timing": {"PK1": {"bogus": 1}}}, "allowed fields here: after_checkpoints"),
+    # a check on one fault's timing names that fault's field, not a field of fault_timing with value None
+    ({"fault_timing": {"ST1": {"after_effects": [1, 2]}}}, "field `fault_timing.ST1.after_effects`: value [1, 2]"),
+    ({"fault_timing": {"PK5": {"at_s": [1, 2]}}}, "field `fault_timing.PK5.at_s`: value [1, 2]"),
+    ({"fault_timing": {"CR1": {"hits": 3}}}, "field `fault_timing.CR1.hits`: value 3"),
 ])
 def test_a_check_across_fields_names_the_field_it_is_about(data, field):
     with pytest.raises(ConfigError) as exc:

@@ -44,3 +44,62 @@ def test_pk1_after_the_nth_model_answer_is_planned_from_the_seed():
     assert a == b
     for specs in a.values():
         assert specs[0].trigger == "model_call" and 2 <= specs[0].params["after"] <= 6
+
+
+def test_storage_faults_armed_at_a_model_answer_are_planned_from_the_seed():
+    """`after_model_calls` on a storage fault: armed at a boundary of the runner (trigger model_call, at_s 0), N
+    seeded in [lo, hi]; the clock-timed plan of the same seed is unchanged by the option existing."""
+    tasks = [f"t{i:03d}" for i in range(6)]
+    faults = ["ST1", "ST2", "ST3", "ST4", "ST5", "ST6", "ST7", "ST8"]
+    timing = {f: {"after_model_calls": (2, 4)} for f in faults}
+    a = plan_faults(5, tasks, faults, timing)
+    assert a == plan_faults(5, tasks, faults, timing)
+    specs = [f for t in tasks for f in a[t]]
+    assert specs and all(f.trigger == "model_call" and f.at_s == 0.0 and 2 <= f.params["after"] <= 4 for f in specs)
+    clock = plan_faults(5, tasks, faults)
+    assert all(f.trigger == "time" and f.at_s > 0 and "after" not in f.params for t in tasks for f in clock[t])
+    # the boundary adds one draw after the clock plan's: window and seed are those of the clock plan
+    same = plan_faults(5, tasks, faults, timing)
+    assert [(f.window_s, f.seed) for t in tasks for f in same[t]] == [(f.window_s, f.seed) for t in tasks
+                                                                      for f in clock[t]]
+
+
+def test_a_storage_fault_armed_at_a_model_answer_waits_for_it_and_is_not_applied_when_the_task_ends_first():
+    import asyncio
+
+    from faults.base import CATALOG
+
+    class Proxy:
+        def __init__(self):
+            self.opened = []
+
+        def open_rule(self, **rule):
+            self.opened.append(rule)
+            return rule
+
+    class Ctx:
+        bucket = "b"
+
+        def __init__(self, answered: bool):
+            self.answered, self.asked, self._proxy = answered, [], Proxy()
+
+        def task_prefix(self, task_id):
+            return f"w/{task_id}/"
+
+        async def wait_model_answers(self, task_id, n):
+            self.asked.append((task_id, n))
+            return self.answered
+
+        def proxy(self):
+            return self._proxy
+
+    for fid in ("ST1", "ST2", "ST6"):
+        spec = plan_faults(3, ["t000"], [fid], {fid: {"after_model_calls": (3, 3)}})["t000"][0]
+        ended = Ctx(answered=False)
+        got = asyncio.run(CATALOG[fid].inject(spec, ended))
+        assert got == {"applied": False, "why": "the task ended before its model answer #3 was delivered"}, got
+        assert ended.asked == [("t000", 3)] and not ended.proxy().opened
+        assert CATALOG[fid].receipt(spec, got, {}).status == "not_applied"
+        came = Ctx(answered=True)
+        assert asyncio.run(CATALOG[fid].inject(spec, came))["applied"] is True
+        assert came.asked == [("t000", 3)] and came.proxy().opened[0]["key_prefix"] == "w/t000/"
