@@ -274,13 +274,19 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
             time.sleep(0.1)
         assert len(running) >= 2, "two containers never ran at once on the private engine"
         wave = running[0].labels["sandfleet.wave"]
-        # the runners' processes (marked) are seen running before the engine goes: they are what the harness must
-        # end by pid (looked for after the kill, they raced the harness's own kill)
-        deadline = time.monotonic() + 60
-        while not (runners := [x for x in leftovers.marked_processes() if x not in before["processes"]]) \
-                and time.monotonic() < deadline:
+        # two runners are at work (each has had a model answer) and their processes (marked) are seen before the
+        # engine goes: they are what the harness must end by pid (looked for after the kill, they raced the
+        # harness's own kill)
+        log, deadline = results / wave / "model-calls.jsonl", time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None:
+            lines = log.read_bytes().splitlines(keepends=True) if log.exists() else []
+            working = {orjson.loads(x)["task"] for x in lines if x.endswith(b"\n")}  # whole lines only
+            runners = [x for x in leftovers.marked_processes() if x not in before["processes"]]
+            if len(working) >= 2 and runners:
+                break
             time.sleep(0.1)
-        assert runners, "no runner process ran in the containers: nothing for the harness to end"
+        assert len(working) >= 2 and runners, ("no two runners at work in the containers: nothing for the harness "
+                                               f"to end ({working}, {runners})")
         os.kill(engine_pid(), getattr(signal, sig))
         out, err = p.communicate(timeout=240)
     finally:

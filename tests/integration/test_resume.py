@@ -17,12 +17,12 @@ pytestmark = pytest.mark.integration
 
 CONFIG = """
 tasks: 6
-concurrency: 2
+concurrency: 3
 seed: 23
 runner: durable
 faults: [PK1]
 fault_timing: {PK1: {after_model_calls: [2, 5]}}
-workload: {steps: 12, think_ms: 150}
+workload: {steps: 8, think_ms: 100}
 deadline_s: 120
 """
 

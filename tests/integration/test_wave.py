@@ -19,7 +19,7 @@ FAULTY = dict(faults=["PK1", "ST1"], seed=11, workload={"steps": 10, "think_ms":
               fault_timing={"PK1": {"after_model_calls": [3, 8]}, "ST1": {"after_model_calls": [2, 6]}})
 # the negative control's kill: the proxy holds naive's first progress save (never forwarded) while the sandbox is
 # killed, so steps 0-2 were applied in place and never saved, on every run, however loaded the machine
-NAIVE_FAULTY = dict(FAULTY, fault_timing={"PK1": {"at_request": {"methods": ["PUT"],
+NAIVE_FAULTY = dict(FAULTY, workload={"steps": 10, "think_ms": 60}, fault_timing={"PK1": {"at_request": {"methods": ["PUT"],
                                                                  "key_prefix": "naive/progress.json"}},
                                           "ST1": {"after_model_calls": [2, 6]}})
 
@@ -253,7 +253,7 @@ def test_durable_survives_a_kill_inside_a_storage_outage(run_wave):
             assert "s into the" in r["detail"] and "outage" in r["detail"], r["detail"]
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
     assert not bad, bad
-    assert "ST1+PK1@during" in (d / "SUMMARY.md").read_text()
+    assert "ST1@model_call+PK1@during" in (d / "SUMMARY.md").read_text()
 
 
 def test_clock_timed_faults_say_what_they_hit(run_wave):
