@@ -15,7 +15,9 @@ from cluster.grade import exit_code
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTIVE = str(ROOT / "tests" / "runners" / "defective.py")
-WAVE = dict(enumerate_boundaries=True, concurrency=4, workload={"steps": 6, "think_ms": 20}, deadline_s=60)
+# 4 steps: two patches, a publish (the effect boundary) and a patch; a snapshot after step 2 (multipart writes)
+STEPS = 4
+WAVE = dict(enumerate_boundaries=True, concurrency=4, workload={"steps": STEPS, "think_ms": 20}, deadline_s=60)
 
 
 def _gcs_address() -> str:
@@ -32,7 +34,7 @@ def test_durable_passes_a_kill_at_every_boundary(run_wave):
     result, d = run_wave(runner="durable", seed=31, **WAVE)
     plan = orjson.loads((d / "plan.json").read_bytes())
     counts = plan["enumerate"]["counts"]
-    assert counts["model_call"] == 7 and counts["effect"] >= 1 and counts["store_write"] >= 6, counts
+    assert counts["model_call"] == STEPS + 1 and counts["effect"] >= 1 and counts["store_write"] >= 6, counts
     kinds = [t["boundary"]["kind"] for t in plan["tasks"]]
     assert len(plan["tasks"]) == counts["model_call"] + counts["effect"] + 2 * counts["store_write"]
     assert {"model_call", "effect", "store_write"} <= set(kinds)
