@@ -146,6 +146,19 @@ class StoreConfig(Strict):
         return self
 
 
+class HealthConfig(Strict):
+    """How long the wave waits on a silent part of the harness before it ends as a harness fault (exit 2): a part
+    that died is seen at once; one that stopped answering after `strikes` probes in a row that each got no answer
+    within `answer_s` (services: store, proxy, model endpoint, effects service, docker engine) or `actor_timeout_s`
+    (Ray actors: the ledger, the sandbox hosts). Larger values wait longer on a loaded machine before calling a part
+    hung; smaller ones end a hung wave sooner."""
+
+    answer_s: float = Field(3.0, gt=0, le=600, description="a service's answer to one probe (HTTP or docker ping)")
+    strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered service probes in a row")
+    actor_timeout_s: float = Field(5.0, gt=0, le=600, description="an actor's answer to one ping")
+    actor_strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered actor pings in a row")
+
+
 S3_OPS = ("PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload", "AbortMultipartUpload",
           "DeleteObject", "DeleteObjects", "GetObject", "HeadObject", "ListParts", "ListObjectsV2", "ListObjects",
           "ListMultipartUploads", "PostObject")
@@ -253,6 +266,7 @@ class WaveConfig(Strict):
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
     max_attempts: int = Field(6, strict=True, ge=1, le=100)
     liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "

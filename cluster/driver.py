@@ -627,12 +627,8 @@ class WaveRun:
                status=receipt.status, detail=receipt.detail)
 
     # ------------------------------------------------------------------ health
-    PROBE_S = 0.5  # processes and services: dead at once; not answering HTTP in ANSWER_S, PROBE_STRIKES times
-    ANSWER_S = 3.0
-    PROBE_STRIKES = 3
-    ACTOR_PROBE_S = 1.0  # actors: dead at once; no answer to a ping in ACTOR_TIMEOUT_S, ACTOR_STRIKES times
-    ACTOR_TIMEOUT_S = 5.0
-    ACTOR_STRIKES = 3
+    PROBE_S = 0.5  # processes and services: dead at once; not answering HTTP in health.answer_s, strikes times
+    ACTOR_PROBE_S = 1.0  # actors: dead at once; no answer to a ping in health.actor_timeout_s, actor_strikes times
 
     def _part_lost(self, part: str, why: str, since: float | None = None) -> None:
         """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
@@ -704,7 +700,7 @@ class WaveRun:
                    "fault proxy": ("127.0.0.1", self.proxy.control_port, "/stats"),  # answers 401 itself
                    "model endpoint": ("127.0.0.1", self.model.server.server_address[1], "/v1/models"),
                    "effects service": ("127.0.0.1", self.effects.server.server_address[1], "/")}
-        got = await asyncio.gather(*(self._answers_http(h, port, self.ANSWER_S, path)
+        got = await asyncio.gather(*(self._answers_http(h, port, self.cfg.health.answer_s, path)
                                      for h, port, path in targets.values()))
         out = {part: (why, False) if why else None for part, why in zip(targets, got)}
         if self.cfg.sandbox.backend == "docker":  # the engine every container of the wave depends on
@@ -715,10 +711,10 @@ class WaveRun:
         def ping():
             from fleet.docker_backend import docker_client
 
-            docker_client(self.ANSWER_S).ping()
+            docker_client(self.cfg.health.answer_s).ping()
 
         try:
-            await asyncio.wait_for(asyncio.to_thread(ping), self.ANSWER_S + 1)
+            await asyncio.wait_for(asyncio.to_thread(ping), self.cfg.health.answer_s + 1)
             return None
         except Exception as exc:  # noqa: BLE001 - refused, gone, or hung
             return f"no answer from the docker engine ({type(exc).__name__}: {str(exc)[:150]})", False
@@ -734,12 +730,12 @@ class WaveRun:
 
         async def one(actor):
             try:
-                await asyncio.wait_for(awaitable(actor.ping.remote()), self.ACTOR_TIMEOUT_S)
+                await asyncio.wait_for(awaitable(actor.ping.remote()), self.cfg.health.actor_timeout_s)
                 return None
             except RayActorError as exc:
                 return f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
             except asyncio.TimeoutError:
-                return f"no answer to a ping within {self.ACTOR_TIMEOUT_S:.0f} s (hung?)", False
+                return f"no answer to a ping within {self.cfg.health.actor_timeout_s:g} s (hung?)", False
 
         got = await asyncio.gather(*(one(a) for _, a in actors))
         return {part: r for (part, _), r in zip(actors, got)}
@@ -766,8 +762,8 @@ class WaveRun:
 
     async def _watch_parts(self) -> None:
         """Every part the wave started or uses, watched until the wave ends; and the host's load."""
-        await asyncio.gather(self._watch(self._probe_services, self.PROBE_S, self.PROBE_STRIKES),
-                             self._watch(self._probe_actors, self.ACTOR_PROBE_S, self.ACTOR_STRIKES),
+        await asyncio.gather(self._watch(self._probe_services, self.PROBE_S, self.cfg.health.strikes),
+                             self._watch(self._probe_actors, self.ACTOR_PROBE_S, self.cfg.health.actor_strikes),
                              self._sample_load())
 
     async def _sample_load(self) -> None:

@@ -26,7 +26,11 @@ runner: durable
 faults: none
 workload: {steps: 12, think_ms: 200}
 deadline_s: 120
+health: {answer_s: 1.5, actor_timeout_s: 2.5}
 """
+# a hung part is called hung after 3 unanswered probes of 1.5 s (services) or 2.5 s (actors) instead of the
+# defaults' 3 s and 5 s: the SIGSTOP cases end in about 6 s and 10 s instead of 11 s and 18 s; still many times
+# what a live part needs to answer on a loaded host
 
 
 def _gcs_address() -> str:

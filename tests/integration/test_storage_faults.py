@@ -100,7 +100,7 @@ def test_cr1_rotates_the_key_at_the_store_and_only_a_runner_that_resolves_again_
     defective = str(Path(__file__).resolve().parents[2] / "tests" / "runners" / "defective.py")
     runner = {"name": "stale-creds", "command": [sys.executable, defective], "env": {"DEFECT": "stale_creds"}}
     result, d = run_wave(runner=runner, tasks=2, concurrency=2, seed=8, faults=["CR1"], fault_timing=timing,
-                         workload={"steps": 7, "think_ms": 60}, deadline_s=15, max_attempts=1)
+                         workload={"steps": 7, "think_ms": 60}, deadline_s=9, max_attempts=1)
     applied = [r for r in _receipts(d) if r["status"] == "applied"]
     assert applied and all(g["verdict"] == "fail" for g in result["tasks"]
                            if g["task_id"] in {r["task_id"] for r in applied}), \

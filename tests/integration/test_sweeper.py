@@ -85,8 +85,8 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
         assert ray.get(ledger.acquire.remote(f"{W}/t902", "node-0", "t902-a1", 120.0))
         assert ray.get(ledger.acquire.remote(f"{W}/t903", "node-0", "t903-a1", 120.0))  # no sandbox: dangling
         expired = sandbox(W, "t904-a1", daemon=False)
-        # runs out under it: after the first scan (8 s leaves a loaded host time to set the rest up first)
-        assert ray.get(ledger.acquire.remote(f"{W}/t904", "node-0", "t904-a1", 8.0))
+        # runs out under it: after the first scan (4 s leaves a loaded host time to set the rest up first)
+        assert ray.get(ledger.acquire.remote(f"{W}/t904", "node-0", "t904-a1", 4.0))
         other_wave = sandbox(W2, "t900-a1", daemon=False)  # same marker scheme, a wave not watched
         plain = process({})
         malformed = process({"SANDFLEET_SANDBOX": "not-a-wave/t900-a1"})

@@ -42,12 +42,12 @@ def _journal_commit_times(d, wave_id, task_id) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def durable_wave(run_wave):
-    return run_wave(runner="durable", tasks=6, concurrency=3, **FAULTY)
+    return run_wave(runner="durable", tasks=6, concurrency=4, **FAULTY)
 
 
 @pytest.fixture(scope="module")
 def naive_wave(run_wave):
-    return run_wave(runner="naive", tasks=10, concurrency=5, **NAIVE_FAULTY)
+    return run_wave(runner="naive", tasks=6, concurrency=4, **NAIVE_FAULTY)
 
 
 def test_durable_runner_survives_pk1_and_st1(durable_wave):

@@ -119,3 +119,18 @@ def test_a_key_given_twice_is_an_error_not_the_last_one_winning(tmp_path):
     cfg.write_text("tasks: 2\nsandbox: {memory_mb: 128, memory_mb: 256}\n")  # nested mappings too
     with pytest.raises(ConfigError, match="'memory_mb' is given twice"):
         load_config(cfg)
+
+
+@pytest.mark.parametrize("health, field", [
+    ({"answer_s": 0}, "field `health.answer_s`: value 0"),
+    ({"strikes": 0}, "field `health.strikes`: value 0"),
+    ({"actor_timeout_s": "soon"}, "field `health.actor_timeout_s`: value 'soon'"),
+    ({"probe": 1}, "allowed fields here: actor_strikes, actor_timeout_s, answer_s, strikes"),
+])
+def test_health_knobs_are_checked(health, field):
+    with pytest.raises(ConfigError) as exc:
+        build_config({"health": health})
+    assert field in str(exc.value), str(exc.value)
+    assert build_config({"health": {"answer_s": 1.5}}).health.answer_s == 1.5
+    assert build_config({}).health.model_dump() == {"answer_s": 3.0, "strikes": 3, "actor_timeout_s": 5.0,
+                                                    "actor_strikes": 3}
