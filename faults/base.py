@@ -114,7 +114,12 @@ def armed_spec(fault_id: str, task_id: str, rng, base: dict, at: tuple, window: 
     """`timed_spec`, or, with `after_model_calls: [lo, hi]` in the fault's timing, armed right after the task's
     seeded Nth model answer (a boundary of the runner: load cannot move where in its run the fault lands). The
     boundary adds one draw after timed_spec's, so plans without it are unchanged."""
-    spec = timed_spec(fault_id, task_id, rng, at, window, params)
+    return arm_at_model_answer(timed_spec(fault_id, task_id, rng, at, window, params), rng, base)
+
+
+def arm_at_model_answer(spec: FaultSpec, rng, base: dict) -> FaultSpec:
+    """With `after_model_calls: [lo, hi]` in the timing: the clock-timed `spec` becomes armed right after the task's
+    seeded Nth model answer (one draw after the spec's own)."""
     if "after_model_calls" in base:
         lo, hi = base["after_model_calls"]
         spec.trigger, spec.at_s = "model_call", 0.0

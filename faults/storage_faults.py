@@ -5,7 +5,8 @@ import asyncio
 import random
 import time
 
-from faults.base import APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, armed_spec, register, wait_armed
+from faults.base import (APPLIED, NOT_APPLIED, FaultContext, FaultSpec, Receipt, arm_at_model_answer, armed_spec,
+                         register, wait_armed)
 
 
 def close_rule(spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict:
@@ -115,11 +116,7 @@ class CutPut:
         spec = FaultSpec(fault_id=self.id, instance=f"{task_id}-{self.id}", task_id=task_id, trigger="time",
                          at_s=round(rng.uniform(lo, hi), 3), seed=rng.randrange(2**31),
                          params={"hold_s": round(rng.uniform(hlo, hhi), 3)})
-        if "after_model_calls" in base:  # armed right after the task's Nth model answer
-            a, b = base["after_model_calls"]
-            spec.trigger, spec.at_s = "model_call", 0.0
-            spec.params["after"] = rng.randint(int(a), int(b))
-        return spec
+        return arm_at_model_answer(spec, rng, base)
 
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         early = await wait_armed(spec, ctx)
