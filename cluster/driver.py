@@ -26,7 +26,7 @@ from cluster.artifacts import ReferenceCache, reference_key, write_artifact
 from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
 from faults.base import APPLIED, CATALOG, UNKNOWN, FaultSpec, Receipt
-from faults.planner import derive, plan_faults, task_seed
+from faults.planner import derive, drawn, plan_faults, task_seed
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet import workloads
 from fleet.effects import EffectsService
@@ -248,6 +248,7 @@ class TaskRun:
     current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
     node: str | None = None  # the node of the attempt that runs now
     abandon: dict | None = None  # PK6: set to give up on the running attempt (frozen past its lease)
+    arms: dict = field(default_factory=dict)  # instance -> {"arm": watch started with each attempt, "future"}
     abandon_ev: asyncio.Event | None = None
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
@@ -263,6 +264,9 @@ class FaultContextImpl:
 
     async def current_sandbox(self, task_id: str):
         return self.wave.runs[task_id].current
+
+    async def armed_outcome(self, task_id: str, instance: str) -> dict:
+        return await self.wave.runs[task_id].arms[instance]["future"]
 
     async def runner_started(self, task_id: str) -> None:
         """Until the task's current attempt has its runner running (cancelled with the task)."""
@@ -599,7 +603,7 @@ class WaveRun:
                 # take a second or two to start; the kill would land before the runner did anything)
                 await ctx.runner_started(spec.task_id)
             await asyncio.sleep(spec.at_s)
-            if spec.probability < 1.0 and derive(spec.seed, "draw").random() >= spec.probability:
+            if not drawn(spec):
                 injected = {"applied": False, "why": f"probability draw ({spec.probability}) said no"}
                 return
             injected = await fault.inject(spec, ctx)
@@ -940,6 +944,11 @@ class WaveRun:
             tl("task_start", task=tid, seed=task["seed"], runner=task["runner"])
             ctx = FaultContextImpl(self)
             fired = (self.resumed or {}).get("fired", set())
+            for f in task["faults"]:
+                fspec, arm_of = FaultSpec(**f), getattr(CATALOG[f["fault_id"]], "attempt_arm", None)
+                arm = arm_of(fspec) if arm_of and f["instance"] not in fired and drawn(fspec) else None
+                if arm:
+                    run.arms[f["instance"]] = {"arm": dict(arm), "future": loop.create_future()}
             self.fault_tasks[tid] = [asyncio.create_task(self._fire(FaultSpec(**f), ctx)) for f in task["faults"]
                                      if f["instance"] not in fired]
             final = TaskState.FAILED
@@ -959,13 +968,16 @@ class WaveRun:
                     await asyncio.sleep(0.1)
                     continue
                 host = self.hosts[self.fleet.node_ids.index(node)]
+                self.node_load[node] = self.node_load.get(node, 0) + 1  # held from now: placements beside it spread
                 try:
                     lease = await self.ledger.acquire.remote(self.lease_key(tid), node, sandbox_id,
                                                              self.cfg.lease_ttl_s)
                 except RayActorError as exc:
+                    self.node_load[node] -= 1
                     self._part_lost("lease ledger", f"the actor died ({str(exc).strip().splitlines()[0][:200]})")
                     return
                 if lease is None:
+                    self.node_load[node] -= 1
                     tl("lease_busy", task=tid)
                     await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
                     continue
@@ -988,10 +1000,10 @@ class WaveRun:
                 tl("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                    lease_acquired_at=lease.get("acquired_at"), akid=self.akids.get(sandbox_id))
                 run.current, run.node = (host, sandbox_id), node
-                self.node_load[node] = self.node_load.get(node, 0) + 1
                 self.placed[sandbox_id] = node
                 self.registry.set_attempt(tid, attempt)
-                ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo")
+                arms = [a["arm"] for a in run.arms.values() if not a["future"].done()]
+                ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo", arms)
                 result: dict = {}
                 run.abandon, run.abandon_ev = None, asyncio.Event()
                 try:
@@ -1012,6 +1024,8 @@ class WaveRun:
                     run.current = None
                     self.node_load[node] -= 1
                     self.registry.set_attempt(tid, None)
+                if self._settle_arms(run, sandbox_id, result.get("watches") or {}):
+                    await asyncio.sleep(0)  # the fired fault records its injection before this attempt's end
                 code = result.get("exit_code")
                 if result.get("abandoned"):  # PK6: frozen past its lease; its lease runs out, its keys die now
                     ab = result["abandoned"]
@@ -1087,6 +1101,26 @@ class WaveRun:
                duration_s=round(loop.time() - launched, 3))
             on_change()
 
+    @staticmethod
+    def _settle_arms(run: TaskRun, sandbox_id: str, watches: dict) -> bool:
+        """What the attempt's watches saw: a fired one hands its kill to its fault; the others carry the rest
+        of their count to the next attempt. True if one fired."""
+        fired = False
+        for reason, w in watches.items():
+            entry = run.arms.get(reason)
+            if entry is None or entry["future"].done():
+                continue
+            if w.get("error"):
+                entry["future"].set_result({"applied": None, "error": f"the watch crashed: {w['error']}",
+                                            "sandbox_id": sandbox_id})
+                fired = True
+            elif w.get("fired"):
+                entry["future"].set_result(dict(w, sandbox_id=sandbox_id))
+                fired = True
+            else:
+                entry["arm"]["nth"] -= int(w.get("seen", 0))
+        return fired
+
     def _store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:
         """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""
         if captured.get("files") is None:
@@ -1116,8 +1150,14 @@ class WaveRun:
                                                             "attempt": got[1].get("attempt")})
 
     async def _run_all(self) -> None:
+        # `concurrency` tasks at once; a reference run (a seed's uninterrupted positive control, when the cache
+        # has none) takes a slot of its own beside them, so it runs alongside its task rather than before it
+        # (not in a wave with a fault that takes a node: a node is never lost under a reference, so there the
+        # references run first, in the tasks' slots)
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        # references first: they are the positive control every task is compared with
+        beside = not any(getattr(CATALOG[f["fault_id"]], "takes_node", False)
+                         for t in self.plan["tasks"] for f in t["faults"])
+        slots = {"task": sem, "reference": asyncio.Semaphore(self.cfg.concurrency) if beside else sem}
         self.runs = {t["task_id"]: TaskRun(plan=t) for t in self.plan["references"] + self.plan["tasks"]}
         for tid, run in self.runs.items():
             if self.resumed is not None:
@@ -1148,14 +1188,15 @@ class WaveRun:
         watch = asyncio.create_task(self._watch_parts())
         try:
             if (self.plan.get("enumerate") or {}).get("pending"):
-                await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()))
+                await asyncio.gather(*(self._run_task(r, slots[r.plan.get("role", "task")], on_change)
+                                       for r in self.runs.values()))
                 self._plan_boundaries()
                 for t in self.plan["tasks"]:
                     self.runs[t["task_id"]] = TaskRun(plan=t)
                 if progress is not None:
                     progress.update(bar, total=len(self.runs))
-            await asyncio.gather(*(self._run_task(r, sem, on_change) for r in self.runs.values()
-                                   if r.life.state == TaskState.PENDING))
+            await asyncio.gather(*(self._run_task(r, slots[r.plan.get("role", "task")], on_change)
+                                   for r in self.runs.values() if r.life.state == TaskState.PENDING))
         finally:
             watch.cancel()
             await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end

@@ -57,6 +57,10 @@ class FaultContext(Protocol):
 
     async def current_sandbox(self, task_id: str) -> tuple[Any, str] | None: ...
 
+    async def armed_outcome(self, task_id: str, instance: str) -> dict:
+        """Until a watch the fault armed with the task's attempts (`Fault.attempt_arm`) fired on one of them;
+        returns what the host reported (cancelled with the task when none fired)."""
+
     async def wait_model_answers(self, task_id: str, n: int) -> bool:
         """Until the task's Nth model answer was delivered (True), or the task ended (False)."""
 
@@ -87,6 +91,11 @@ class Fault(Protocol):
     async def clear(self, spec: FaultSpec, ctx: FaultContext, injected: dict) -> dict: ...
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt: ...
+
+    def attempt_arm(self, spec: FaultSpec) -> dict | None:
+        """A watch the sandbox host starts with each of the task's attempts, in the same call that starts the
+        attempt (so no attempt, however short, can end before it is watched), or None. The driver carries the
+        watch over to the next attempt (with what this one consumed) until it fires."""
 
 
 CATALOG: dict[str, Fault] = {}

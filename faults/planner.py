@@ -18,6 +18,11 @@ def derive(seed: int, *salt) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(repr((seed,) + salt).encode()).digest()[:8], "big"))
 
 
+def drawn(spec: FaultSpec) -> bool:
+    """The fault's one probability draw (seeded by its spec): False when it is not to be injected."""
+    return spec.probability >= 1.0 or derive(spec.seed, "draw").random() < spec.probability
+
+
 def task_seed(wave_seed: int, index: int) -> int:
     return derive(wave_seed, "task-seed", index).randrange(2**31)
 

@@ -227,24 +227,14 @@ class NamedWindowKill(SigkillSandbox):
         return boundary_kills(self.id, task_id, rng, "checkpoint", base.get("after_checkpoints", (1, 3)), base,
                               {"window": base.get("window") or ""})
 
-    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
-        """Arm the host of the task's current attempt; an attempt that ends first hands the rest of the count
-        to the next one (N counts the task's announcements over its attempts)."""
-        import asyncio
+    def attempt_arm(self, spec: FaultSpec) -> dict | None:
+        """Armed with every attempt of the task: N counts the task's announcements over its attempts (an
+        attempt that ends first hands the rest of the count to the next one)."""
+        return {"kind": "checkpoints", "nth": spec.params["after"], "window": spec.params.get("window", ""),
+                "reason": spec.instance}
 
-        left, seen_in, window = spec.params["after"], set(), spec.params.get("window", "")
-        while True:
-            current = await ctx.current_sandbox(spec.task_id)
-            if current is None or current[1] in seen_in:
-                await asyncio.sleep(0.01)
-                continue
-            host, sandbox_id = current
-            seen_in.add(sandbox_id)
-            out = await host.watch_checkpoints.remote(sandbox_id, left, window, spec.instance)
-            if out.get("fired"):
-                out["sandbox_id"] = sandbox_id
-                return out
-            left -= out.get("seen", 0)
+    async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
+        return await ctx.armed_outcome(spec.task_id, spec.instance)
 
     def _where(self, spec: FaultSpec, injected: dict) -> str:
         w = spec.params.get("window")
@@ -302,6 +292,7 @@ class NodeLoss(SigkillSandbox):
 
     id = "PK3"
     family = "preemption"
+    takes_node = True  # a wave with it runs its reference runs first (a node is never lost under one)
     description = ("node loss: the Ray node of the task's attempt dies with every sandbox on it (abrupt, or after "
                    "a PREEMPTION drain with a deadline and a notice), and comes back later")
     default_grace = (1.0, 3.0)

@@ -142,11 +142,14 @@ class SandboxHost:
     async def renewals(self) -> dict:
         return dict(self.renew_stats, held=len(self.held))
 
-    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float, capture: str | None = None) -> dict:
+    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float, capture: str | None = None,
+                          arms: list | None = None) -> dict:
         """Run one attempt to its end; returns the sandbox's description (exit code, timings, history).
 
         When the runner exits 0 and `capture` names a workspace directory, its files are read back
-        (before the workspace is removed) and returned as `artifact`.
+        (before the workspace is removed) and returned as `artifact`. `arms` are watches that start with the
+        sandbox (PK5's `{"kind": "checkpoints", "nth", "window", "reason"}`); what each saw is returned under
+        `watches`, keyed by its reason.
         """
         sspec = SandboxSpec(**spec)
         try:
@@ -159,16 +162,17 @@ class SandboxHost:
                         "node": self.node_id}
             self.in_flight += 1
             try:
-                return await self._run(sspec, lease, ttl_s, capture)
+                return await self._run(sspec, lease, ttl_s, capture, arms or [])
             finally:
                 self.in_flight -= 1
         finally:
             self.ended.add(sspec.sandbox_id)
 
-    async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None) -> dict:
+    async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None, arms: list) -> dict:
         # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
         held = self._hold(sspec.sandbox_id, lease, ttl_s) if self.ledger is not None and lease else None
         artifact = None
+        watches: dict = {}
         try:
             try:
                 sb = await self.backend.start(sspec)
@@ -179,6 +183,9 @@ class SandboxHost:
                 if getattr(exc, "harness_part", None):  # the engine, not the runner: a harness fault
                     out["harness_part"] = exc.harness_part
                 return out
+            watches = {a["reason"]: asyncio.create_task(self.watch_checkpoints(sspec.sandbox_id, a["nth"],
+                                                                               a["window"], a["reason"]))
+                       for a in arms if a.get("kind") == "checkpoints"}
             try:
                 if held is not None:
                     held["sb"] = sb
@@ -187,10 +194,17 @@ class SandboxHost:
                 elif sspec.wave_id in self.cancelled_waves or self.closing:  # cancelled while it was starting
                     await self.backend.kill(sb, 0.0, reason="wave cancelled")
                 await self.backend.wait(sb)
+                watched = await asyncio.gather(*watches.values(), return_exceptions=True)  # each ends with it
+                watches = {r: w if isinstance(w, dict) else {"fired": False, "seen": 0,
+                                                            "error": f"{type(w).__name__}: {str(w)[:300]}"}
+                           for r, w in zip(watches, watched)}
                 self.held.pop(sspec.sandbox_id, None)
                 if capture and sb.exit_code == 0:
                     artifact = await self.backend.collect(sb, capture)
             finally:
+                for t in watches.values():
+                    if isinstance(t, asyncio.Task):
+                        t.cancel()
                 await self.backend.remove(sb)
         finally:
             if held is not None and self.held.get(sspec.sandbox_id) is held:
@@ -198,6 +212,8 @@ class SandboxHost:
         out = sb.describe()
         if artifact is not None:
             out["artifact"] = artifact
+        if watches:
+            out["watches"] = watches
         out["node"] = self.node_id
         self.finished.append(out)
         return out

@@ -76,3 +76,45 @@ def test_failed_start_leaves_no_sandbox(tmp_path):
         assert out["exit_code"] is None and "fake start failure" in out["start_error"], out
         assert await host.running() == []
     asyncio.run(main())
+
+
+def _announce(ws, *names) -> None:
+    import json
+    import os
+
+    os.makedirs(os.path.join(ws, ".sandfleet"), exist_ok=True)
+    with open(os.path.join(ws, ".sandfleet", "checkpoints"), "a") as f:
+        for n in names:
+            f.write(json.dumps({"name": n, "t": 0}) + "\n")
+
+
+def test_a_checkpoint_watch_armed_with_the_attempt_fires_however_short_the_attempt(tmp_path):
+    """PK5 is armed in the call that starts the attempt: an attempt that announces its windows and ends at
+    once is still killed at its Nth window (a separate watch call could arrive after the sandbox was gone)."""
+    async def main():
+        be = FakeBackend()
+        host = SandboxHost("n0", be, None)
+        s = dict(spec("s1"), workspace_dir=str(tmp_path / "ws1"))
+        _announce(s["workspace_dir"], "before-commit:1", "after-commit:1", "after-commit:2")
+        arm = {"kind": "checkpoints", "nth": 2, "window": "after-commit:", "reason": "t0-PK5"}
+        out = await asyncio.wait_for(host.run_attempt(s, {}, 30, None, [arm]), 10)
+        w = out["watches"]["t0-PK5"]
+        assert w["fired"] and w["applied"] and w["window_name"] == "after-commit:2", w
+        assert out["killed_by"] == "t0-PK5" and out["exit_code"] == -9, out
+    asyncio.run(main())
+
+
+def test_a_checkpoint_watch_that_did_not_fire_reports_what_it_saw(tmp_path):
+    async def main():
+        be = FakeBackend()
+        host = SandboxHost("n0", be, None)
+        s = dict(spec("s1"), workspace_dir=str(tmp_path / "ws1"))
+        arm = {"kind": "checkpoints", "nth": 3, "window": "after-commit:", "reason": "t0-PK5"}
+        run = asyncio.create_task(host.run_attempt(s, {}, 30, None, [arm]))
+        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        _announce(s["workspace_dir"], "after-commit:1", "before-model:2", "after-commit:2")
+        be.finish("s1", 0)  # it ends with two of the three announced: the next attempt owes one
+        out = await asyncio.wait_for(run, 10)
+        assert out["watches"]["t0-PK5"] == {"fired": False, "seen": 2}, out
+        assert out["exit_code"] == 0
+    asyncio.run(main())
