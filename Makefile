@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker wave test test-quick test-unit bench examples clean
+.PHONY: setup system docker wave test test-quick test-unit lint bench examples clean
 
 setup: system $(STAMP)
 
@@ -38,6 +38,9 @@ test: setup docker examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
 
 # the edit-test loop: the unit and harness tiers only (no Ray, no store, no sandbox; well under a minute)
+lint: setup
+	$(BIN)/ruff check .
+
 test-quick: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness
 

@@ -89,7 +89,7 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
         for runner in runners:
             tried: dict[float, str] = {}
 
-            def probe(x: float) -> str:
+            def probe(x: float, runner=runner, tried=tried) -> str:
                 nonlocal fleet
                 cfg = _config(fault, runner, round(x, 4), wave)
                 if fleet is None:

@@ -69,7 +69,8 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
                 k, _, v = line.partition("=")
                 if k.strip() == "home" and v.strip():
                     binds.add(os.path.dirname(os.path.realpath(v.strip())))
-    binds = {b for b in binds if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
+    binds = {b for b in binds
+             if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
     hide = sorted({str(n) for n in never for b in binds if str(n).startswith(b.rstrip("/") + "/") or str(n) == b})
     return sorted(binds), hide
 
@@ -990,7 +991,8 @@ class WaveRun:
                 creds_dir = await asyncio.to_thread(self._attempt_credentials, tid, sandbox_id)
                 sbc = self.cfg.sandbox
                 spec = {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": tid, "attempt": attempt,
-                        "argv": self.plan["runner"]["command"], "env": self._runner_env(task, attempt, fence, sandbox_id),
+                        "argv": self.plan["runner"]["command"],
+                        "env": self._runner_env(task, attempt, fence, sandbox_id),
                         "state_dir": str(sdir), "workspace_mb": sbc.workspace_mb,
                         "memory_mb": sbc.memory_mb, "pids_max": sbc.pids_max, "cpu_shares": sbc.cpu_shares,
                         "cpu_quota": sbc.cpu_cores, "workspace_dir": ws,
@@ -1515,7 +1517,8 @@ class WaveRun:
                     events.append(orjson.loads(line))
                 except orjson.JSONDecodeError:
                     if i < len((self.dir / "timeline.jsonl").read_bytes().splitlines()):
-                        raise HarnessError(f"{self.dir / 'timeline.jsonl'} line {i} is damaged: cannot resume")
+                        raise HarnessError(f"{self.dir / 'timeline.jsonl'} line {i} is damaged: "
+                                           "cannot resume") from None
         if not events or events[0].get("event") != "wave_start":
             raise HarnessError(f"{self.dir / 'timeline.jsonl'} has no wave_start: not a wave that ran")
         if any(e["event"] == "wave_end" for e in events):

@@ -167,7 +167,8 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
         rsr = f"{r['survived']}/{r['interrupted']}" if r["interrupted"] else "n/a (0 interrupted)"
         per = (f"{r['wasted_calls'] / r['interruptions']:.2f} / {r['wasted_tokens'] / r['interruptions']:.0f}"
                f" (n={r['interruptions']})" if r["interruptions"] else "n/a")
-        lines.append(f"| {r['runner']} | {'+'.join(r['faults']) or 'none'} | {r['verdict']} | {r['pass']}/{r['tasks']} | "
+        lines.append(f"| {r['runner']} | {'+'.join(r['faults']) or 'none'} | {r['verdict']} | "
+                     f"{r['pass']}/{r['tasks']} | "
                      f"{rsr} | {r['double_apply']}/{r['tasks']} | {r['recalls']} | {per} | {_med(r['resume_s'])} | "
                      f"`{r['wave_id']}` |")
     lines += ["", "Per runner, over every wave above:", "",

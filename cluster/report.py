@@ -27,7 +27,8 @@ def write_summary(d: Path, result: dict) -> Path:
         how = "" if "at once" in result["interrupted"] else " the wave was stopped in order;"
         lines += [f"**Interrupted by {result['interrupted']}**:{how} tasks that had not finished are `unknown`.", ""]
     lines += [f"**Verdict: {result['verdict']}**  ",
-             f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, concurrency {cfg['concurrency']}, "
+             f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, "
+             f"concurrency {cfg['concurrency']}, "
              f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "
              f"{cfg['workload']['steps']} steps per task", ""]
     fig = result.get("figures") or {}
@@ -43,7 +44,8 @@ def write_summary(d: Path, result: dict) -> Path:
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
 
     idle = [g for g in grades if g.get("not_exercised")]
-    # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested something
+    # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested
+    # something
     interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
     survived = [g for g in interrupted if g["verdict"] == PASS]
     double = [g for g in grades if g["checks"]["no_double_apply"]["verdict"] == FAIL]
@@ -70,7 +72,7 @@ def write_summary(d: Path, result: dict) -> Path:
               f"- Time to resume (a failed attempt's end to the next attempt's first model request): "
               f"{_pcts([x for g in grades for x in g.get('resume_s') or []], 's')}",
               f"- Store write time per step (p50 over tasks; the commit overhead): "
-              f"{_pcts([g['store_write_ms_per_step'] for g in grades if g.get('store_write_ms_per_step') is not None], 'ms')}",
+              f"{_pcts([g['store_write_ms_per_step'] for g in grades if g.get('store_write_ms_per_step') is not None], 'ms')}",  # noqa: E501
               f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
               f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
               f", {cached} reused from the reference cache",
@@ -138,7 +140,8 @@ def _fault_coverage(d: Path) -> list[str]:
     for fid, c in sorted(by.items()):
         n = sum(c.values())
         note = "" if c["applied"] else " — **not tested** (no planned instance changed anything)"
-        out.append(f"{fid} applied {c['applied']}/{n}" + (f", not applied {c['not_applied']}" if c["not_applied"] else "")
+        out.append(f"{fid} applied {c['applied']}/{n}"
+                   + (f", not applied {c['not_applied']}" if c["not_applied"] else "")
                    + (f", unknown {c['unknown']}" if c["unknown"] else "") + note)
     return out
 

@@ -81,7 +81,8 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
     return {"waves": dead, "harness_cgroups": harness}
 
 
-SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode() + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
+SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode()
+                          + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
 
 
 def markers(errors: list | None = None) -> tuple[dict, dict]:
@@ -92,7 +93,8 @@ def markers(errors: list | None = None) -> tuple[dict, dict]:
     waves: dict[str, dict] = {}
 
     def entry(w: str) -> dict:
-        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [], "private_dir": None})
+        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [],
+                                    "private_dir": None})
 
     private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
     ray_tmp = {}  # a wave's private Ray: its temp dir, recorded in the wave's private dir

@@ -82,7 +82,8 @@ class SigkillSandbox:
 
         n, variant = spec.params["after"], spec.params.get("variant", "after")
         ctl = ctx.proxy()
-        await asyncio.to_thread(ctl.open_rule, rule_id=spec.instance, action="boundary", methods=["PUT", "POST", "DELETE"],
+        await asyncio.to_thread(ctl.open_rule, rule_id=spec.instance, action="boundary",
+                                methods=["PUT", "POST", "DELETE"],
                                 bucket=ctx.bucket, key_prefix=ctx.task_prefix(spec.task_id), nth=n, variant=variant,
                                 fault=self.id)
         while True:
@@ -278,7 +279,8 @@ class SpotNotice(SigkillSandbox):
         code = injected.get("exit_code")
         how = ("it exited by itself in the grace (exit %s)" % code if code is not None and code >= 0
                else "SIGKILL at the end of the grace")
-        return (f"; notice {'written to $SANDFLEET_NOTICE' if n.get('written') else 'NOT written: ' + n.get('why', '?')}"
+        wrote = 'written to $SANDFLEET_NOTICE' if n.get('written') else 'NOT written: ' + n.get('why', '?')
+        return (f"; notice {wrote}"
                 f", SIGTERM, {spec.params['grace_s']} s grace: {how}" + super()._where(spec, injected))
 
 
@@ -325,7 +327,8 @@ class NodeLoss(SigkillSandbox):
         p, node = spec.params, injected.get("node")
         drain = injected.get("drain") or {}
         how = ("raylet and host killed at once" if p["mode"] == "abrupt" else
-               f"drained for PREEMPTION ({'accepted' if drain.get('accepted') else 'REFUSED: ' + str(drain.get('rejection'))}"
+               "drained for PREEMPTION ("
+               f"{'accepted' if drain.get('accepted') else 'REFUSED: ' + str(drain.get('rejection'))}"
                f" by the GCS), notice + SIGTERM to {injected.get('noticed', 0)} sandbox(es), lost at the "
                f"{p['grace_s']} s deadline")
         back = (f"back as a new Ray node after {cleared['down_s']} s" if cleared.get("back") else
@@ -354,7 +357,8 @@ class FreezeZombie(SigkillSandbox):
 
     def plan(self, task_id: str, rng: random.Random, base: dict):
         lo, hi = base.get("window_s", self.default_thaw)
-        return self.plan_with(task_id, rng, base, ("window_s",), lambda r: {"thaw_after_s": round(r.uniform(lo, hi), 3)})
+        return self.plan_with(task_id, rng, base, ("window_s",),
+                              lambda r: {"thaw_after_s": round(r.uniform(lo, hi), 3)})
 
     async def strike(self, host, sandbox_id: str, spec: FaultSpec, ctx: FaultContext) -> dict:
         fr = await host.freeze_attempt.remote(sandbox_id)

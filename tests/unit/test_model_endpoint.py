@@ -109,7 +109,7 @@ def test_langgraph_agent_talks_to_the_endpoint_through_base_url(services, monkey
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
     model, _, key, _ = services
