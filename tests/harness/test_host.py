@@ -88,9 +88,11 @@ def _announce(ws, *names) -> None:
             f.write(json.dumps({"name": n, "t": 0}) + "\n")
 
 
-def test_a_checkpoint_watch_armed_with_the_attempt_fires_however_short_the_attempt(tmp_path):
-    """PK5 is armed in the call that starts the attempt: an attempt that announces its windows and ends at
-    once is still killed at its Nth window (a separate watch call could arrive after the sandbox was gone)."""
+def test_a_checkpoint_watch_armed_with_the_attempt_counts_windows_announced_before_any_other_call(tmp_path):
+    """PK5 is armed in the call that starts the attempt: windows announced before a separate watch call could
+    have reached the host (here: before the runner starts) are counted, and the kill lands at the Nth. (A
+    runner that exits before the watch's first read is reported as `seen`, not killed: that kill is not
+    counted as applied.)"""
     async def main():
         be = FakeBackend()
         host = SandboxHost("n0", be, None)
