@@ -438,7 +438,9 @@ class WaveRun:
         from cluster.sweep import record_driver
 
         record_driver(self.private)  # a later `sandfleet sweep` knows this wave is dead once this pid is
-        t = time.perf_counter()
+        # the store and the proxy are processes that take a while to come up: both are launched first, and the
+        # services and the fleet start while they do (a wave's fixed cost is the longest of them, not their sum)
+        t_store = time.perf_counter()
         if self.cfg.store.url:
             s = self.cfg.store
             if not (s.access_key and s.secret_key):
@@ -446,21 +448,13 @@ class WaveRun:
             self.endpoint = StoreEndpoint(url=s.url, creds=Credentials(s.access_key, s.secret_key))
         else:
             self.store = EmbeddedStore(self.private / "store")
-            self.endpoint = self.store.start()
-        self.figures["store_start_s"] = round(time.perf_counter() - t, 3)
-        ensure_bucket(self.endpoint, self.bucket)
-        self.proxy = ProxyProcess(self.endpoint.url, str(self.dir / "proxy-requests.jsonl")).start()
-        # per-attempt keys scoped to the task's prefix, at the store (embedded store only)
-        self.keys = ScopedKeys(self.store, self.endpoint.creds) if self.store is not None else None
+            self.endpoint = self.store.launch()
+        self.proxy = ProxyProcess(self.endpoint.url, str(self.dir / "proxy-requests.jsonl")).launch()
         self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
                                    log_path=self.dir / "model-calls.jsonl").start()
         self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
         self.fenced_log = CallLog(self.dir / "fenced.jsonl")  # calls refused because their attempt was fenced
         self.model.fenced = self.effects.fenced = self.fenced_log
-        # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
-        self.relay_targets = {PORT_S3: f"127.0.0.1:{self.proxy.port}",
-                              PORT_MODEL: f"127.0.0.1:{self.model.server.server_address[1]}",
-                              PORT_EFFECTS: f"127.0.0.1:{self.effects.server.server_address[1]}"}
         self.binds, self.hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
@@ -484,6 +478,17 @@ class WaveRun:
             replaced = self.fleet.heal()  # a lent fleet may have lost an actor in an earlier wave
             if replaced:
                 self.timeline("fleet_healed", replaced=replaced)
+        if self.store is not None:
+            self.store.wait_ready()
+        self.figures["store_start_s"] = round(time.perf_counter() - t_store, 3)  # from its launch until it answered
+        ensure_bucket(self.endpoint, self.bucket)
+        self.proxy.wait_ready()
+        # per-attempt keys scoped to the task's prefix, at the store (embedded store only)
+        self.keys = ScopedKeys(self.store, self.endpoint.creds) if self.store is not None else None
+        # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
+        self.relay_targets = {PORT_S3: f"127.0.0.1:{self.proxy.port}",
+                              PORT_MODEL: f"127.0.0.1:{self.model.server.server_address[1]}",
+                              PORT_EFFECTS: f"127.0.0.1:{self.effects.server.server_address[1]}"}
         self.ledger, self.hosts = self.fleet.ledger, self.fleet.hosts
         import ray
 
@@ -900,11 +905,24 @@ class WaveRun:
             time.sleep(0.05)
         return gone
 
+    def _all_tasks_ended(self) -> bool:
+        return all(r.finished_before or r.life.state in (TaskState.DONE, TaskState.FAILED, TaskState.DEADLINE)
+                   for r in self.runs.values())
+
     async def _bring_back(self, node: str, down_s: float, instance: str) -> None:
-        await asyncio.sleep(down_s)
+        """The node comes back `down_s` after it was lost, or as soon as every task of the wave has ended: from
+        then on nothing can run on it or miss it, and the wave would only wait (the node_back event says so)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + down_s
+        while loop.time() < until and not self._all_tasks_ended():
+            await asyncio.sleep(min(0.1, max(0.0, until - loop.time())))
+        early = loop.time() < until
         try:
             back = await asyncio.to_thread(self.fleet.restore_node, node)
             back["down_s"] = round(time.time() - self.nodes_lost[node]["at"], 3)
+            back["planned_down_s"] = round(down_s, 3)
+            if early:
+                back["cut_short"] = "every task of the wave had ended: nothing was left to run or to miss the node"
             self.node_back_info[node] = back
             self.timeline("node_back", fault=instance, **back)
         except Exception as exc:  # noqa: BLE001

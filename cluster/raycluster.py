@@ -69,8 +69,12 @@ class RaySession:
         return ray
 
     def _node_args(self, name: str) -> dict:
+        # no autoscaler monitor and no log monitor: a simulated cluster never scales, and its workers' logs are
+        # never sent to the driver (log_to_driver=False); each is a Python process that costs a CPU-second to
+        # start and most of a second to stop
         return {"num_cpus": 1, "resources": {node_resource(name): 1}, "node_ip_address": "127.0.0.1",
-                "temp_dir": self.tmpdir, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024}
+                "temp_dir": self.tmpdir, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024,
+                "no_monitor": True, "include_log_monitor": False}
 
     def _start_cluster(self, ray) -> None:
         """A simulated cluster: a head (node-0: the harness's actors and the driver) and `nodes - 1` workers,

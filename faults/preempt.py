@@ -333,6 +333,8 @@ class NodeLoss(SigkillSandbox):
                f"{p['grace_s']} s deadline")
         back = (f"back as a new Ray node after {cleared['down_s']} s" if cleared.get("back") else
                 f"NOT back: {cleared.get('error', 'the wave ended first')}")
+        if cleared.get("back") and cleared.get("cut_short"):
+            back += f" (of {cleared.get('planned_down_s')} s planned: {cleared['cut_short']})"
         r.target = {"sandbox_id": injected.get("sandbox_id"), "node": node, "sandboxes": injected.get("sandboxes"),
                     "host_pid": injected.get("host_pid")}
         r.detail = (f"node {node} lost ({how}) with {len(injected.get('sandboxes') or [])} sandbox(es) on it "

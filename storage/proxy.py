@@ -970,11 +970,19 @@ class ProxyProcess:
         self.token: str | None = None
 
     def start(self, timeout_s: float = 20.0) -> "ProxyProcess":
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "ProxyProcess":
+        """Start the proxy's process and return at once (it needs nothing from its upstream to start);
+        `wait_ready` reads its READY line with its ports."""
         self.token = secrets.token_urlsafe(32)
         self.proc = subprocess.Popen(  # the token goes through the environment, never argv (ps shows argv)
             [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             env=dict(os.environ, SANDFLEET_PROXY_TOKEN=self.token))
+        return self
+
+    def wait_ready(self, timeout_s: float = 20.0) -> "ProxyProcess":
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline().decode().split() if ready else ["(no READY line after", f"{timeout_s}s)"]
         if len(line) != 3 or line[0] != "READY":

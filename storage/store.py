@@ -135,6 +135,12 @@ class EmbeddedStore:
 
     # -- lifecycle --------------------------------------------------------
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StoreEndpoint:
+        self.launch()
+        return self.wait_ready(timeout_s)
+
+    def launch(self) -> StoreEndpoint:
+        """Start `weed mini` and return its endpoint at once (its ports and admin key are known before it
+        answers), so a caller can start other parts while it comes up; `wait_ready` then waits for it."""
         weed = self.weed_bin or find_weed()
         if not (os.path.isfile(weed) and os.access(weed, os.X_OK)):
             raise StoreError(f"the SeaweedFS binary {weed!r} does not exist or is not executable; "
@@ -167,6 +173,11 @@ class EmbeddedStore:
             log.close()
         url = f"http://127.0.0.1:{self.ports['s3.port']}"
         self.endpoint = StoreEndpoint(url=url, creds=creds)
+        return self.endpoint
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> StoreEndpoint:
+        """Wait (bounded) until the launched store answers an S3 call; a store that exits or never answers is
+        stopped and raises StoreError with its log's tail."""
         client = self.endpoint.client(max_attempts=1, connect_timeout=1.0, read_timeout=5.0)
         deadline = time.monotonic() + timeout_s
         last_err = None
