@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from cluster import grade, report
+from cluster import grade, report, results
 from cluster.artifacts import ReferenceCache, reference_key, write_artifact
 from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
@@ -306,11 +306,7 @@ class FaultContextImpl:
         except (RuntimeError, OSError):
             pass
         try:
-            for line in (self.wave.dir / "proxy-requests.jsonl").read_bytes().splitlines():
-                try:
-                    r = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
+            for r in results.read_jsonl(self.wave.out.proxy_requests, skip_bad=True):  # the proxy writes on
                 if r.get("akid") in akids and t0 <= r["t"] <= t1:
                     out.append(r)
         except OSError:
@@ -341,21 +337,21 @@ class FaultContextImpl:
 
     async def newer_attempt(self, task_id: str, sandbox_id: str, timeout_s: float) -> str | None:
         """The sandbox id of a newer attempt of the task once one runs (None after `timeout_s`)."""
-        run, att = self.wave.runs[task_id], int(sandbox_id.rsplit("-a", 1)[1])
+        run, att = self.wave.runs[task_id], results.attempt_of(sandbox_id)[1]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and run.life.state not in (TaskState.DONE, TaskState.FAILED,
                                                                      TaskState.DEADLINE):
             if run.attempts > att:
-                return f"{task_id}-a{att + 1}"
+                return results.sandbox_id(task_id, att + 1)
             await asyncio.sleep(0.02)
-        return f"{task_id}-a{att + 1}" if run.attempts > att else None
+        return results.sandbox_id(task_id, att + 1) if run.attempts > att else None
 
     def fenced_activity(self, task_id: str, sandbox_id: str, since: float) -> dict:
         """What a zombie attempt did from `since`: its store requests (by its key id) and what each got, and the
         model/effects calls the services refused because its key was revoked."""
         akids = {a for a in [self.wave.akids.get(sandbox_id)] if a}
         reqs = self.store_requests(akids, since, time.time() + 1)
-        attempt = int(sandbox_id.rsplit("-a", 1)[1])
+        attempt = results.attempt_of(sandbox_id)[1]
         refused = [r for r in list(self.wave.fenced_log.records) if r["task"] == task_id
                    and r["attempt"] == attempt and r["t"] >= since]
         return {"store": [{"method": r.get("method"), "key": r.get("key"), "status": r.get("status")} for r in reqs],
@@ -376,15 +372,17 @@ class WaveRun:
         self.resume_plan = None
         if resume_dir is not None:  # `wave resume`: the same wave, results dir and private dir
             self.dir = Path(resume_dir).resolve()
-            self.resume_plan = orjson.loads((self.dir / "plan.json").read_bytes())
+            self.out = results.ResultsDir(self.dir)
+            self.resume_plan = orjson.loads(self.out.plan.read_bytes())
             self.results_root = self.dir.parent
             self.wave_id = self.resume_plan["wave_id"]
         else:
             self.results_root = Path(results_root).resolve()
             self.wave_id = new_wave_id(cfg.seed)
             self.dir = self.results_root / self.wave_id
+            self.out = results.ResultsDir(self.dir)
         self.private = Path(f"/tmp/sandfleet-{self.wave_id}")
-        self.bucket = "sf-" + hashlib.sha256(self.wave_id.encode()).hexdigest()[:16]
+        self.bucket = results.bucket_name(self.wave_id)
         self.show_progress = progress
         self.store: EmbeddedStore | None = None
         self.endpoint: StoreEndpoint | None = None
@@ -421,10 +419,10 @@ class WaveRun:
         self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
 
     def task_prefix(self, task_id: str) -> str:
-        return f"{self.wave_id}/{task_id}/"
+        return results.task_prefix(self.wave_id, task_id)
 
     def lease_key(self, task_id: str) -> str:
-        return f"{self.wave_id}/{task_id}"
+        return results.lease_key(self.wave_id, task_id)
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -449,25 +447,25 @@ class WaveRun:
         else:
             self.store = EmbeddedStore(self.private / "store")
             self.endpoint = self.store.launch()
-        self.proxy = ProxyProcess(self.endpoint.url, str(self.dir / "proxy-requests.jsonl")).launch()
+        self.proxy = ProxyProcess(self.endpoint.url, str(self.out.proxy_requests)).launch()
         self.model = ModelEndpoint(self.registry, think_ms=self.cfg.workload.think_ms,
-                                   log_path=self.dir / "model-calls.jsonl").start()
-        self.effects = EffectsService(self.registry, log_path=self.dir / "effects.jsonl").start()
-        self.fenced_log = CallLog(self.dir / "fenced.jsonl")  # calls refused because their attempt was fenced
+                                   log_path=self.out.model_calls).start()
+        self.effects = EffectsService(self.registry, log_path=self.out.effects).start()
+        self.fenced_log = CallLog(self.out.fenced)  # calls refused because their attempt was fenced
         self.model.fenced = self.effects.fenced = self.fenced_log
         self.binds, self.hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
         if self.resumed is not None:  # the services carry on from what their logs recorded
-            self.model.log.preload(self.dir / "model-calls.jsonl")
-            self.effects.preload(self.dir / "effects.jsonl")
+            self.model.log.preload(self.out.model_calls)
+            self.effects.preload(self.out.effects)
         if self.fleet is None:  # a lent fleet is already running: nothing to time
             t = time.perf_counter()
             # a private Ray's temp dir is recorded in the wave's private dir: a sweep after a dead driver ends
             # that Ray's processes too (its path is short: Ray's unix socket paths must fit in 107 bytes)
             ray_tmp = f"/tmp/sfray-{hashlib.sha256(self.wave_id.encode()).hexdigest()[:10]}"
             if self.cfg.address == "local":
-                (self.private / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
+                (self.private / results.RAY_RECORD).write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
             self.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
                                       ray_tmpdir=ray_tmp if self.cfg.address == "local" else None,
                                       nodes=self.cfg.nodes)
@@ -981,7 +979,7 @@ class WaveRun:
                 if run.attempts >= self.cfg.max_attempts:
                     final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
                     break
-                sandbox_id = f"{tid}-a{run.attempts + 1}"
+                sandbox_id = results.sandbox_id(tid, run.attempts + 1)
                 node = self._place()
                 if node is None:  # every sandbox node is lost or draining: wait for one to come back
                     await asyncio.sleep(0.1)
@@ -1002,7 +1000,7 @@ class WaveRun:
                     continue
                 run.attempts += 1
                 attempt, fence = lease["attempt"], lease["fence"]
-                sdir = self.dir / "sandboxes" / sandbox_id
+                sdir = self.out.sandbox(sandbox_id)
                 sdir.mkdir(parents=True, exist_ok=True)
                 ws = str(self.private / "ws" / sandbox_id)
                 fixture = workloads.get(task["workload"]).fixture(task["seed"])
@@ -1145,7 +1143,7 @@ class WaveRun:
         """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""
         if captured.get("files") is None:
             return {"captured": False, "why": captured.get("why", "nothing captured")}
-        m = write_artifact(self.dir / "artifacts" / tid, captured["files"],
+        m = write_artifact(self.out.artifact(tid), captured["files"],
                            {"task_id": tid, "attempt": attempt, "skipped": captured.get("skipped", [])})
         return {"captured": True, "digest": m["digest"], "files": len(m["files"]), "skipped": m["skipped"]}
 
@@ -1154,7 +1152,7 @@ class WaveRun:
             ref = t["reference"]
             if ref["cached"]:
                 files, manifest = self.cache.get(ref["key"])
-                write_artifact(self.dir / "artifacts" / ref["task_id"], files,
+                write_artifact(self.out.artifact(ref["task_id"]), files,
                                {"task_id": ref["task_id"], "attempt": manifest.get("attempt"), "skipped": [],
                                 "from_cache": ref["key"]})
 
@@ -1164,7 +1162,7 @@ class WaveRun:
         for g in result.get("references", []):
             if g["checks"]["completed"]["verdict"] != grade.PASS:
                 continue
-            got = read_artifact(self.dir / "artifacts" / g["task_id"])
+            got = read_artifact(self.out.artifact(g["task_id"]))
             if got is not None:
                 self.cache.put(g["reference_key"], got[0], {"task_id": g["task_id"], "wave_id": self.wave_id,
                                                             "attempt": got[1].get("attempt")})
@@ -1241,8 +1239,7 @@ class WaveRun:
         prefix = self.task_prefix(ref)
         writes = 0
         self.proxy.control().flush()
-        for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
-            r = orjson.loads(line)
+        for r in results.read_jsonl(self.out.proxy_requests):
             if (r.get("key") or "").startswith(prefix) and r.get("method") in ("PUT", "POST", "DELETE") \
                     and 200 <= (r.get("status") or 0) < 300:
                 writes += 1
@@ -1251,7 +1248,7 @@ class WaveRun:
         self.plan["tasks"] = enumerate_tasks(self.plan, counts, self.cfg.boundaries)
         self.plan["enumerate"] = {"pending": False, "counts": counts, "tasks": len(self.plan["tasks"]),
                                   "sampled": self.cfg.boundaries}
-        self._write_json("plan.json", self.plan)
+        self._write_json(results.PLAN, self.plan)
         self.timeline("boundaries_enumerated", counts=counts, tasks=len(self.plan["tasks"]))
         for t in self.plan["tasks"]:
             self.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
@@ -1282,7 +1279,7 @@ class WaveRun:
         except Exception as exc:  # noqa: BLE001
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
                                                        f"{str(exc)[:200]}"], "unavailable": True}
-        self._write_json("sweeper.json", rep)
+        self._write_json(results.SWEEPER, rep)
         self.timeline("sweep_actor", scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
                       reaped=len(rep.get("reaped") or []), dangling=len(rep.get("dangling_leases") or []),
                       expired_but_running=len(rep.get("expired_but_running") or []), errors=rep.get("errors"))
@@ -1351,7 +1348,7 @@ class WaveRun:
         out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
                "leaked": [r for rep in reports for r in rep["reaped"]], "problems": problems,
                "reaped_by_driver": by_driver}
-        (self.dir / "sandbox-sweep.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        self.out.sandbox_sweep.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
         if problems and not self.harness_fault:
             raise HarnessError("; ".join(problems))
         return out
@@ -1368,18 +1365,14 @@ class WaveRun:
         except (RuntimeError, OSError):
             pass
         try:
-            for line in (self.dir / "proxy-requests.jsonl").read_bytes().splitlines():
-                try:
-                    log.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    continue  # a torn last line
+            log += results.read_jsonl(self.out.proxy_requests, skip_bad=True)
         except OSError:
             log = None
         creds = self.endpoint.creds
         mc = client_for(self.endpoint.url, creds.access_key, creds.secret_key,
                         getattr(self.endpoint, "region", None) or "us-east-1")
         out = audit(mc, self.bucket, self.wave_id, sorted(self.runs), log)
-        (self.dir / "store-audit.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def _write_json(self, name: str, data) -> None:
         (self.dir / name).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
@@ -1390,10 +1383,10 @@ class WaveRun:
         errors = []
         elog = getattr(getattr(self.fleet, "ray_session", None), "error_log", None)
         if elog and os.path.exists(elog):  # what Ray said about the nodes it lost (PK3)
-            shutil.copyfile(elog, self.dir / "ray-errors.log")
+            shutil.copyfile(elog, self.out.ray_errors)
         if getattr(self, "fenced_log", None) is not None:
             self.fenced_log.close()
-        with open(self.dir / "host-load.jsonl", "ab") as f:  # appended: a resumed wave keeps the first part
+        with open(self.out.host_load, "ab") as f:  # appended: a resumed wave keeps the first part
             f.write(b"".join(orjson.dumps(x) + b"\n" for x in self.load_samples))
         if self.ledger is not None:
             try:
@@ -1404,10 +1397,10 @@ class WaveRun:
                 except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
                     from fleet.ledger import LeaseLedger
 
-                    led = LeaseLedger(os.path.join(self.fleet.state_dir, "ledger.db"))
+                    led = LeaseLedger(os.path.join(self.fleet.state_dir, results.LEDGER_DB))
                     dump = led.dump()
                     led.close()
-                with open(self.dir / "ledger.jsonl", "wb") as f:
+                with open(self.out.ledger, "wb") as f:
                     mine = self.wave_id + "/"
                     for row in dump["leases"]:
                         if row["task_id"].startswith(mine):
@@ -1516,7 +1509,7 @@ class WaveRun:
         shutil.rmtree(self.private, ignore_errors=True)
         try:
             self.timeline("wave_stopped_at_once", signal=name)
-            (self.dir / "SUMMARY.md").write_text(
+            self.out.summary.write_text(
                 f"# Wave {self.wave_id}\n\n**Stopped at once by a second {name}**: not graded. What was stored "
                 f"so far can be graded with `sandfleet grade {self.dir}` (unfinished tasks are unknown).\n")
         except Exception:  # noqa: BLE001
@@ -1528,17 +1521,12 @@ class WaveRun:
     def _prepare_resume(self) -> None:
         """Read what the dead driver recorded: tasks that ended keep their results; attempts it left running
         are closed in the timeline (they were reaped); faults that fired keep their receipts."""
-        events = []
-        for i, line in enumerate((self.dir / "timeline.jsonl").read_bytes().splitlines(), 1):
-            if line.strip():
-                try:
-                    events.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    if i < len((self.dir / "timeline.jsonl").read_bytes().splitlines()):
-                        raise HarnessError(f"{self.dir / 'timeline.jsonl'} line {i} is damaged: "
-                                           "cannot resume") from None
+        try:
+            events = results.read_jsonl(self.out.timeline)  # a torn last line is the dead driver's last write
+        except ValueError as exc:
+            raise HarnessError(f"{exc}: the timeline is damaged, cannot resume") from None
         if not events or events[0].get("event") != "wave_start":
-            raise HarnessError(f"{self.dir / 'timeline.jsonl'} has no wave_start: not a wave that ran")
+            raise HarnessError(f"{self.out.timeline} has no wave_start: not a wave that ran")
         if any(e["event"] == "wave_end" for e in events):
             raise HarnessError(f"wave {self.wave_id} already ended; grade it again with `sandfleet grade {self.dir}`")
         finished = {e["task"] for e in events if e["event"] == "task_end"}
@@ -1559,7 +1547,7 @@ class WaveRun:
                                         "evidence": {"from": "the timeline of the driver that died"}}
         self.prior_receipts = list(fired.values())
         self.resumed = {"finished": finished, "attempts": attempts, "fired": set(fired)}
-        self.timeline = Timeline(self.dir / "timeline.jsonl", since_wall=events[0]["wall"])
+        self.timeline = Timeline(self.out.timeline, since_wall=events[0]["wall"])
         now = time.time()
         for sid, e in open_attempts.items():  # reaped by the resume's sweep: they ended with the driver
             self.timeline("attempt_end", task=e["task"], attempt=e["attempt"], fence=e["fence"], sandbox=sid,
@@ -1578,16 +1566,12 @@ class WaveRun:
             self._prepare_resume()
         else:
             self.dir.mkdir(parents=True, exist_ok=False)
-            latest = self.results_root / "latest"
-            if latest.is_symlink() or not latest.exists():
-                tmp = self.results_root / f".latest-{secrets.token_hex(3)}"
-                tmp.symlink_to(self.wave_id)
-                os.replace(tmp, latest)
+            results.link_latest(self.results_root, self.dir)
             self.plan = (replay_plan(self.replay[0], self.replay[1], self.wave_id, self.cache) if self.replay
                          else build_plan(self.cfg, self.wave_id, self.cache))
-            self._write_json("plan.json", self.plan)
+            self._write_json(results.PLAN, self.plan)
             self._seed_cached_references()
-            self.timeline = Timeline(self.dir / "timeline.jsonl")
+            self.timeline = Timelineself.out.timeline
         harness_error = None
         t_wave = time.perf_counter()
         previous = self._install_signal_handlers()
@@ -1635,7 +1619,7 @@ class WaveRun:
                 except Exception as exc:  # noqa: BLE001
                     harness_error = harness_error or f"store snapshot failed: {exc}"
                     self.timeline("harness_error", error=f"store snapshot: {exc}")
-                self._write_json("faults.json", self.prior_receipts + [r.to_dict() for r in self.receipts])
+                self._write_json(results.FAULTS, self.prior_receipts + [r.to_dict() for r in self.receipts])
                 self._teardown()
                 self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
                 self.timeline("wave_end", harness_error=harness_error, interrupted=self.interrupted,

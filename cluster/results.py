@@ -1,0 +1,204 @@
+"""The results layout, defined once: every file a wave, a league or a campaign writes, and the naming rules.
+
+A wave writes `results/<wave id>/` (and points `results/latest` at it); nothing else in the product spells a
+file name of it. Readers and writers go through `ResultsDir` (one property per file) and `read_jsonl`; the
+names of the wave's things in the store, the ledger and the sandbox hosts (bucket, task prefix, lease key,
+sandbox id) come from the functions at the bottom. `LAYOUT` lists every file with what it holds:
+`docs/architecture.md` renders it as a table, and a unit test checks the two agree.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+import orjson
+
+# -- the files of a wave's results directory --------------------------------------------------------------
+PLAN = "plan.json"
+TIMELINE = "timeline.jsonl"
+TIMELINE_PNG = "timeline.png"
+FAULTS = "faults.json"
+MODEL_CALLS = "model-calls.jsonl"
+EFFECTS = "effects.jsonl"
+PROXY_REQUESTS = "proxy-requests.jsonl"
+FENCED = "fenced.jsonl"
+HOST_LOAD = "host-load.jsonl"
+LEDGER = "ledger.jsonl"
+SANDBOX_SWEEP = "sandbox-sweep.json"
+SWEEPER = "sweeper.json"
+STORE_AUDIT = "store-audit.json"
+RAY_ERRORS = "ray-errors.log"
+SUMMARY = "SUMMARY.md"
+GRADE_SUFFIX = ".grade.json"
+ARTIFACTS = "artifacts"
+ARTIFACT_MANIFEST = "artifact.json"
+ARTIFACT_FILES = "files"
+SANDBOXES = "sandboxes"
+RUNNER_LOG = "runner.log"
+EVIDENCE = "evidence"
+EVIDENCE_GRADE = "grade.json"
+EVIDENCE_ATTEMPTS = "attempts.json"
+EVIDENCE_STORE_WRITES = "store-writes.json"
+EVIDENCE_AROUND_FAULTS = "around-faults.json"
+LATEST = "latest"
+REFERENCE_CACHE = ".reference-cache"
+
+# -- a league's and a campaign's own directory ------------------------------------------------------------
+LEAGUE_MD = "LEAGUE.md"
+LEAGUE_JSON = "league.json"
+LEAGUE_PNG = "league.png"
+CAMPAIGN_MD = "CAMPAIGN.md"
+CAMPAIGN_JSON = "campaign.json"
+CAMPAIGN_PNG = "campaign.png"
+
+# -- the wave's private directory (never in results: keys, the store's data, the driver's pid) --------------
+DRIVER_RECORD = "driver.json"
+RAY_RECORD = "ray.json"
+LEDGER_DB = "ledger.db"
+
+# every file of a wave's results directory and what it holds (docs/architecture.md renders this table)
+LAYOUT: list[tuple[str, str]] = [
+    (PLAN, "the plan: config, every task with its seed and faults, references, placement, the runner's digest"),
+    (TIMELINE, "what happened, one event a line (wave, parts, attempts, faults, nodes, harness faults)"),
+    (FAULTS, "one receipt per planned fault: applied / not_applied / unknown, with what it hit"),
+    (MODEL_CALLS, "every model call the endpoint answered (task, step, attempt)"),
+    (EFFECTS, "every external effect the effects service took (effect id, task, attempt)"),
+    (PROXY_REQUESTS, "every store request through the fault proxy (method, key, status, bytes, rule)"),
+    (FENCED, "calls refused because their attempt was fenced (a zombie's)"),
+    (HOST_LOAD, "the host's load, sampled through the wave (liveness: a silence under overload is unknown)"),
+    (LEDGER, "the wave's lease rows and their history (fences, releases)"),
+    (SANDBOX_SWEEP, "the hosts' sweep at the wave's end: leaked sandboxes, active leases, problems"),
+    (SWEEPER, "the sweep actor's report: leaks it reaped, dangling leases, expired-but-running"),
+    (STORE_AUDIT, "the store audit: every object read back and checked, stray keys, open uploads"),
+    (RAY_ERRORS, "what Ray said about the nodes it lost (PK3)"),
+    ("<task>" + GRADE_SUFFIX, "one task's verdict, every check with its reason, the inputs' digests"),
+    (f"{ARTIFACTS}/<task>/", "the workspace as the harness captured it (artifact.json + files/)"),
+    (f"{SANDBOXES}/<sandbox>/{RUNNER_LOG}", "one attempt's runner output"),
+    (f"{EVIDENCE}/<task>/", "redacted evidence: grade, attempts, store writes, events around each fault, log tails"),
+    (SUMMARY, "the human summary: verdict, cells, controls, replay commands"),
+    (TIMELINE_PNG, "the timeline as a picture"),
+]
+
+
+class ResultsDir:
+    """One wave's results directory: a property per file, so a name is spelled only here."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, other: str) -> Path:
+        return self.path / other
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    plan = property(lambda self: self.path / PLAN)
+    timeline = property(lambda self: self.path / TIMELINE)
+    timeline_png = property(lambda self: self.path / TIMELINE_PNG)
+    faults = property(lambda self: self.path / FAULTS)
+    model_calls = property(lambda self: self.path / MODEL_CALLS)
+    effects = property(lambda self: self.path / EFFECTS)
+    proxy_requests = property(lambda self: self.path / PROXY_REQUESTS)
+    fenced = property(lambda self: self.path / FENCED)
+    host_load = property(lambda self: self.path / HOST_LOAD)
+    ledger = property(lambda self: self.path / LEDGER)
+    sandbox_sweep = property(lambda self: self.path / SANDBOX_SWEEP)
+    sweeper = property(lambda self: self.path / SWEEPER)
+    store_audit = property(lambda self: self.path / STORE_AUDIT)
+    ray_errors = property(lambda self: self.path / RAY_ERRORS)
+    summary = property(lambda self: self.path / SUMMARY)
+    artifacts = property(lambda self: self.path / ARTIFACTS)
+    sandboxes = property(lambda self: self.path / SANDBOXES)
+    evidence_root = property(lambda self: self.path / EVIDENCE)
+
+    def grade(self, task_id: str) -> Path:
+        return self.path / f"{task_id}{GRADE_SUFFIX}"
+
+    def grades(self) -> list[Path]:
+        return sorted(self.path.glob("*" + GRADE_SUFFIX))
+
+    def artifact(self, task_id: str) -> Path:
+        return self.path / ARTIFACTS / task_id
+
+    def artifact_manifest(self, task_id: str) -> Path:
+        return self.artifact(task_id) / ARTIFACT_MANIFEST
+
+    def sandbox(self, sandbox_id: str) -> Path:
+        return self.path / SANDBOXES / sandbox_id
+
+    def runner_log(self, sandbox_id: str) -> Path:
+        return self.sandbox(sandbox_id) / RUNNER_LOG
+
+    def runner_logs(self, task_id: str) -> list[Path]:
+        """Every attempt's runner log of a task, in attempt order."""
+        logs = [p for p in (self.path / SANDBOXES).glob(f"{task_id}-a*/{RUNNER_LOG}") if attempt_of(p.parent.name)]
+        return sorted(logs, key=lambda p: attempt_of(p.parent.name)[1])
+
+    def evidence(self, task_id: str) -> Path:
+        return self.path / EVIDENCE / task_id
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
+    """The records of a JSON-lines file ([] when it is missing). A torn last line (a writer killed mid-line, or
+    one still writing) is left out; any other line that is not JSON, or not a record with the `required` keys,
+    raises ValueError naming the file and the line (`skip_bad`: it is left out too)."""
+    try:
+        raw = Path(path).read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for i, line in enumerate(raw):
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            if i == len(raw) - 1 or skip_bad:
+                continue
+            raise ValueError(f"{path} line {i + 1}: {exc}") from None
+        if not isinstance(rec, dict) or any(k not in rec for k in required):
+            if skip_bad:
+                continue
+            raise ValueError(f"{path} line {i + 1}: not a record with {', '.join(required) or 'fields'}")
+        out.append(rec)
+    return out
+
+
+def link_latest(root: str | Path, wave_dir: str | Path) -> None:
+    """Point `<root>/latest` at the wave's directory (atomically; a real directory named latest is left)."""
+    root = Path(root)
+    latest = root / LATEST
+    if latest.is_symlink() or not latest.exists():
+        tmp = root / f".latest-{secrets.token_hex(3)}"
+        os.symlink(Path(wave_dir).name, tmp)
+        os.replace(tmp, latest)
+
+
+# -- naming rules ---------------------------------------------------------------------------------------
+def bucket_name(wave_id: str) -> str:
+    """The wave's bucket in the store (S3 bucket names: short, lower case)."""
+    return "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
+
+
+def task_prefix(wave_id: str, task_id: str) -> str:
+    """The task's key prefix in the wave's bucket: its attempts' keys may touch only this."""
+    return f"{wave_id}/{task_id}/"
+
+
+def lease_key(wave_id: str, task_id: str) -> str:
+    """The task's lease in the ledger (one ledger serves many waves)."""
+    return f"{wave_id}/{task_id}"
+
+
+def sandbox_id(task_id: str, attempt: int) -> str:
+    return f"{task_id}-a{attempt}"
+
+
+def attempt_of(sandbox_id: str) -> tuple[str, int] | None:
+    """(task id, attempt number) of a sandbox id, or None when it is not one."""
+    task, sep, n = sandbox_id.rpartition("-a")
+    if not sep or not task or not n.isdigit():
+        return None
+    return task, int(n)
