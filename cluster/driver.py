@@ -1275,7 +1275,8 @@ class WaveRun:
         if sweeper is None or self.ledger is None:
             return
         try:
-            rep = ray.get(sweeper.final.remote(self.wave_id), timeout=self.sweep_settle_s + 60)
+            engine = self.harness_fault["why"][:200] if self.lost("docker engine") else None
+            rep = ray.get(sweeper.final.remote(self.wave_id, engine), timeout=self.sweep_settle_s + 60)
         except Exception as exc:  # noqa: BLE001
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
                                                        f"{str(exc)[:200]}"], "unavailable": True}

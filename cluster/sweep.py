@@ -85,11 +85,13 @@ SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.enco
                           + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
 
 
-def markers(errors: list | None = None) -> tuple[dict, dict]:
+def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple[dict, dict]:
     """Everything on this machine that carries a wave's marker, live waves too, grouped by wave: processes
     (a sandbox's environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>` names its sandbox; store and proxy
     command lines; the wave's private Ray by its temp dir), sandbox cgroups, workspace mounts, private dirs.
-    Used by `sandfleet sweep` (dead waves) and the sweep actor (reconciled with the ledger). Changes nothing."""
+    Used by `sandfleet sweep` (dead waves) and the sweep actor (reconciled with the ledger). Changes nothing.
+    `engine_lost`: the docker engine is known not to answer, so containers are not listed (a listing would only
+    wait out its timeout); `errors` says so, as for a listing that failed."""
     waves: dict[str, dict] = {}
 
     def entry(w: str) -> dict:
@@ -135,8 +137,12 @@ def markers(errors: list | None = None) -> tuple[dict, dict]:
                 w = src.split(".")[1]
                 entry(w)["mounts"].append(line.split()[4])
                 entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
-    from fleet.docker_backend import list_containers
+    from fleet.docker_backend import LISTING_ERROR, list_containers
 
+    if engine_lost:
+        if errors is not None:
+            errors.append(f"{LISTING_ERROR} containers were not listed (the engine was lost: {engine_lost[:120]})")
+        return waves, private
     for c in list_containers(errors=errors) or []:  # docker sandboxes: by their wave label
         if c["wave"] and WAVE_RE.fullmatch(c["wave"]):
             entry(c["wave"])["containers"].append(c)

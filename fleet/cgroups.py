@@ -78,8 +78,10 @@ class SandboxCgroup:
     def pids(self) -> list[int]:
         try:
             text = (self.dirs["pids"] / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
+        except OSError as exc:  # removed meanwhile: ENOENT, or ENODEV when it went between open and read
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return []
+            raise
         return [int(p) for p in text.split()]
 
     def events(self) -> dict:

@@ -102,6 +102,7 @@ class DockerBackend(SandboxBackend):
         # said so): from then on signals and removals go by pid at once, not through a minute of timeouts; the
         # next container the engine starts clears it
         self.engine_lost: str | None = None
+        self.engine_lost_by_driver = False  # the driver's watch called it lost (3 probes): not pinged again
         self._containers: dict[str, object] = {}
         self._nets: dict[str, SandboxNet] = {}
         self._logs: dict[str, threading.Thread] = {}
@@ -179,7 +180,7 @@ class DockerBackend(SandboxBackend):
             c = await asyncio.to_thread(self._create, spec)
             self._containers[spec.sandbox_id] = c
             await asyncio.to_thread(c.start)
-            self.engine_lost = None
+            self.engine_lost, self.engine_lost_by_driver = None, False
         except SandboxError:
             raise
         except Exception as exc:  # noqa: BLE001 - docker.errors.*: the engine refused, or did not answer
@@ -363,7 +364,8 @@ class DockerBackend(SandboxBackend):
         cid = c.id if c is not None else None
         if cid is None and not self.engine_lost:  # the create failed: a container of that name may still exist
             cid = await asyncio.to_thread(self._id_by_name, sb.spec)
-        if cid is not None and self.engine_lost and not await asyncio.to_thread(self._engine_answers):
+        if cid is not None and self.engine_lost and (self.engine_lost_by_driver or
+                                                     not await asyncio.to_thread(self._engine_answers)):
             # its record stays in the engine for `sandfleet sweep`
             await asyncio.to_thread(self._signal_by_pid, sb, signal.SIGKILL)
         elif cid is not None:

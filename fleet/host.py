@@ -400,6 +400,7 @@ class SandboxHost:
         self.cancelled_waves.add(wave_id)
         if engine_lost and "docker" in self.backend.by_name:
             self.backend.by_name["docker"].engine_lost = engine_lost
+            self.backend.by_name["docker"].engine_lost_by_driver = True
         mine = [sb for sb in self.backend.sandboxes.values() if sb.spec.wave_id == wave_id]
         await asyncio.gather(*(self.backend.kill(sb, 0.0, reason="wave cancelled") for sb in mine))
         deadline = time.monotonic() + timeout_s

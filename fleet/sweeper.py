@@ -59,6 +59,7 @@ class WaveSweep:
         self.scan_ms: list[float] = []
         self.reaped: list[dict] = []
         self.findings: dict[str, dict] = {}  # "<kind>:<sandbox>" -> first finding of that kind for that sandbox
+        self.engine_lost: str | None = None  # the driver found the docker engine gone: containers are not listed
         self.errors: list[str] = []
 
     async def _leases(self) -> tuple[dict, dict]:
@@ -81,7 +82,7 @@ class WaveSweep:
         t0 = time.perf_counter()
         if waves is None:
             listing: list = []
-            waves, _ = await asyncio.to_thread(finder.markers, listing)
+            waves, _ = await asyncio.to_thread(finder.markers, listing, self.engine_lost)
             self.errors += [e for e in listing if e not in self.errors]
         alive = _alive_parts(waves.get(self.wave_id, {}))
         active, latest = await self._leases()
@@ -213,10 +214,12 @@ class SweepActor:
     async def scan(self, wave_id: str, reap: bool = True) -> dict:
         return await self.waves[wave_id].scan(reap=reap)
 
-    async def final(self, wave_id: str) -> dict:
+    async def final(self, wave_id: str, engine_lost: str | None = None) -> dict:
         """The wave is over: wait out the settle window if anything still looks leaked, reap what still is,
-        report, and stop watching the wave."""
+        report, and stop watching the wave. `engine_lost`: the driver found the docker engine gone (its
+        containers are not listed: the report says so, and the wave's leak check is unknown)."""
         w = self.waves[wave_id]
+        w.engine_lost = engine_lost
         last: dict = {}
         try:
             last = await w.scan(reap=False)
