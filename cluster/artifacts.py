@@ -18,10 +18,11 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from fleet.workloads.base import tree_digest
 
-MANIFEST = "artifact.json"
-FILES = "files"
+MANIFEST = results.ARTIFACT_MANIFEST
+FILES = results.ARTIFACT_FILES
 
 
 def write_artifact(adir: Path, files: dict[str, bytes], meta: dict) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from cluster.config import ConfigError, build_config
 from faults.base import CATALOG
 
@@ -102,8 +103,8 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
                 o = _outcome(result, fault)
                 rows.append({"runner": cfg.runner_spec()["name"], "fault": fault, "strength": round(x, 4), **o,
                              "wave_id": result["wave_id"], "wall_s": round(time.perf_counter() - t, 1)})
-                (out / "campaign.json").write_bytes(orjson.dumps({"fault": fault, "range": [lo, hi], "rows": rows},
-                                                                 option=orjson.OPT_INDENT_2))
+                (out / results.CAMPAIGN_JSON).write_bytes(
+                    orjson.dumps({"fault": fault, "range": [lo, hi], "rows": rows}, option=orjson.OPT_INDENT_2))
                 tried[x] = o["outcome"]
                 return o["outcome"]
 
@@ -178,11 +179,11 @@ def write_campaign(out: Path, fault: str, lo: float, hi: float, rows: list[dict]
         lines.append(f"| {r['runner']} | {r['strength']:g} | {r['met']} | {r['passed']} | {r['outcome']} | "
                      f"`{r['wave_id']}` | {r['wall_s']} s |")
     try:
-        _plot(out / "campaign.png", fault, rows, runners)
+        _plot(out / results.CAMPAIGN_PNG, fault, rows, runners)
         lines += ["", "![campaign](campaign.png)"]
     except Exception as exc:  # noqa: BLE001
         lines.append(f"(picture not drawn: {exc})")
-    (out / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
+    (out / results.CAMPAIGN_MD).write_text("\n".join(lines) + "\n")
 
 
 def _plot(path: Path, fault: str, rows: list[dict], runners: list[str]) -> None:

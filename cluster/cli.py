@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from cluster import results
+
 EXIT_OK, EXIT_FAIL, EXIT_HARNESS, EXIT_BAD_INPUT = 0, 1, 2, 254
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -128,7 +130,7 @@ def _run(cfg, make_wave, before=None) -> int:
 def _report(wave, result: dict) -> int:
     from cluster.grade import exit_code
 
-    summary = wave.dir / "SUMMARY.md"
+    summary = wave.out.summary
     if result.get("interrupted"):
         out.print(f"wave {result['wave_id']}: interrupted by {result['interrupted']}; graded what finished",
                   highlight=False, soft_wrap=True)
@@ -159,14 +161,14 @@ def wave_resume(
     from cluster.driver import WaveRun
 
     try:
-        plan = orjson.loads((results_dir / "plan.json").read_bytes())
+        plan = orjson.loads((results_dir / results.PLAN).read_bytes())
         wave_id = plan["wave_id"]
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
         _err(f"error: argument RESULTS_DIR: {results_dir} is not a wave's results directory ({exc}); "
              "pass results/<wave id>")
         return EXIT_BAD_INPUT
     try:
-        ended = b'"event":"wave_end"' in (results_dir / "timeline.jsonl").read_bytes()
+        ended = b'"event":"wave_end"' in (results_dir / results.TIMELINE).read_bytes()
     except OSError:
         ended = False
     if ended:
@@ -174,7 +176,7 @@ def wave_resume(
         return EXIT_HARNESS
     private = Path(f"/tmp/sandfleet-{wave_id}")
     if sweep.driver_alive(private):
-        d = orjson.loads((private / "driver.json").read_bytes())
+        d = orjson.loads((private / results.DRIVER_RECORD).read_bytes())
         _err(f"error: wave {wave_id} is still running (driver pid {d['pid']}); resume only a wave whose driver died")
         return EXIT_HARNESS
     if not (private / "store").is_dir() and not plan["config"].get("store", {}).get("url"):
@@ -182,7 +184,7 @@ def wave_resume(
              f"Grade what finished with `sandfleet grade {results_dir}`")
         return EXIT_HARNESS
     try:
-        cfg = build_config(plan["config"], {"address": address}, source=str(results_dir / "plan.json"))
+        cfg = build_config(plan["config"], {"address": address}, source=str(results_dir / results.PLAN))
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
@@ -208,8 +210,8 @@ def wave_replay(
 
     wave_dir, task_id = task_path.parent, task_path.name
     try:
-        plan = orjson.loads((wave_dir / "plan.json").read_bytes())
-        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / "plan.json"))
+        plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
+        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
         _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
              "results/<wave id>/<task id>, e.g. results/latest/t003")
@@ -230,7 +232,7 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     from cluster.grade import exit_code, grade_wave
     from cluster.report import write_summary
 
-    if not (results_dir / "plan.json").is_file():
+    if not (results_dir / results.PLAN).is_file():
         _err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
         return EXIT_BAD_INPUT
     from cluster.grade import Unreadable
@@ -247,7 +249,7 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
         return EXIT_HARNESS
     write_summary(results_dir, result)
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
-    out.print(f"SUMMARY: {results_dir / 'SUMMARY.md'}", highlight=False, soft_wrap=True)
+    out.print(f"SUMMARY: {results_dir / results.SUMMARY}", highlight=False, soft_wrap=True)
     return exit_code(result)
 
 
@@ -275,10 +277,10 @@ def league_cmd(
     except HarnessError as exc:
         _err(f"error: {exc}")
         return EXIT_HARNESS
-    out.joinpath("LEAGUE.md")
-    print((out / "LEAGUE.md").read_text())
+    out.joinpath(results.LEAGUE_MD)
+    print((out / results.LEAGUE_MD).read_text())
     out_console = Console()
-    out_console.print(f"LEAGUE: {out / 'LEAGUE.md'}", highlight=False, soft_wrap=True)
+    out_console.print(f"LEAGUE: {out / results.LEAGUE_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -339,8 +341,8 @@ def campaign_storage(
     except CampaignInterrupted as exc:
         _err(f"interrupted by {exc}: the finished waves are written (CAMPAIGN.md says the bracket is partial)")
         return 143 if "TERM" in str(exc) else 130
-    print((d / "CAMPAIGN.md").read_text())
-    Console().print(f"CAMPAIGN: {d / 'CAMPAIGN.md'}", highlight=False, soft_wrap=True)
+    print((d / results.CAMPAIGN_MD).read_text())
+    Console().print(f"CAMPAIGN: {d / results.CAMPAIGN_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

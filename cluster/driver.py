@@ -507,9 +507,10 @@ class WaveRun:
             self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
         d = self.private / "creds" / sandbox_id
         d.mkdir(parents=True, exist_ok=True)
-        src = CredentialSource(d / "credentials.json")
+        src = CredentialSource(d / results.ATTEMPT_CREDENTIALS)
         src.publish(creds, owner_uid=SANDBOX_UID)
-        src.write_aws_config(d / "aws-config", self.endpoint.region, source_path=f"{CREDS_IN}/credentials.json")
+        src.write_aws_config(d / "aws-config", self.endpoint.region,
+                             source_path=f"{CREDS_IN}/{results.ATTEMPT_CREDENTIALS}")
         os.chmod(d, 0o755)
         return str(d)
 
@@ -533,7 +534,7 @@ class WaveRun:
         d = self.private / "creds" / sandbox_id
         published = False
         if d.exists() and self.runs[task_id].current is not None and self.runs[task_id].current[1] == sandbox_id:
-            CredentialSource(d / "credentials.json").publish(new, owner_uid=SANDBOX_UID)
+            CredentialSource(d / results.ATTEMPT_CREDENTIALS).publish(new, owner_uid=SANDBOX_UID)
             published = True
         return {"applied": True, "at": t0, "sandbox_id": sandbox_id, "rotated_at": rotated_at,
                 "published_at": time.time() if published else None, "old_akid": old.access_key,
@@ -1366,6 +1367,7 @@ class WaveRun:
         except (RuntimeError, OSError):
             pass
         try:
+            self.out.proxy_requests.stat()  # no log at all: the audit cannot match writes to writers
             log += results.read_jsonl(self.out.proxy_requests, skip_bad=True)
         except OSError:
             log = None
@@ -1572,7 +1574,7 @@ class WaveRun:
                          else build_plan(self.cfg, self.wave_id, self.cache))
             self._write_json(results.PLAN, self.plan)
             self._seed_cached_references()
-            self.timeline = Timelineself.out.timeline
+            self.timeline = Timeline(self.out.timeline)
         harness_error = None
         t_wave = time.perf_counter()
         previous = self._install_signal_handlers()

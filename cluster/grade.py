@@ -32,6 +32,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from cluster.artifacts import read_artifact
 from fleet import workloads
 from fleet.docker_backend import LISTING_ERROR
@@ -85,8 +86,8 @@ class Inputs:
             self.unreadable[name] = f"not valid JSON: {exc}"
             raise Unreadable(f"{name}: not valid JSON: {exc}") from None
 
-    REQUIRED = {"timeline.jsonl": ("event",), "model-calls.jsonl": ("task", "step", "t"),
-                "effects.jsonl": ("task", "effect_id", "t"), "proxy-requests.jsonl": ("t", "method")}
+    REQUIRED = {results.TIMELINE: ("event",), results.MODEL_CALLS: ("task", "step", "t"),
+                results.EFFECTS: ("task", "effect_id", "t"), results.PROXY_REQUESTS: ("t", "method")}
 
     def lines(self, name: str) -> list[dict] | None:
         """JSON lines; None when the file is missing. Only a torn last line is tolerated; a line of the
@@ -586,7 +587,7 @@ def grade_task(h: TaskHistory) -> dict:
             sid, t0 = tgt.get("zombie"), tgt.get("thawed_at")
             if not sid or t0 is None:
                 return {"verdict": UNKNOWN, "detail": f"{r['instance']}: its receipt names no zombie or thaw time"}
-            att = int(sid.rsplit("-a", 1)[1])
+            att = (results.attempt_of(sid) or (sid, 0))[1]
             ids = akids.get(att) or set()
             store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
             landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
@@ -698,20 +699,21 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     from fleet.workloads.base import tree_digest
 
     d = Path(results_dir)
+    out = results.ResultsDir(d)
     inp = Inputs(d)
-    plan = inp.json("plan.json")  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
+    plan = inp.json(results.PLAN)  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
     if plan is None:
-        raise FileNotFoundError(f"{d}/plan.json not found: not a wave results directory")
-    timeline = inp.lines("timeline.jsonl") or []
+        raise FileNotFoundError(f"{d / results.PLAN} not found: not a wave results directory")
+    timeline = inp.lines(results.TIMELINE) or []
     try:
-        receipts = inp.json("faults.json", []) or []
+        receipts = inp.json(results.FAULTS, []) or []
     except Unreadable:
         receipts = []  # every planned fault then has no receipt: unknown
-    calls = inp.lines_or_none("model-calls.jsonl")
-    effects = inp.lines_or_none("effects.jsonl")
+    calls = inp.lines_or_none(results.MODEL_CALLS)
+    effects = inp.lines_or_none(results.EFFECTS)
     # the driver records how many calls and effects each service logged: a log that lost lines is unreadable
     counts = next((e for e in reversed(timeline) if e["event"] == "service_counts"), None)
-    for name, recs, key in (("model-calls.jsonl", calls, "model"), ("effects.jsonl", effects, "effects")):
+    for name, recs, key in ((results.MODEL_CALLS, calls, "model"), (results.EFFECTS, effects, "effects")):
         if counts is None or recs is None:
             continue
         got: dict = {}
@@ -723,19 +725,19 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
                 calls = None
             else:
                 effects = None
-    proxy = inp.lines_or_none("proxy-requests.jsonl")
+    proxy = inp.lines_or_none(results.PROXY_REQUESTS)
     have_calls, have_fx = calls is not None, effects is not None
     calls, effects = calls or [], effects or []
     try:
-        sweep = inp.json("sandbox-sweep.json")
+        sweep = inp.json(results.SANDBOX_SWEEP)
     except Unreadable:
         sweep = None
     try:
-        audit = inp.json("store-audit.json")
+        audit = inp.json(results.STORE_AUDIT)
     except Unreadable:
         audit = None
     try:
-        sweeper = inp.json("sweeper.json", None)  # the sweep actor's report (no file: a wave before it existed)
+        sweeper = inp.json(results.SWEEPER, None)  # the sweep actor's report (no file: a wave before it existed)
     except Unreadable:
         sweeper = None
     harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
@@ -767,8 +769,8 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
                 damaged.setdefault(parts[1], []).append(rec)
 
-    fenced = inp.lines_or_none("fenced.jsonl") or []
-    host_load = inp.lines_or_none("host-load.jsonl") or []
+    fenced = inp.lines_or_none(results.FENCED) or []
+    host_load = inp.lines_or_none(results.HOST_LOAD) or []
     cfg = plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n")}
@@ -776,7 +778,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     def history(task: dict) -> TaskHistory:
         tid = task["task_id"]
         prefix = f"{wave_id}/{tid}/"
-        art, why = _read_artifact_safe(d / "artifacts" / tid)
+        art, why = _read_artifact_safe(out.artifact(tid))
         return TaskHistory(
             requests=None if proxy is None else [
                 r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
@@ -807,7 +809,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
         h = history(task)
         r = task.get("reference") or {}
         rtid = r.get("task_id")
-        rart, why = _read_artifact_safe(d / "artifacts" / rtid) if rtid else (None, "no reference planned")
+        rart, why = _read_artifact_safe(out.artifact(rtid)) if rtid else (None, "no reference planned")
         rg = ref_verdict.get(rtid)
         if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:
             h.reference = {"why": f"the reference run {rtid} did not complete: "
@@ -820,13 +822,13 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
         grades.append(grade_task(h))
     for g in grades + ref_grades:
         g["inputs"] = {"digests": dict(sorted(inp.digests.items())), "unreadable": dict(inp.unreadable)}
-        art = d / "artifacts" / g["task_id"] / "artifact.json"
+        art = out.artifact_manifest(g["task_id"])
         if art.exists():
-            g["inputs"]["digests"][f"artifacts/{g['task_id']}/artifact.json"] = hashlib.sha256(
+            g["inputs"]["digests"][art.relative_to(d).as_posix()] = hashlib.sha256(
                 art.read_bytes()).hexdigest()
         if g["verdict"] != PASS:
             _write_evidence(d, g, hist_of[g["task_id"]], tuple(secrets))
-        (d / f"{g['task_id']}.grade.json").write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+        out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
     bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
     # (after a harness fault the references' own results are the fault's doing: that error is already named)
     if bad_refs and any(t["faults"] for t in plan["tasks"]) and hfault is None:
@@ -879,9 +881,9 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
 
 def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
     out = {}
-    for p in (d / "sandboxes").glob(f"{tid}-a*/runner.log"):
+    for p in results.ResultsDir(d).runner_logs(tid):
         try:
-            n = int(p.parent.name.rsplit("-a", 1)[1])
+            n = results.attempt_of(p.parent.name)[1]
             with open(p, "rb") as f:
                 f.seek(max(0, p.stat().st_size - 4096))
                 out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
@@ -941,27 +943,27 @@ def _write_evidence(d: Path, g: dict, h: TaskHistory, secrets: tuple = ()) -> No
     """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
     and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
     tid = g["task_id"]
-    ev = d / "evidence" / tid
+    ev = results.ResultsDir(d).evidence(tid)
     ev.mkdir(parents=True, exist_ok=True)
 
     def put(name: str, data) -> None:
         body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
         (ev / name).write_text(redact(body, secrets))
 
-    put("grade.json", g)
-    put("attempts.json", [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
-    put("store-writes.json", [{k: w.get(k) for k in ("t", "method", "key", "status", "req_bytes", "ms")}
+    put(results.EVIDENCE_GRADE, g)
+    put(results.EVIDENCE_ATTEMPTS, [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
+    put(results.EVIDENCE_STORE_WRITES, [{k: w.get(k) for k in ("t", "method", "key", "status", "req_bytes", "ms")}
                               for w in (h.writes or [])][:2000])
     fired = sorted(r["fired_at"] for r in h.receipts if r["task_id"] == tid and r.get("fired_at"))
 
     def near(t: float) -> bool:
         return any(abs(t - f) <= 3.0 for f in fired)
-    put("around-faults.json", {
+    put(results.EVIDENCE_AROUND_FAULTS, {
         "faults": [r for r in h.receipts if r["task_id"] == tid],
         "proxy_requests": [r for r in h.requests or [] if near(r["t"])][:500],
         "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
     out = []
-    for p in sorted((d / "sandboxes").glob(f"{tid}-a*/runner.log")):
+    for p in results.ResultsDir(d).runner_logs(tid):
         try:
             with open(p, "rb") as f:
                 start = max(0, p.stat().st_size - 65536)

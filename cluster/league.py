@@ -17,6 +17,7 @@ import orjson
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from cluster import results
 from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format, build_config, load_yaml, parse_runner
 from faults.base import CATALOG
 
@@ -71,15 +72,11 @@ def load_league(path: Path) -> LeagueConfig:
     return league
 
 
-def _lines(p: Path) -> list[dict]:
-    return [orjson.loads(l) for l in p.read_bytes().splitlines() if l.strip()] if p.exists() else []
-
-
 def wave_metrics(result: dict, d: Path) -> dict:
     """The league's figures for one graded wave, from its stored files."""
     grades = result["tasks"]
-    timeline = _lines(d / "timeline.jsonl")
-    calls = _lines(d / "model-calls.jsonl")
+    timeline = results.read_jsonl(d / results.TIMELINE)
+    calls = results.read_jsonl(d / results.MODEL_CALLS)
     interrupted = [g for g in grades if g["interrupted"]]
     survived = [g for g in interrupted if g["verdict"] == "pass"]
     interruptions = sum(max(0, g["attempts"] - 1) for g in grades)
@@ -141,8 +138,8 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
             m.update(runner=name, faults=fs, wall_s=round(time.perf_counter() - t, 1),
                      harness_errors=result.get("harness_errors", []))
             rows.append(m)
-            (out / "league.json").write_bytes(orjson.dumps({"config": league.model_dump(mode="json"), "rows": rows},
-                                                           option=orjson.OPT_INDENT_2))
+            (out / results.LEAGUE_JSON).write_bytes(
+                orjson.dumps({"config": league.model_dump(mode="json"), "rows": rows}, option=orjson.OPT_INDENT_2))
     finally:
         if own and fleet is not None:
             fleet.stop()
@@ -191,11 +188,11 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
               "model call, minus the model's think time: what the runner itself spends per step (its start-up "
               "spread over the steps, journal commits, tools).", ""]
     try:
-        _plot(out / "league.png", rows)
+        _plot(out / results.LEAGUE_PNG, rows)
         lines.append("![league](league.png)")
     except Exception as exc:  # noqa: BLE001
         lines.append(f"(picture not drawn: {exc})")
-    (out / "LEAGUE.md").write_text("\n".join(lines) + "\n")
+    (out / results.LEAGUE_MD).write_text("\n".join(lines) + "\n")
 
 
 def _plot(path: Path, rows: list[dict]) -> None:

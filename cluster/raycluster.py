@@ -11,6 +11,8 @@ import secrets
 import shutil
 import tempfile
 
+from cluster import results
+
 
 # Node death must be seen in about a second, not Ray's default 15 s+ (PK3 kills nodes on purpose).
 HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
@@ -99,7 +101,7 @@ class RaySession:
         into its results). Ray has no option for this: its error listener's printer is wrapped."""
         import ray._private.worker as rw
 
-        self.error_log = os.path.join(self.tmpdir, "ray-errors.log")
+        self.error_log = os.path.join(self.tmpdir, results.RAY_ERRORS)
         printer, path = rw.print_to_stdstream, self.error_log
 
         def to_file(data, ignore_prefix):
@@ -195,7 +197,7 @@ class FleetSession:
 
         ray = self.ray_session.start()
         os.chmod(self.state_dir, 0o700)
-        self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"),
+        self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB), resources=self._pin("node-0"),
                                          strategy=self._affinity())
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
         # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers.
@@ -270,8 +272,8 @@ class FleetSession:
             ray.get(self.ledger.ping.remote(), timeout=timeout_s)
         except (RayActorError, GetTimeoutError):
             ray.kill(self.ledger)
-            self.ledger = start_ledger_actor(os.path.join(self.state_dir, "ledger.db"), resources=self._pin("node-0"),
-                                             strategy=self._affinity())
+            self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB),
+                                             resources=self._pin("node-0"), strategy=self._affinity())
             ray.get(self.ledger.ping.remote(), timeout=120)
             replaced.append("ledger")
         try:

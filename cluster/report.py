@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 
@@ -112,16 +113,13 @@ def write_summary(d: Path, result: dict) -> Path:
         causes = "; ".join(c for c in g.get("attempt_causes") or [] if c != "exit 0") or "-"
         lines.append(f"| {g['task_id']} | {'+'.join(g['faults']) or '-'} | {g['attempts']} | {g['verdict']} | "
                      f"{g.get('model_recalls')} | {bad} | {causes} |")
-    lines += ["", "Files: `plan.json`, `timeline.jsonl`, `faults.json`, `<task>.grade.json`, `ledger.jsonl`, "
-              "`store-audit.json`, `sandbox-sweep.json`, `proxy-requests.jsonl`, `model-calls.jsonl`, "
-              "`effects.jsonl`, `sweeper.json` (the sweep actor), `fenced.jsonl` (calls of fenced attempts), "
-              "`host-load.jsonl`, `ray-errors.log` (a simulated cluster's lost nodes), `artifacts/<task>/`, "
-              "`timeline.png`, `evidence/<task>/`.", ""]
+    lines += ["", "Files: " + ", ".join(f"`{name}`" for name, _ in results.LAYOUT if name != results.SUMMARY) + ".",
+              ""]
     try:
         _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed
         lines.append(f"(timeline picture not drawn: {exc})")
-    out = d / "SUMMARY.md"
+    out = d / results.SUMMARY
     out.write_text("\n".join(lines))
     return out
 
@@ -130,7 +128,7 @@ def _fault_coverage(d: Path) -> list[str]:
     """Per fault id: how many planned instances really applied; a fault none of which applied is NOT TESTED
     by this wave (whatever the tasks' verdicts say about everything else)."""
     try:
-        receipts = orjson.loads((Path(d) / "faults.json").read_bytes())
+        receipts = orjson.loads((Path(d) / results.FAULTS).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return []
     by: dict[str, Counter] = defaultdict(Counter)
@@ -167,7 +165,7 @@ def _wall(grades: list[dict], refs: list[dict]) -> str:
 
 def _sweeper(d: Path) -> str:
     try:
-        r = orjson.loads((Path(d) / "sweeper.json").read_bytes())
+        r = orjson.loads((Path(d) / results.SWEEPER).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return "no report (sweeper.json missing)"
     if r.get("unavailable"):
@@ -182,7 +180,7 @@ def _sweeper(d: Path) -> str:
 
 def _audit(d: Path) -> str:
     try:
-        a = orjson.loads((Path(d) / "store-audit.json").read_bytes())
+        a = orjson.loads((Path(d) / results.STORE_AUDIT).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return "unknown (no readable store-audit.json)"
     checked = sum(1 for recs in a.get("tasks", {}).values() for r in recs if r.get("checked_against_write"))
@@ -204,7 +202,7 @@ def _timeline_png(d: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
+    events = results.read_jsonl(d / results.TIMELINE)
     starts = {(e["task"], e["attempt"]): e["t"] for e in events if e["event"] == "attempt_start"}
     tasks = sorted({e["task"] for e in events if e.get("task")})
     if not tasks:
@@ -226,5 +224,5 @@ def _timeline_png(d: Path) -> None:
     ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault, ▬ fault window)")
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(d / "timeline.png", dpi=80)
+    fig.savefig(d / results.TIMELINE_PNG, dpi=80)
     plt.close(fig)

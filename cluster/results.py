@@ -55,6 +55,7 @@ CAMPAIGN_PNG = "campaign.png"
 
 # -- the wave's private directory (never in results: keys, the store's data, the driver's pid) --------------
 DRIVER_RECORD = "driver.json"
+ATTEMPT_CREDENTIALS = "credentials.json"  # an attempt's key, in the private dir its sandbox sees read-only
 RAY_RECORD = "ray.json"
 LEDGER_DB = "ledger.db"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from fleet import cgroups
 
 PRIVATE_GLOB = "sandfleet-w-*"
@@ -34,12 +35,12 @@ def _start_time(pid: int) -> str | None:
 
 def record_driver(private: Path) -> None:
     """Called by a wave's driver first thing: who owns this wave."""
-    (private / "driver.json").write_bytes(orjson.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
+    (private / results.DRIVER_RECORD).write_bytes(orjson.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
 
 
 def driver_alive(private: Path) -> bool:
     try:
-        d = orjson.loads((private / "driver.json").read_bytes())
+        d = orjson.loads((private / results.DRIVER_RECORD).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return False
     return _start_time(d["pid"]) == d["start"]
@@ -103,7 +104,7 @@ def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple
     for w, p in private.items():
         entry(w)["private_dir"] = str(p)
         try:
-            ray_tmp[w] = orjson.loads((p / "ray.json").read_bytes())["tmpdir"]
+            ray_tmp[w] = orjson.loads((p / results.RAY_RECORD).read_bytes())["tmpdir"]
         except (OSError, ValueError, KeyError, TypeError):
             pass
     me = str(os.getpid())
@@ -177,14 +178,14 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         tmp = e.get("ray_tmpdir")
         if tmp is None and e["private_dir"]:
             try:
-                tmp = orjson.loads(Path(e["private_dir"], "ray.json").read_bytes())["tmpdir"]
+                tmp = orjson.loads(Path(e["private_dir"], results.RAY_RECORD).read_bytes())["tmpdir"]
             except (OSError, ValueError, KeyError, TypeError):
                 tmp = None
         if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             done.append(f"removed the dead wave's Ray temp dir {tmp}")
         if e["private_dir"] and keep_data:
-            for sub in ("creds", "ws", "driver.json"):
+            for sub in ("creds", "ws", results.DRIVER_RECORD):
                 p = Path(e["private_dir"], sub)
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
