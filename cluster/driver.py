@@ -718,7 +718,7 @@ class WaveRun:
 
     async def _docker_answers(self) -> tuple[str, bool] | None:
         def ping():
-            from fleet.docker_backend import docker_client
+            from fleet.dockerapi import docker_client
 
             docker_client(self.cfg.health.answer_s).ping()
 
@@ -889,8 +889,8 @@ class WaveRun:
     def _reap_node(self, node: str) -> list[str]:
         """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
         from fleet import cgroups
-        from fleet.docker_backend import list_containers
-        from fleet.sandbox import reap_leftover
+        from fleet.dockerapi import list_containers
+        from fleet.backends import reap_leftover
 
         gone = []
         deadline = time.monotonic() + 10
@@ -1293,7 +1293,7 @@ class WaveRun:
         import ray
 
         from fleet import cgroups
-        from fleet.sandbox import reap_leftover
+        from fleet.backends import reap_leftover
 
         stopping = self.interrupted or (self.harness_fault and f"harness fault ({self.harness_fault['part']})")
         problems = []
@@ -1488,7 +1488,7 @@ class WaveRun:
 
     def _emergency_stop(self, name: str) -> None:
         """Second signal: kill what this wave started, by PID and by its markers, and exit now."""
-        from fleet.sandbox import reap_leftover
+        from fleet.backends import reap_leftover
         from fleet import cgroups
 
         for part in (self.proxy, self.store):

@@ -35,7 +35,7 @@ import orjson
 from cluster import results
 from cluster.artifacts import read_artifact
 from fleet import workloads
-from fleet.docker_backend import LISTING_ERROR
+from fleet.dockerapi import LISTING_ERROR
 
 PASS, FAIL, UNKNOWN, NOT_APPLIED = "pass", "fail", "unknown", "not_applied"
 RANK = {PASS: 0, NOT_APPLIED: 1, UNKNOWN: 2, FAIL: 3}

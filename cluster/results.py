@@ -54,9 +54,9 @@ CAMPAIGN_JSON = "campaign.json"
 CAMPAIGN_PNG = "campaign.png"
 
 # -- the wave's private directory (never in results: keys, the store's data, the driver's pid) --------------
-DRIVER_RECORD = "driver.json"
+# (its driver and Ray records are named in fleet/markers.py, which the sweeps read and fleet/ may not import this)
+from fleet.markers import DRIVER_RECORD, RAY_RECORD  # noqa: E402,F401
 ATTEMPT_CREDENTIALS = "credentials.json"  # an attempt's key, in the private dir its sandbox sees read-only
-RAY_RECORD = "ray.json"
 LEDGER_DB = "ledger.db"
 
 # every file of a wave's results directory and what it holds (docs/architecture.md renders this table)

@@ -11,7 +11,6 @@ process left. Nothing without a marker is touched; a live wave is never touched.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import time
@@ -21,16 +20,8 @@ import orjson
 
 from cluster import results
 from fleet import cgroups
-
-PRIVATE_GLOB = "sandfleet-w-*"
-WAVE_RE = re.compile(r"w-\d{8}T\d{6}-s\d+-[0-9a-f]{4}")
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+from fleet.markers import (PRIVATE_GLOB, SANDBOX_MARK, WAVE_RE, _cmdline, _environ, _start_time,  # noqa: F401
+                           markers)
 
 
 def record_driver(private: Path) -> None:
@@ -44,20 +35,6 @@ def driver_alive(private: Path) -> bool:
     except (OSError, orjson.JSONDecodeError):
         return False
     return _start_time(d["pid"]) == d["start"]
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _environ(pid: str) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
 
 
 def find(wave: str | None = None, errors: list | None = None) -> dict:
@@ -82,78 +59,11 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
     return {"waves": dead, "harness_cgroups": harness}
 
 
-SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode()
-                          + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
-
-
-def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple[dict, dict]:
-    """Everything on this machine that carries a wave's marker, live waves too, grouped by wave: processes
-    (a sandbox's environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>` names its sandbox; store and proxy
-    command lines; the wave's private Ray by its temp dir), sandbox cgroups, workspace mounts, private dirs.
-    Used by `sandfleet sweep` (dead waves) and the sweep actor (reconciled with the ledger). Changes nothing.
-    `engine_lost`: the docker engine is known not to answer, so containers are not listed (a listing would only
-    wait out its timeout); `errors` says so, as for a listing that failed."""
-    waves: dict[str, dict] = {}
-
-    def entry(w: str) -> dict:
-        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [],
-                                    "private_dir": None})
-
-    private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
-    ray_tmp = {}  # a wave's private Ray: its temp dir, recorded in the wave's private dir
-    for w, p in private.items():
-        entry(w)["private_dir"] = str(p)
-        try:
-            ray_tmp[w] = orjson.loads((p / results.RAY_RECORD).read_bytes())["tmpdir"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid == me:
-            continue
-        cmd = _cmdline(pid)
-        env = _environ(pid)
-        m = SANDBOX_MARK.search(env)
-        if m:
-            entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160],
-                                                            "sandbox": m.group(2).decode()})
-            continue
-        if "weed mini" in cmd or "storage.proxy" in cmd:
-            m2 = WAVE_RE.search(cmd)
-            if m2:
-                entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
-                continue
-        for w, tmp in ray_tmp.items():  # Ray's processes name their temp dir on their command lines
-            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp):
-                entry(w)["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
-                entry(w).setdefault("ray_tmpdir", tmp)
-                break
-    for w, sid in cgroups.list_sandboxes():
-        entry(w)["cgroups"].append(sid)
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        parts = line.split(" - ", 1)
-        if len(parts) == 2:
-            src = parts[1].split()[1]
-            if src.startswith("sandfleet-ws."):
-                w = src.split(".")[1]
-                entry(w)["mounts"].append(line.split()[4])
-                entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
-    from fleet.docker_backend import LISTING_ERROR, list_containers
-
-    if engine_lost:
-        if errors is not None:
-            errors.append(f"{LISTING_ERROR} containers were not listed (the engine was lost: {engine_lost[:120]})")
-        return waves, private
-    for c in list_containers(errors=errors) or []:  # docker sandboxes: by their wave label
-        if c["wave"] and WAVE_RE.fullmatch(c["wave"]):
-            entry(c["wave"])["containers"].append(c)
-    return waves, private
-
-
 def remove(found: dict, keep_data: bool = False) -> list[str]:
     """Remove what `find` listed; returns what was done, one line each. `keep_data` (for `wave resume`) keeps
     the private dir's store data and ledger, removing only its keys, workspaces and driver record."""
-    from fleet.sandbox import reap_leftover, unmount_workspace
+    from fleet.backends import reap_leftover
+    from fleet.sandbox import unmount_workspace
 
     done = []
     for w, e in found["waves"].items():
@@ -168,7 +78,7 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             r = reap_leftover(w, sid)
             done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
         for c in e.get("containers", []):
-            from fleet.docker_backend import remove_container
+            from fleet.dockerapi import remove_container
 
             if remove_container(c["id"]):
                 done.append(f"removed container {c['name']}")

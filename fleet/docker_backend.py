@@ -25,29 +25,13 @@ import threading
 import time
 from pathlib import Path
 
+from fleet.dockerapi import (LABEL, docker_client, engine_answered, engine_env, engine_url,  # noqa: F401
+                             list_containers, remove_container)
 from fleet.netns import SandboxNet
 from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
                            command_problem, pidfd_ended, prepare_workspace, release_workspace)
 
 GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
-LABEL = "sandfleet.wave"
-
-
-def engine_url() -> str:
-    """The engine the docker backend talks to: `$DOCKER_HOST` (as for the docker CLI), else the local socket."""
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-
-def engine_env() -> dict:
-    """What a harness actor (a Ray worker, which does not inherit the driver's environment) needs to reach the
-    same engine as the driver."""
-    return {"DOCKER_HOST": os.environ["DOCKER_HOST"]} if os.environ.get("DOCKER_HOST") else {}
-
-
-def docker_client(timeout: float):
-    import docker
-
-    return docker.DockerClient(base_url=engine_url(), timeout=timeout)
 
 
 class EngineUnavailable(SandboxError):
@@ -66,13 +50,6 @@ def client():
         raise EngineUnavailable(f"the docker engine at {engine_url()} is unavailable ({type(exc).__name__}: "
                                 f"{str(exc)[:200]}); start it with `make setup` (infra/dockerd-up: dockerd "
                                 "--bridge=none --iptables=false)") from None
-
-
-def engine_answered(exc: BaseException) -> bool:
-    """Did the engine answer (an API error: the container is gone, a conflict) rather than not answer at all?"""
-    import docker
-
-    return isinstance(exc, docker.errors.APIError)
 
 
 def marked(pid: int | None, wave_id: str, sandbox_id: str) -> bool:
@@ -388,37 +365,3 @@ class DockerBackend(SandboxBackend):
             return self.ctl.inspect_container(container_name(spec.wave_id, spec.sandbox_id))["Id"]
         except Exception:  # noqa: BLE001
             return None
-
-
-LISTING_ERROR = "docker engine:"
-
-
-def list_containers(wave_id: str | None = None, errors: list | None = None) -> list[dict] | None:
-    """Containers carrying a wave's label: [{id, name, wave, sandbox, running}]; None when no engine answers
-    (a machine without docker has no docker sandboxes). When an engine's socket is there but the engine does not
-    answer, `errors` gets a line saying containers were not listed."""
-    url = engine_url()
-    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
-        return None
-    try:
-        flt = {"label": f"{LABEL}={wave_id}" if wave_id else LABEL}
-        # one listing call (the high-level list inspects each container after it, and a container removed between
-        # the two made the whole listing fail)
-        rows = docker_client(5).api.containers(all=True, filters=flt)
-        return [{"id": x["Id"], "name": (x.get("Names") or ["/"])[0].lstrip("/"),
-                 "wave": (x.get("Labels") or {}).get(LABEL),
-                 "sandbox": (x.get("Labels") or {}).get("sandfleet.sandbox"),
-                 "running": x.get("State") in ("running", "paused")} for x in rows]
-    except Exception as exc:  # noqa: BLE001
-        if errors is not None:
-            errors.append(f"{LISTING_ERROR} containers at {url} were not listed ({type(exc).__name__}: "
-                          f"{str(exc)[:120]})")
-        return None
-
-
-def remove_container(cid: str) -> bool:
-    try:
-        docker_client(30).containers.get(cid).remove(force=True)
-        return True
-    except Exception:  # noqa: BLE001
-        return False

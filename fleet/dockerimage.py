@@ -283,7 +283,7 @@ def ensure_base_image(client: Any = None, log: Callable[[str], Any] = lambda msg
     exists locally (see the module docstring). Never pulls. Raises BaseImageError (a
     RuntimeError) naming what failed."""
     if client is None:
-        from fleet.docker_backend import docker_client
+        from fleet.dockerapi import docker_client
 
         client = docker_client(60)
     def update_and_resolve(why: BaseImageError) -> list:

@@ -19,63 +19,13 @@ import time
 from typing import Any
 
 from fleet import cgroups
-from fleet.sandbox import ProcessBackend, SandboxBackend, SandboxError, SandboxSpec, reap_leftover
+from fleet.backends import Backends, reap_leftover
+from fleet.sandbox import SandboxBackend, SandboxError, SandboxSpec
 
 
 def awaitable(ref):
     """A Ray ObjectRef as a plain asyncio future (cancelled at once by wait_for); anything else as is."""
     return asyncio.wrap_future(ref.future()) if hasattr(ref, "future") else ref
-
-
-class Backends:
-    """Every sandbox backend of a host behind the one backend interface: each call goes to the backend the
-    sandbox's spec names (`process`, or `docker`, made on first use)."""
-
-    def __init__(self):
-        self.by_name: dict[str, SandboxBackend] = {"process": ProcessBackend()}
-
-    def get(self, name: str) -> SandboxBackend:
-        if name not in self.by_name:
-            if name != "docker":
-                raise SandboxError(f"unknown sandbox backend {name!r}; valid: process, docker")
-            from fleet.docker_backend import DockerBackend
-
-            self.by_name[name] = DockerBackend()
-        return self.by_name[name]
-
-    @property
-    def sandboxes(self) -> dict:
-        out: dict = {}
-        for b in self.by_name.values():
-            out.update(b.sandboxes)
-        return out
-
-    def command_problem(self, spec: SandboxSpec) -> str | None:
-        return self.get(spec.backend).command_problem(spec)
-
-    async def start(self, spec: SandboxSpec):
-        return await self.get(spec.backend).start(spec)
-
-    async def kill(self, sb, grace_s: float = 0.0, reason: str = "kill") -> bool:
-        return await self.get(sb.spec.backend).kill(sb, grace_s, reason=reason)
-
-    async def wait(self, sb) -> int:
-        return await self.get(sb.spec.backend).wait(sb)
-
-    async def remove(self, sb) -> None:
-        return await self.get(sb.spec.backend).remove(sb)
-
-    async def collect(self, sb, subdir: str) -> dict:
-        return await self.get(sb.spec.backend).collect(sb, subdir)
-
-    async def freeze(self, sb) -> bool:
-        return await self.get(sb.spec.backend).freeze(sb)
-
-    async def thaw(self, sb) -> bool:
-        return await self.get(sb.spec.backend).thaw(sb)
-
-    async def terminate(self, sb) -> bool:
-        return await self.get(sb.spec.backend).terminate(sb)
 
 
 class SandboxHost:

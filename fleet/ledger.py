@@ -193,7 +193,7 @@ def actor_options(max_concurrency: int, name: str | None = None, resources: dict
                   **more) -> dict:
     """Ray options of a harness actor: no CPU reserved, pinned by a node resource or a scheduling strategy."""
     opts = {"num_cpus": 0, "max_concurrency": max_concurrency, **more}
-    from fleet.docker_backend import engine_env
+    from fleet.dockerapi import engine_env
 
     if engine_env():  # a Ray worker does not inherit the driver's environment: the same docker engine
         opts["runtime_env"] = {"env_vars": engine_env()}

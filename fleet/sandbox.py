@@ -604,24 +604,3 @@ class ProcessBackend(SandboxBackend):
             except OSError:
                 pass
         self._close_log(sid)
-
-
-def reap_leftover(wave_id: str, sandbox_id: str) -> dict:
-    """Kill and remove a sandbox found only by its cgroup marker (no handle in this process)."""
-    cg = cgroups.SandboxCgroup(wave_id, sandbox_id)
-    pids = cg.pids()
-    cg.thaw()
-    emptied = cg.kill_all()
-    cg.remove()
-    source = f"sandfleet-ws.{wave_id}.{sandbox_id}"
-    from fleet.docker_backend import list_containers, remove_container
-
-    containers = [c for c in list_containers(wave_id) or [] if c["sandbox"] == sandbox_id]
-    for c in containers:  # a docker sandbox: its container goes (force: killed if it runs)
-        remove_container(c["id"])
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split(" - ", 1)
-        if len(fields) == 2 and fields[1].split()[1:2] == [source]:
-            unmount_workspace(line.split()[4])
-    return {"wave_id": wave_id, "sandbox_id": sandbox_id, "pids": pids, "emptied": emptied,
-            "removed": not cg.exists(), "containers": [c["name"] for c in containers]}

@@ -77,7 +77,7 @@ class WaveSweep:
     async def scan(self, waves: dict | None = None, reap: bool = True) -> dict:
         """One pass: list, reconcile, and reap what has been a leak for `settle_s`. Returns this pass's report.
         `waves`: the finder's markers when the caller already listed them for several waves."""
-        from cluster import sweep as finder
+        from fleet import markers as finder
 
         t0 = time.perf_counter()
         if waves is None:
@@ -144,8 +144,8 @@ class WaveSweep:
     def _reap(self, sid: str) -> dict:
         """Kill and remove one leaked sandbox: its cgroup (every member) and mount, then any process that still
         carries its marker outside the cgroup (checked again by its environment right before the kill)."""
-        from cluster import sweep as finder
-        from fleet.sandbox import reap_leftover
+        from fleet import markers as finder
+        from fleet.backends import reap_leftover
 
         out = reap_leftover(self.wave_id, sid)
         killed = []
@@ -194,7 +194,7 @@ class SweepActor:
         return True
 
     async def _run(self) -> None:
-        from cluster import sweep as finder
+        from fleet import markers as finder
 
         while self.waves:
             listing: list = []

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cluster.sweep import _cmdline, _environ
+from fleet.markers import _cmdline, _environ
 from fleet import cgroups
 
 
@@ -57,7 +57,7 @@ def listening_ports() -> set[int]:
 
 def containers() -> list[str]:
     """Docker containers carrying a wave's label (the docker backend's marker)."""
-    from fleet.docker_backend import list_containers
+    from fleet.dockerapi import list_containers
 
     return sorted(f"{c['name']} ({c['id'][:12]})" for c in list_containers() or [])
 

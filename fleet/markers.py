@@ -1,0 +1,112 @@
+"""The project's markers, and the finder that lists everything on this machine carrying one.
+
+Every process, cgroup, mount, container and private dir a wave makes carries its wave id: a sandbox's processes
+the environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>`, the store's and proxy's command lines the wave id,
+sandbox cgroups `<own>/sandfleet/<wave>/<sandbox>`, workspace mounts the source `sandfleet-ws.<wave>.<sandbox>`,
+docker sandboxes the label `sandfleet.wave`, and the wave's private dir `/tmp/sandfleet-<wave>/` (its driver's
+record, its private Ray's temp dir). `sandfleet sweep` (cluster/sweep.py) and the sweep actor (fleet/sweeper.py)
+both find through `markers()`; nothing here changes anything.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import orjson
+
+from fleet import cgroups
+from fleet.dockerapi import LISTING_ERROR, list_containers
+
+PRIVATE_GLOB = "sandfleet-w-*"
+WAVE_RE = re.compile(r"w-\d{8}T\d{6}-s\d+-[0-9a-f]{4}")
+# the wave's private dir: who drives it, and its private Ray's temp dir (cluster/results.py re-exports these)
+DRIVER_RECORD = "driver.json"
+RAY_RECORD = "ray.json"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode()
+                          + rb")/([A-Za-z0-9._-]{1,100})(?:\0|$)")
+
+
+def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple[dict, dict]:
+    """Everything on this machine that carries a wave's marker, live waves too, grouped by wave: processes
+    (a sandbox's environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>` names its sandbox; store and proxy
+    command lines; the wave's private Ray by its temp dir), sandbox cgroups, workspace mounts, private dirs.
+    Used by `sandfleet sweep` (dead waves) and the sweep actor (reconciled with the ledger). Changes nothing.
+    `engine_lost`: the docker engine is known not to answer, so containers are not listed (a listing would only
+    wait out its timeout); `errors` says so, as for a listing that failed."""
+    waves: dict[str, dict] = {}
+
+    def entry(w: str) -> dict:
+        return waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [],
+                                    "private_dir": None})
+
+    private = {p.name[len("sandfleet-"):]: p for p in Path("/tmp").glob(PRIVATE_GLOB) if p.is_dir()}
+    ray_tmp = {}  # a wave's private Ray: its temp dir, recorded in the wave's private dir
+    for w, p in private.items():
+        entry(w)["private_dir"] = str(p)
+        try:
+            ray_tmp[w] = orjson.loads((p / RAY_RECORD).read_bytes())["tmpdir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        cmd = _cmdline(pid)
+        env = _environ(pid)
+        m = SANDBOX_MARK.search(env)
+        if m:
+            entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160],
+                                                            "sandbox": m.group(2).decode()})
+            continue
+        if "weed mini" in cmd or "storage.proxy" in cmd:
+            m2 = WAVE_RE.search(cmd)
+            if m2:
+                entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+                continue
+        for w, tmp in ray_tmp.items():  # Ray's processes name their temp dir on their command lines
+            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp):
+                entry(w)["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
+                entry(w).setdefault("ray_tmpdir", tmp)
+                break
+    for w, sid in cgroups.list_sandboxes():
+        entry(w)["cgroups"].append(sid)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        parts = line.split(" - ", 1)
+        if len(parts) == 2:
+            src = parts[1].split()[1]
+            if src.startswith("sandfleet-ws."):
+                w = src.split(".")[1]
+                entry(w)["mounts"].append(line.split()[4])
+                entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
+    if engine_lost:
+        if errors is not None:
+            errors.append(f"{LISTING_ERROR} containers were not listed (the engine was lost: {engine_lost[:120]})")
+        return waves, private
+    for c in list_containers(errors=errors) or []:  # docker sandboxes: by their wave label
+        if c["wave"] and WAVE_RE.fullmatch(c["wave"]):
+            entry(c["wave"])["containers"].append(c)
+    return waves, private
