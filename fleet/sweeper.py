@@ -57,6 +57,7 @@ class WaveSweep:
         self.dangling_since: dict[str, float] = {}
         self.scans = 0
         self.scan_ms: list[float] = []
+        self._lock: asyncio.Lock | None = None
         self.reaped: list[dict] = []
         self.findings: dict[str, dict] = {}  # "<kind>:<sandbox>" -> first finding of that kind for that sandbox
         self.engine_lost: str | None = None  # the driver found the docker engine gone: containers are not listed
@@ -76,7 +77,15 @@ class WaveSweep:
 
     async def scan(self, waves: dict | None = None, reap: bool = True) -> dict:
         """One pass: list, reconcile, and reap what has been a leak for `settle_s`. Returns this pass's report.
-        `waves`: the finder's markers when the caller already listed them for several waves."""
+        `waves`: the finder's markers when the caller already listed them for several waves. Passes of one wave
+        never overlap (the actor's own loop and `final` both scan): two reaps of one sandbox at once raced on its
+        cgroup, and a reap lost that way went missing from the report."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return await self._scan(waves, reap)
+
+    async def _scan(self, waves: dict | None, reap: bool) -> dict:
         from fleet import markers as finder
 
         t0 = time.perf_counter()
@@ -129,10 +138,14 @@ class WaveSweep:
                 for sid in due:
                     if sid in active:
                         continue
-                    r = await asyncio.to_thread(self._reap, sid)
+                    try:
+                        r = await asyncio.to_thread(self._reap, sid)
+                    except Exception as exc:  # noqa: BLE001 - one sandbox's failed reap must not lose the others'
+                        self.errors.append(f"reap {sid}: {type(exc).__name__}: {exc}"[:300])
+                        continue
                     r["leaked_for_s"] = round(self.clock() - self.first_seen.pop(sid, now), 3)
                     reaped.append(r)
-        self.reaped += reaped
+                    self.reaped.append(r)  # recorded at once: a later failure in this pass cannot drop it
         self.scans += 1
         self.scan_ms.append(round((time.perf_counter() - t0) * 1000, 3))
         return {"at": now, "leaked": leaked, "expired_but_running": expired_running, "dangling_leases": dangling,
