@@ -41,6 +41,9 @@ class SigkillSandbox:
 
     id = "PK1"
     family = "preemption"
+    # what the grader asks the catalog (cluster/checks.py), never a fault id: one kill of the running attempt at a
+    # moment of the runner (a kill that landed before the attempt did anything durable tested nothing)
+    kills_attempt = True
     # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);
     # storage faults keep launch-relative windows
     times_from_runner_start = True
@@ -294,6 +297,7 @@ class NodeLoss(SigkillSandbox):
 
     id = "PK3"
     family = "preemption"
+    kills_attempt = False  # it takes the node: the tasks it hit are judged by the node's loss
     takes_node = True  # a wave with it runs its reference runs first (a node is never lost under one)
     description = ("node loss: the Ray node of the task's attempt dies with every sandbox on it (abrupt, or after "
                    "a PREEMPTION drain with a deadline and a notice), and comes back later")
@@ -352,6 +356,8 @@ class FreezeZombie(SigkillSandbox):
 
     id = "PK6"
     family = "preemption"
+    kills_attempt = False  # it freezes the attempt; the zombie is then judged by the check it adds
+    adds_checks = ("fenced_writes_rejected",)
     description = ("freeze the sandbox past its lease expiry, let a new attempt take the task, then thaw the old "
                    "one: every write the zombie makes must be refused")
     default_thaw = (0.3, 1.0)
