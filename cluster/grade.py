@@ -81,24 +81,13 @@ class Inputs:
         data = self._bytes(name)
         if data is None:
             return None
-        out = []
-        raw = data.splitlines()
-        for i, line in enumerate(raw):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                if i == len(raw) - 1:
-                    continue
-                self.unreadable[name] = f"line {i + 1}: {exc}"
-                raise Unreadable(f"{name} line {i + 1}: {exc}") from None
-            need = self.REQUIRED.get(name, ())
-            if not isinstance(rec, dict) or any(k not in rec for k in need):
-                self.unreadable[name] = f"line {i + 1}: not a record with {', '.join(need)}"
-                raise Unreadable(f"{name} line {i + 1}: not a record with {', '.join(need) or 'fields'}")
-            out.append(rec)
-        return out
+        need = self.REQUIRED.get(name, ())
+        try:
+            return results.parse_jsonl(data, need)
+        except results.JsonlError as exc:
+            self.unreadable[name] = str(exc)
+            why = exc.why if need or not exc.why.startswith("not a record") else "not a record with fields"
+            raise Unreadable(f"{name} line {exc.line}: {why}") from None
 
     def lines_or_none(self, name: str) -> list[dict] | None:
         try:

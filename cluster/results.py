@@ -141,15 +141,20 @@ class ResultsDir:
         return self.path / EVIDENCE / task_id
 
 
-def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
-    """The records of a JSON-lines file ([] when it is missing). A torn last line (a writer killed mid-line, or
-    one still writing) is left out; any other line that is not JSON, or not a record with the `required` keys,
-    raises ValueError naming the file and the line (`skip_bad`: it is left out too)."""
-    try:
-        raw = Path(path).read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
+class JsonlError(ValueError):
+    """A line of a JSON-lines file that is neither valid JSON nor a record with the required keys."""
+
+    def __init__(self, line: int, why: str):
+        super().__init__(f"line {line}: {why}")
+        self.line, self.why = line, why
+
+
+def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
+    """The records of JSON-lines bytes. A torn last line (a writer killed mid-line, or one still writing) is left
+    out; any other line that is not JSON, or not a record with the `required` keys, raises JsonlError (`skip_bad`:
+    it is left out too)."""
     out = []
+    raw = data.splitlines()
     for i, line in enumerate(raw):
         if not line.strip():
             continue
@@ -158,13 +163,27 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool 
         except orjson.JSONDecodeError as exc:
             if i == len(raw) - 1 or skip_bad:
                 continue
-            raise ValueError(f"{path} line {i + 1}: {exc}") from None
+            raise JsonlError(i + 1, str(exc)) from None
         if not isinstance(rec, dict) or any(k not in rec for k in required):
             if skip_bad:
                 continue
-            raise ValueError(f"{path} line {i + 1}: not a record with {', '.join(required) or 'fields'}")
+            raise JsonlError(i + 1, f"not a record with {', '.join(required)}")
         out.append(rec)
     return out
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
+    """`parse_jsonl` of a file ([] when it is missing); a damaged line raises ValueError naming the file and the
+    line."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        return parse_jsonl(data, required, skip_bad)
+    except JsonlError as exc:
+        why = exc.why if required or not exc.why.startswith("not a record") else "not a record with fields"
+        raise ValueError(f"{path} line {exc.line}: {why}") from None
 
 
 def link_latest(root: str | Path, wave_dir: str | Path) -> None:
