@@ -27,7 +27,7 @@ from cluster.config import WaveConfig
 from cluster.raycluster import FleetSession
 from faults.base import APPLIED, CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import derive, drawn, plan_faults, task_seed
-from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
+from fleet.lifecycle import TASK_ENDED, TASK_TRANSITIONS, Lifecycle, TaskState
 from fleet import workloads
 from fleet.effects import EffectsService
 from fleet.model_endpoint import MODEL_ID, ModelEndpoint
@@ -339,8 +339,7 @@ class FaultContextImpl:
         """The sandbox id of a newer attempt of the task once one runs (None after `timeout_s`)."""
         run, att = self.wave.runs[task_id], results.attempt_of(sandbox_id)[1]
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and run.life.state not in (TaskState.DONE, TaskState.FAILED,
-                                                                     TaskState.DEADLINE):
+        while time.monotonic() < deadline and run.life.state not in TASK_ENDED:
             if run.attempts > att:
                 return results.sandbox_id(task_id, att + 1)
             await asyncio.sleep(0.02)
@@ -905,7 +904,7 @@ class WaveRun:
         return gone
 
     def _all_tasks_ended(self) -> bool:
-        return all(r.finished_before or r.life.state in (TaskState.DONE, TaskState.FAILED, TaskState.DEADLINE)
+        return all(r.finished_before or r.life.state in TASK_ENDED
                    for r in self.runs.values())
 
     async def _bring_back(self, node: str, down_s: float, instance: str) -> None:
@@ -1193,8 +1192,7 @@ class WaveRun:
         def on_change():
             if progress is None:
                 return
-            done = sum(1 for r in self.runs.values() if r.life.state in (TaskState.DONE, TaskState.FAILED,
-                                                                          TaskState.DEADLINE))
+            done = sum(1 for r in self.runs.values() if r.life.state in TASK_ENDED)
             running = sum(1 for r in self.runs.values() if r.current is not None)
             attempts = sum(r.attempts for r in self.runs.values())
             applied = sum(1 for r in self.receipts if r.status == APPLIED)

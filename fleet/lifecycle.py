@@ -99,3 +99,5 @@ TASK_TRANSITIONS: dict[Enum, set[Enum]] = {
     TaskState.FAILED: set(),
     TaskState.DEADLINE: set(),
 }
+# a task in one of these has ended: no edge leaves them
+TASK_ENDED = frozenset(s for s, nxt in TASK_TRANSITIONS.items() if not nxt)
