@@ -16,6 +16,8 @@ import orjson
 
 MAX_BODY = 8 * 1024 * 1024
 MAX_IN_FLIGHT_PER_KEY = 8
+MAX_CONNECTIONS = 512  # open connections per service: one more is closed at once (each one is a thread)
+IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (a keep-alive between steps is not)
 
 
 @dataclass
@@ -129,8 +131,39 @@ class HttpError(Exception):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most `max_connections` of them: a runner that opens thousands of idle
+    connections gets the extra ones closed, and the others' threads and fds stay bounded."""
+
     daemon_threads = True
     request_queue_size = 256
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._open = 0
+        self._open_lock = threading.Lock()
+        self.refused = 0  # connections closed at once because max_connections were open
+
+    def process_request(self, request, client_address):
+        with self._open_lock:
+            if self._open >= self.max_connections:
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+            self._open += 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._open_lock:
+                self._open -= 1
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1
 
     def handle_error(self, request, client_address):  # a killed runner hangs up: not an error
         pass
@@ -150,6 +183,7 @@ class JsonService:
         service = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S  # the socket's timeout: an idle (or trickling) connection is closed
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # a head and a body in two writes must not wait for a delayed ACK
             server_version = "sandfleet"
@@ -204,11 +238,10 @@ class JsonService:
         if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
             h.close_connection = True
             raise HttpError(411, "send the body with a Content-Length")
-        try:
-            n = int(h.headers.get("Content-Length") or 0)
-        except ValueError:
+        n = body_length(h.headers)
+        if n is None:  # negative, signed, spaced, '1_000', or two different values: never read to EOF on it
             h.close_connection = True
-            raise HttpError(400, "Content-Length is not a number") from None
+            raise HttpError(400, "Content-Length must be one decimal number of bytes (0-9 only)")
         if n > MAX_BODY:
             h.close_connection = True
             raise HttpError(413, f"request body of {n} bytes is over the {MAX_BODY} byte limit")
@@ -244,9 +277,8 @@ class JsonService:
         """Read an unread request body so the connection stays usable, or close it."""
         if getattr(h, "_sf_body_read", False):
             return
-        try:
-            n = int(h.headers.get("Content-Length") or 0)
-        except ValueError:
+        n = body_length(h.headers)
+        if n is None:
             n = -1
         if 0 < n <= MAX_BODY and "chunked" not in (h.headers.get("Transfer-Encoding") or "").lower():
             h.rfile.read(n)
@@ -279,6 +311,21 @@ class JsonService:
 
     def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
         raise NotImplementedError
+
+
+def body_length(headers) -> int | None:
+    """The request's Content-Length (0 when absent), or None when it is not one plain decimal number: Python's
+    int() takes '-1', '+5', ' 5' and '1_000', and a negative length makes rfile.read() read to EOF (a runner
+    could then stream gigabytes into the driver's heap)."""
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        return 0
+    if len(set(v.strip() for v in values)) != 1:
+        return None
+    v = values[0].strip()
+    if not v.isascii() or not v.isdigit() or len(v) > 18:
+        return None
+    return int(v)
 
 
 def now() -> float:
