@@ -30,6 +30,10 @@ def check_results_root(results: Path) -> None:
     from cluster.config import ConfigError
 
     p = results.resolve()
+    for top in ("/proc", "/sys", "/dev"):
+        if p == Path(top) or Path(top) in p.parents:
+            raise ConfigError(f"option --results {str(results)!r}: {str(p)!r} is under {top}, a kernel file system "
+                              "that holds no results; give a directory on a disk (it is created if missing)")
     probe = p
     while not probe.exists():
         probe = probe.parent

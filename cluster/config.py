@@ -59,6 +59,12 @@ class RunnerSpec(Strict):
         if bad:
             raise ValueError(f"env may not set {bad[0]!r}: the harness sets the contract's variables "
                              f"(SANDFLEET_*, {', '.join(sorted(CONTRACT_VARS))})")
+        for k, val in v.items():
+            ctl = next((c for c in k + val if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F), None)
+            if ctl is not None:
+                raise ValueError(f"env {k!r}: {'the name' if ctl in k else 'the value'} holds the control character "
+                                 f"{ctl!r} (U+{ord(ctl):04X}); names and values are text without control characters "
+                                 "(a NUL cannot reach a process's environment at all)")
         return v
 
     @field_validator("workdir")
@@ -122,7 +128,8 @@ class SandboxConfig(Strict):
     memory_mb: int = Field(512, ge=64, le=65536)
     pids_max: int = Field(256, ge=16, le=65536)
     cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
-    cpu_cores: float = Field(1.0, gt=0, le=256, description="CPU quota of each sandbox, in cores")
+    cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
+                                                                 "the kernel's smallest quota is 1 ms per 100 ms)")
 
     @model_validator(mode="after")
     def _image(self):
@@ -259,7 +266,7 @@ class WaveConfig(Strict):
     name: str = Field("wave", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
     tasks: int = Field(4, ge=1, le=100000, strict=True)
     concurrency: int = Field(4, ge=1, le=4096, strict=True)
-    seed: int = Field(1, ge=0, strict=True)
+    seed: int = Field(1, ge=0, lt=2**63, strict=True, description="0 to 2^63-1 (it names the wave's directories)")
     runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
     faults: list[str] = Field(default_factory=list)
     fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)
@@ -491,8 +498,43 @@ def build_config(data: dict, overrides: dict | None = None, source: str = "confi
         raise ConfigError(f"invalid wave config ({source}): {err}") from None
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000  # values in the document once its aliases are expanded (a config has a few hundred)
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """How many values a YAML node stands for once every alias in it is expanded (an alias is a shared node)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, yaml.ScalarNode):
+        n = 1
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_size(c, memo) for c in node.value)
+    else:
+        n = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[id(node)] = n
+    return n
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error (the last one would win silently)."""
+    """YAML's safe loader, but a key given twice in one mapping is an error (the last one would win silently), and
+    a document that stands for more than MAX_YAML_NODES values once its aliases are expanded is refused before
+    it is built (an alias bomb of 1.5 KB made the CLI run out of memory instead of answering)."""
+
+    def construct_document(self, node):
+        n = _expanded_size(node, {})
+        if n > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(None, None, f"its aliases (*name) expand to {n} values, more than "
+                                                    f"the {MAX_YAML_NODES} a config may hold; write the values out",
+                                                    node.start_mark)
+        return super().construct_document(node)
+
+    def construct_yaml_int(self, node):
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > 40:  # Python refuses past 4300 digits with a traceback; no field of a config needs 40
+            raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits; a config's integers "
+                                                    "have at most 40", node.start_mark)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -505,6 +547,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
 def load_yaml(text: str):
     """Parse a config file's YAML; raises yaml.YAMLError (duplicate keys included)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
@@ -515,14 +560,24 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
     source = "defaults"
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file (e.g. configs/quickstart.yaml)")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
+            if p.stat().st_size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config file {str(p)!r} is {p.stat().st_size} bytes; a config is at most "
+                                  f"{MAX_CONFIG_BYTES} bytes")
             data = load_yaml(p.read_text())
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {err}") from None
+        except ConfigError:
+            raise
+        except (ValueError, RecursionError) as err:  # an integer past Python's 4300-digit limit; nesting too deep
+            raise ConfigError(f"config file {str(p)!r} has a value that cannot be read: "
+                              f"{err or type(err).__name__}") from None
         if data is None:
             raise ConfigError(f"config file {str(p)!r} is empty; give at least one field (e.g. `tasks: 4`), "
                               "or run without a config file for the defaults")

@@ -9,6 +9,11 @@ import pytest
 from faults.base import CATALOG
 
 
+# "billion laughs": 1.5 KB whose aliases expand to 9^9 values
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")) + "tasks: 2\n"
+
+
 def sandfleet(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "cluster.cli", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)
@@ -57,6 +62,17 @@ def test_grade_of_a_non_wave_dir_exits_254(tmp_path):
      ["store", "access_key"]),
     (lambda d: None, ["--runner", "durable", "--runner-cmd", "x"], ["--runner-cmd"]),
     (lambda d: None, ["--runner-cmd", "python3 agent.py", "--runner-workdir", "{d}/nope"], ["workdir", "nope"]),
+    # hostile input (issue 20): each of these crashed, hung or was accepted before
+    (lambda d: (d / "c.yaml").write_text(ALIAS_BOMB), ["{d}/c.yaml"], ["not valid YAML", "expand to", "100000"]),
+    (lambda d: (d / "c.yaml").write_text("seed: " + "7" * 5000 + "\n"), ["{d}/c.yaml"], ["5000 digits", "line 1"]),
+    (lambda d: None, ["--seed", "1" + "0" * 250], ["seed", "less than 9223372036854775808"]),
+    (lambda d: (d / "c.yaml").write_text('runner: {command: [python3, a.py], env: {A: "x\\0y"}}\n'), ["{d}/c.yaml"],
+     ["runner.env", "'A'", "control character", "U+0000"]),
+    (lambda d: (d / "c.yaml").write_text("sandbox: {cpu_cores: 0.00001}\n"), ["{d}/c.yaml"],
+     ["sandbox.cpu_cores", "1e-05", "0.01"]),
+    (lambda d: None, ["--results", "/proc/sandfleet-x"], ["--results", "under /proc"]),
+    (lambda d: None, ["--results", "/sys/x"], ["--results", "under /sys"]),
+    (lambda d: (d / "c.yaml").mkdir(), ["{d}/c.yaml"], ["c.yaml", "is a directory"]),
 ])
 def test_bad_input_exits_254_before_any_results(tmp_path, setup, args, needles):
     """Every argument and config error is caught before a results directory exists."""
