@@ -4,8 +4,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from cluster.config import build_config
-from cluster.driver import Timeline, WaveRun
+from cluster.wave.injector import Injector
+from cluster.wave.timeline import Timeline
 from faults.base import CATALOG, FaultSpec, Receipt
 
 
@@ -38,11 +38,8 @@ class WindowFault:
                        detail=injected.get("why", ""))
 
 
-def _wave(tmp_path) -> WaveRun:
-    w = WaveRun(build_config({}), tmp_path, progress=False)
-    w.dir.mkdir(parents=True)
-    w.timeline = Timeline(w.dir / "timeline.jsonl")
-    return w
+def _injector(tmp_path) -> Injector:
+    return Injector(Timeline(tmp_path / "timeline.jsonl"), lambda: None)
 
 
 def _spec(at_s, window_s=None) -> FaultSpec:
@@ -53,17 +50,17 @@ def _spec(at_s, window_s=None) -> FaultSpec:
 def run_fire(tmp_path, fault, spec, cancel_after=None):
     CATALOG["XW1"] = fault
     try:
-        w = _wave(tmp_path)
+        inj = _injector(tmp_path)
 
         async def main():
-            t = asyncio.create_task(w._fire(spec, ctx=None))
+            t = asyncio.create_task(inj.fire(spec, ctx=None))
             if cancel_after is not None:
                 await asyncio.sleep(cancel_after)
                 t.cancel()
             await asyncio.gather(t, return_exceptions=True)
 
         asyncio.run(main())
-        return w.receipts
+        return inj.receipts
     finally:
         CATALOG.pop("XW1", None)
 

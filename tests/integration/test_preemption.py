@@ -97,9 +97,9 @@ def test_pk6_a_thawed_zombie_is_fenced(run_wave):
 def test_pk6_broken_fencing_is_caught(run_wave, monkeypatch):
     """Negative control: the same waves with the harness's revocation switched off (an attempt's keys outlive its
     lease). A zombie whose calls are then answered must turn fenced_writes_rejected red."""
-    from cluster.driver import WaveRun
+    from cluster.wave.access import Access
 
-    monkeypatch.setattr(WaveRun, "_revoke", lambda self, sandbox_id, keep_files=False: None)
+    monkeypatch.setattr(Access, "revoke", lambda self, sandbox_id, keep_files=False: None)
     result, d = run_wave(runner="durable", seed=4, **PK6)
     checks = [g["checks"]["fenced_writes_rejected"] for g in result["tasks"]]
     assert any(c["verdict"] == "fail" for c in checks), checks

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.driver import TaskRun, WaveRun
+from cluster.wave.injector import Injector
+from cluster.wave.timeline import TaskRun
 
 
 def _run_with_arm(nth: int) -> tuple[TaskRun, asyncio.Future]:
@@ -18,21 +19,21 @@ def _run_with_arm(nth: int) -> tuple[TaskRun, asyncio.Future]:
 def test_a_watch_that_did_not_fire_hands_the_rest_of_its_count_on():
     async def main():
         run, fut = _run_with_arm(3)
-        assert WaveRun._settle_arms(run, "t0-a1", {"t0-PK5": {"fired": False, "seen": 2}}) is False
+        assert Injector.settle_arms(run, "t0-a1", {"t0-PK5": {"fired": False, "seen": 2}}) is False
         assert run.arms["t0-PK5"]["arm"]["nth"] == 1 and not fut.done()
-        assert WaveRun._settle_arms(run, "t0-a2", {}) is False  # an attempt with no report (its host was lost)
+        assert Injector.settle_arms(run, "t0-a2", {}) is False  # an attempt with no report (its host was lost)
         assert run.arms["t0-PK5"]["arm"]["nth"] == 1
         fired = {"fired": True, "applied": True, "window_name": "x", "at": 1.0}
-        assert WaveRun._settle_arms(run, "t0-a3", {"t0-PK5": fired}) is True
+        assert Injector.settle_arms(run, "t0-a3", {"t0-PK5": fired}) is True
         assert fut.result() == dict(fired, sandbox_id="t0-a3")
-        assert WaveRun._settle_arms(run, "t0-a4", {"t0-PK5": fired}) is False  # settled once only
+        assert Injector.settle_arms(run, "t0-a4", {"t0-PK5": fired}) is False  # settled once only
     asyncio.run(main())
 
 
 def test_a_crashed_watch_is_unknown_not_a_pass():
     async def main():
         run, fut = _run_with_arm(1)
-        WaveRun._settle_arms(run, "t0-a1", {"t0-PK5": {"fired": False, "seen": 0, "error": "OSError: x"}})
+        Injector.settle_arms(run, "t0-a1", {"t0-PK5": {"fired": False, "seen": 0, "error": "OSError: x"}})
         out = fut.result()
         assert out["applied"] is None and "the watch crashed" in out["error"]
     asyncio.run(main())

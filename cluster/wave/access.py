@@ -1,0 +1,169 @@
+"""Access: what a runner is given to reach the harness, and when it is taken back.
+
+Each attempt gets its own store key (scoped to its task's prefix, at the embedded store), published as the file
+its AWS `credential_process` prints, in a directory the sandbox sees read-only; and a model/effects key that
+dies with the attempt's lease. `runner_env` is the runner contract's environment (docs/runner-contract.md) as
+seen inside the sandbox, where loopback ports relay to the harness's services.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from pathlib import Path
+
+from cluster import results
+from fleet.model_endpoint import MODEL_ID
+from fleet.runners import HERE as BUILTIN_DIR
+from fleet.sandbox import RUN_IN, SANDBOX_UID, WORKSPACE_IN
+from storage.credentials import CredentialSource
+
+CONTRACT_VERSION = "1"
+# Inside every sandbox's own network namespace: loopback ports relayed to the harness services.
+PORT_S3, PORT_MODEL, PORT_EFFECTS = 18000, 18001, 18002
+CREDS_IN = f"{RUN_IN}/creds"
+RUNNERS_DIR = BUILTIN_DIR
+
+
+def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
+    """What a runner needs to see read-only (its code, its interpreter's prefix), and what to hide in it.
+
+    An absolute argv[0] brings its installation prefix (a venv, and the interpreter a venv points to);
+    other absolute paths on the command line bring their directory; `workdir` comes whole. Anything
+    under /usr or /etc is already there. Paths in `never` (results, the wave's private dir) are covered
+    by an empty tmpfs if a bind would show them."""
+    binds: set[str] = {RUNNERS_DIR}
+    if runner.get("workdir"):
+        binds.add(runner["workdir"])
+    for i, a in enumerate(runner["command"]):
+        if not (os.path.isabs(a) and os.path.exists(a)):
+            continue
+        for p in {os.path.abspath(a), os.path.realpath(a)}:
+            binds.add(os.path.dirname(os.path.dirname(p)) if i == 0 else os.path.dirname(p))
+    for b in list(binds):
+        cfg = os.path.join(b, "pyvenv.cfg")
+        if os.path.isfile(cfg):
+            for line in open(cfg):
+                k, _, v = line.partition("=")
+                if k.strip() == "home" and v.strip():
+                    binds.add(os.path.dirname(os.path.realpath(v.strip())))
+    binds = {b for b in binds
+             if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
+    hide = sorted({str(n) for n in never for b in binds if str(n).startswith(b.rstrip("/") + "/") or str(n) == b})
+    return sorted(binds), hide
+
+
+class Access:
+    def __init__(self, parts, wave_id: str, private: Path, runner: dict, timeline):
+        """`parts`: the wave's Parts (registry, per-attempt keys, store endpoint); `private`: the wave's mode-0700
+        dir (the credential files live under it); `runner`: the plan's runner spec."""
+        self.parts = parts
+        self.wave_id = wave_id
+        self.bucket = results.bucket_name(wave_id)
+        self.private = private
+        self.runner = runner
+        self.timeline = timeline
+        self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
+
+    def creds_dir(self, sandbox_id: str) -> Path:
+        return self.private / "creds" / sandbox_id
+
+    def attempt_credentials(self, tid: str, sandbox_id: str) -> str:
+        """The attempt's own key (scoped to the task's prefix) in a directory the sandbox sees read-only."""
+        endpoint = self.parts.endpoint
+        creds = endpoint.creds
+        if self.parts.keys is not None:
+            creds = self.parts.keys.issue(sandbox_id, self.bucket, results.task_prefix(self.wave_id, tid))
+            self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
+        d = self.creds_dir(sandbox_id)
+        d.mkdir(parents=True, exist_ok=True)
+        src = CredentialSource(d / results.ATTEMPT_CREDENTIALS)
+        src.publish(creds, owner_uid=SANDBOX_UID)
+        src.write_aws_config(d / "aws-config", endpoint.region,
+                             source_path=f"{CREDS_IN}/{results.ATTEMPT_CREDENTIALS}")
+        os.chmod(d, 0o755)
+        return str(d)
+
+    async def rotate(self, task_id: str, sandbox_id: str | None, still_current, delay_s: float) -> dict:
+        """CR1: rotate the running attempt's key at the store, then publish the new key to its credential source
+        only `delay_s` later (until then credential_process still prints the dead key). `still_current()` says
+        whether that attempt still runs when the new key is to be published."""
+        if sandbox_id is None:
+            return {"applied": False, "why": "the task had no running attempt at the planned time"}
+        keys = self.parts.keys
+        if keys is None:
+            return {"applied": False, "why": "the store has no per-attempt keys (an external store): nothing to "
+                                             "rotate at the store"}
+        t0 = time.time()
+        got = await asyncio.to_thread(keys.rotate, sandbox_id)
+        if got is None:
+            return {"applied": False, "why": f"attempt {sandbox_id} holds no key (it ended meanwhile)"}
+        old, new = got
+        rotated_at = time.time()
+        self.akids[sandbox_id] = new.access_key
+        self.timeline("key_rotated", task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
+        await asyncio.sleep(delay_s)
+        d = self.creds_dir(sandbox_id)
+        published = False
+        if d.exists() and still_current():
+            CredentialSource(d / results.ATTEMPT_CREDENTIALS).publish(new, owner_uid=SANDBOX_UID)
+            published = True
+        return {"applied": True, "at": t0, "sandbox_id": sandbox_id, "rotated_at": rotated_at,
+                "published_at": time.time() if published else None, "old_akid": old.access_key,
+                "new_akid": new.access_key, "store_switch_ms": round((rotated_at - t0) * 1000, 1)}
+
+    def issued_secrets(self) -> tuple:
+        """Every secret handed to a runner in this wave (model/effects keys, store secrets), for redaction by
+        value in the evidence; never written anywhere."""
+        out = self.parts.registry.issued_keys()
+        if self.parts.keys is not None:
+            out |= set(self.parts.keys.issued_secrets)
+        if self.parts.endpoint is not None:
+            out.add(self.parts.endpoint.creds.secret_key)
+        return tuple(sorted(out))
+
+    def revoke(self, sandbox_id: str, keep_files: bool = False) -> None:
+        """The attempt's keys die: at the services and the store. `keep_files` leaves its (now dead) credential
+        file in place, as on a frozen machine's disk: a thawed zombie then signs with its revoked key and is refused
+        by the store, where it can be seen; the file goes when the zombie ends."""
+        self.parts.registry.revoke_attempt(sandbox_id)  # its model and effects key
+        if self.parts.keys is not None:
+            self.parts.keys.revoke(sandbox_id)
+        if not keep_files:
+            shutil.rmtree(self.creds_dir(sandbox_id), ignore_errors=True)
+
+    def runner_env(self, task: dict, attempt: int, fence: int, sandbox_id: str, workspace: str = WORKSPACE_IN) -> dict:
+        """The runner contract's environment (docs/runner-contract.md), as seen inside the sandbox."""
+        runner, registry = self.runner, self.parts.registry
+        registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
+        key = registry.attempt_key(task["task_id"], attempt, sandbox_id)  # dies with the attempt's lease
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **runner["env"]}
+        s3 = f"http://127.0.0.1:{PORT_S3}"
+        env.update({
+            "HOME": workspace,
+            "TMPDIR": "/tmp",
+            "AWS_CONFIG_FILE": f"{CREDS_IN}/aws-config",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ENDPOINT_URL_S3": s3,
+            "AWS_DEFAULT_REGION": self.parts.endpoint.region,
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{PORT_MODEL}/v1",
+            "OPENAI_API_KEY": key,
+            "OPENAI_MODEL": MODEL_ID,
+            "SANDFLEET_CONTRACT": CONTRACT_VERSION,
+            "SANDFLEET_TASK_ID": task["task_id"],
+            "SANDFLEET_ATTEMPT": str(attempt),
+            "SANDFLEET_FENCE": str(fence),
+            "SANDFLEET_REPO": os.path.join(workspace, "repo"),
+            "SANDFLEET_S3_ENDPOINT": s3,
+            "SANDFLEET_S3_BUCKET": self.bucket,
+            "SANDFLEET_S3_PREFIX": results.task_prefix(self.wave_id, task["task_id"]),
+            "SANDFLEET_EFFECTS_URL": f"http://127.0.0.1:{PORT_EFFECTS}/v1",
+            "SANDFLEET_EFFECTS_KEY": key,
+            "SANDFLEET_GRACE_S": "1.0",
+        })
+        if runner.get("workdir"):
+            env["SANDFLEET_RUNNER_DIR"] = runner["workdir"]
+        return env

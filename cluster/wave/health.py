@@ -1,0 +1,188 @@
+"""Health: every part a wave started or uses is watched until the wave ends.
+
+Processes and services are probed every 0.5 s (a dead process at once; one that does not answer HTTP within
+`health.answer_s`, `health.strikes` times in a row), actors every 1 s (dead at once; no answer to a ping within
+`health.actor_timeout_s`, `health.actor_strikes` times). A lost part is a harness fault: it is recorded, no task
+starts after it, and the wave ends; the tasks it touched are graded `unknown`, never `fail`. The host's load is
+sampled beside (a runner silent while the host was overloaded is starved, not provably hung).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from cluster.wave.parts import exit_text
+
+HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
+         "fault proxy": "the fault proxy failed: re-run the wave",
+         "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
+         "model endpoint": "the model endpoint failed: re-run the wave",
+         "effects service": "the effects service failed: re-run the wave",
+         "docker engine": "the docker engine stopped answering (a runner still running was ended by pid): "
+                          "check `docker info` (infra/dockerd-up starts it); once it answers, `sandfleet "
+                          "sweep` removes the wave's containers; then re-run the wave"}
+
+
+class Health:
+    PROBE_S = 0.5  # processes and services: dead at once; not answering HTTP in health.answer_s, strikes times
+    ACTOR_PROBE_S = 1.0  # actors: dead at once; no answer to a ping in health.actor_timeout_s, actor_strikes times
+
+    def __init__(self, cfg, timeline, parts, nodes, on_lost: Callable[[], None]):
+        """`nodes`: the wave's Nodes (a draining or lost node's host is not probed); `on_lost`: called once when a
+        part is found lost (the wave cancels its main task)."""
+        self.cfg = cfg
+        self.timeline = timeline
+        self.parts = parts
+        self.nodes = nodes
+        self.on_lost = on_lost
+        self.harness_fault: dict | None = None
+        self.last_ok: dict[str, float] = {}  # each watched part: when it last answered a probe
+        self.load_samples: list[dict] = []  # host-load.jsonl
+
+    def part_lost(self, part: str, why: str, since: float | None = None) -> None:
+        """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
+
+        Tasks it touched (any not ended before the part's last good probe) are graded `unknown`, never `fail`."""
+        if self.harness_fault is not None:
+            return
+        hint = HINTS.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
+        self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
+        self.timeline("harness_fault", **self.harness_fault)
+        self.on_lost()
+
+    def lost(self, part: str) -> bool:
+        """Is `part` the one a harness fault named (calls to it would only wait for their timeouts)?"""
+        return self.harness_fault is not None and self.harness_fault["part"].startswith(part)
+
+    def error_text(self) -> str:
+        f = self.harness_fault
+        return f"harness fault: {f['part']}: {f['why']}. {f['hint']}"
+
+    @staticmethod
+    async def answers_http(host: str, port: int, timeout: float, path: str = "/") -> str | None:
+        """None when something answers HTTP at host:port within `timeout` (any status); else why not. A stopped
+        process still accepts connections (the kernel does): only an answer proves it alive."""
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"no connection to {host}:{port} ({exc or 'timed out'})"
+        try:
+            w.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            await w.drain()
+            return None if await asyncio.wait_for(r.read(1), timeout) else f"{host}:{port} closed without answering"
+        except (OSError, asyncio.TimeoutError):
+            return f"{host}:{port} took the connection but did not answer within {timeout:.0f} s (hung?)"
+        finally:
+            w.close()
+
+    def dead_process(self) -> tuple[str, str] | None:
+        p = self.parts
+        for part, proc in (("store", getattr(p.store, "proc", None)), ("fault proxy", p.proxy.proc)):
+            if proc is not None and proc.poll() is not None:
+                return part, f"pid {proc.pid} exited ({exit_text(proc.returncode)})"
+        for part, svc in (("model endpoint", p.model), ("effects service", p.effects)):
+            if not svc.thread.is_alive():
+                return part, "its server thread ended"
+        return None
+
+    async def probe_services(self) -> dict[str, tuple[str, bool] | None]:
+        """{part: None (healthy) or (why, certain)} for the store, proxy, model endpoint, effects service."""
+        from urllib.parse import urlsplit
+
+        dead = self.dead_process()
+        if dead is not None:
+            return {dead[0]: (dead[1], True)}
+        p = self.parts
+        u = urlsplit(p.endpoint.url)
+        targets = {"store": (u.hostname, u.port or 80, "/"),
+                   "fault proxy": ("127.0.0.1", p.proxy.control_port, "/stats"),  # answers 401 itself
+                   "model endpoint": ("127.0.0.1", p.model.server.server_address[1], "/v1/models"),
+                   "effects service": ("127.0.0.1", p.effects.server.server_address[1], "/")}
+        got = await asyncio.gather(*(self.answers_http(h, port, self.cfg.health.answer_s, path)
+                                     for h, port, path in targets.values()))
+        out = {part: (why, False) if why else None for part, why in zip(targets, got)}
+        if self.cfg.sandbox.backend == "docker":  # the engine every container of the wave depends on
+            out["docker engine"] = await self.docker_answers()
+        return out
+
+    async def docker_answers(self) -> tuple[str, bool] | None:
+        def ping():
+            from fleet.dockerapi import docker_client
+
+            docker_client(self.cfg.health.answer_s).ping()
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ping), self.cfg.health.answer_s + 1)
+            return None
+        except Exception as exc:  # noqa: BLE001 - refused, gone, or hung
+            return f"no answer from the docker engine ({type(exc).__name__}: {str(exc)[:150]})", False
+
+    async def probe_actors(self) -> dict[str, tuple[str, bool] | None]:
+        from ray.exceptions import RayActorError
+
+        from fleet.host import awaitable
+
+        p = self.parts
+        actors = [("lease ledger", p.ledger)] + [(f"sandbox host {n}", h) for n, h in
+                                                 zip(p.fleet.node_ids, p.hosts) if n not in self.nodes.out]
+
+        async def one(actor):
+            try:
+                await asyncio.wait_for(awaitable(actor.ping.remote()), self.cfg.health.actor_timeout_s)
+                return None
+            except RayActorError as exc:
+                return f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
+            except asyncio.TimeoutError:
+                return f"no answer to a ping within {self.cfg.health.actor_timeout_s:g} s (hung?)", False
+
+        got = await asyncio.gather(*(one(a) for _, a in actors))
+        return {part: r for (part, _), r in zip(actors, got)}
+
+    async def watch(self, probe, every: float, strikes_needed: int) -> None:
+        """Run `probe` every `every` s; a part certainly lost, or failing `strikes_needed` probes in a row, is a
+        harness fault. Strikes and the last good time are kept per part."""
+        strikes: dict[str, int] = {}
+        t0 = time.time()
+        while self.harness_fault is None:
+            await asyncio.sleep(every)
+            for part, bad in (await probe()).items():
+                if bad is None:
+                    strikes[part] = 0
+                    self.last_ok[part] = time.time()
+                    continue
+                why, certain = bad
+                strikes[part] = strikes.get(part, 0) + 1
+                self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
+                if certain or strikes[part] >= strikes_needed:
+                    self.part_lost(part, why, since=self.last_ok.get(part, t0))
+                    return
+
+    async def watch_parts(self) -> None:
+        """Every part the wave started or uses, watched until the wave ends; and the host's load."""
+        await asyncio.gather(self.watch(self.probe_services, self.PROBE_S, self.cfg.health.strikes),
+                             self.watch(self.probe_actors, self.ACTOR_PROBE_S, self.cfg.health.actor_strikes),
+                             self.sample_load())
+
+    async def sample_load(self) -> None:
+        """Runnable tasks on the host every 0.5 s (`procs_running` of /proc/stat), for the grader: a runner silent
+        while the host was overloaded is starved, not provably hung (`liveness` is then unknown)."""
+        cores = os.cpu_count() or 1
+        while self.harness_fault is None:
+            try:
+                line = next(x for x in Path("/proc/stat").read_text().splitlines() if x.startswith("procs_running"))
+                self.load_samples.append({"t": round(time.time(), 3), "running": int(line.split()[1]) - 1,
+                                          "cores": cores})  # minus this sampler itself
+            except (OSError, StopIteration, ValueError):
+                pass
+            await asyncio.sleep(0.5)
+
+    def diagnose(self, exc: BaseException) -> bool:
+        """An unexpected error in the wave loop: if a part is dead, it is the cause (a harness fault)."""
+        dead = self.dead_process() if self.parts.proxy is not None and self.parts.model is not None else None
+        if dead is None:
+            return False
+        self.part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
+        return True

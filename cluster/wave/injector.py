@@ -1,0 +1,76 @@
+"""The injector: each planned fault runs as its own asyncio task beside its task's attempts. It waits for the
+fault's time or boundary, draws its probability once, injects, waits until the effect is over, and always clears
+it (on cancellation too), then keeps the fault's receipt. A crashed injection is `unknown`, never a pass."""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
+from faults.planner import drawn
+
+
+class Injector:
+    def __init__(self, timeline, stopping: Callable[[], str | None]):
+        """`stopping()`: why the wave is stopping (a signal, a harness fault), or None while it runs."""
+        self.timeline = timeline
+        self.stopping = stopping
+        self.receipts: list[Receipt] = []
+
+    async def fire(self, spec: FaultSpec, ctx) -> None:
+        fault = CATALOG[spec.fault_id]
+        injected: dict = {}
+        cleared: dict = {}
+        tl = self.timeline
+        try:
+            if spec.trigger == "time" and ctx is not None and getattr(fault, "times_from_runner_start", False):
+                # a seeded time after the task's runner started, not after its lease was taken (a container can
+                # take a second or two to start; the kill would land before the runner did anything)
+                await ctx.runner_started(spec.task_id)
+            await asyncio.sleep(spec.at_s)
+            if not drawn(spec):
+                injected = {"applied": False, "why": f"probability draw ({spec.probability}) said no"}
+                return
+            injected = await fault.inject(spec, ctx)
+            tl("fault_inject", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+               applied=bool(injected.get("applied")), why=injected.get("why", ""))
+            if injected.get("applied"):
+                await fault.settle(spec, ctx, injected)
+        except asyncio.CancelledError:
+            if not injected:
+                stop = self.stopping()
+                why = "the task ended" if stop is None else f"the wave stopped ({stop})"
+                injected = {"applied": False, "why": f"{why} before the planned time"}
+        except Exception as exc:  # noqa: BLE001 - a crashed injection is `unknown`, never a pass
+            injected = dict(injected, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            try:
+                cleared = await fault.clear(spec, ctx, injected)
+            except Exception as exc:  # noqa: BLE001
+                cleared = {"error": f"clear failed: {exc}"}
+            receipt = fault.receipt(spec, injected, cleared)
+            if "error" in injected:
+                receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected['error']}"
+            self.receipts.append(receipt)
+            tl("fault_clear", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+               status=receipt.status, detail=receipt.detail)
+
+    @staticmethod
+    def settle_arms(run, sandbox_id: str, watches: dict) -> bool:
+        """What the attempt's watches saw: a fired one hands its kill to its fault; the others carry the rest
+        of their count to the next attempt. True if one fired."""
+        fired = False
+        for reason, w in watches.items():
+            entry = run.arms.get(reason)
+            if entry is None or entry["future"].done():
+                continue
+            if w.get("error"):
+                entry["future"].set_result({"applied": None, "error": f"the watch crashed: {w['error']}",
+                                            "sandbox_id": sandbox_id})
+                fired = True
+            elif w.get("fired"):
+                entry["future"].set_result(dict(w, sandbox_id=sandbox_id))
+                fired = True
+            else:
+                entry["arm"]["nth"] -= int(w.get("seen", 0))
+        return fired

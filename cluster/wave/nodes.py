@@ -1,0 +1,157 @@
+"""Nodes: where attempts run, and PK3's node loss.
+
+Placement is least-loaded: each attempt goes to the live sandbox node with the fewest attempts running (ties: the
+lowest number); a draining or lost node gets none. PK3 takes a node ('drain': the GCS is asked to drain it for
+preemption with a deadline, every sandbox there gets the notice and SIGTERM, and at the deadline the node is lost;
+'abrupt': lost at once) and brings it back `down_s` later as a new Ray node, or as soon as every task of the wave
+has ended.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+
+class Nodes:
+    def __init__(self, parts, runs: dict, timeline, wave_id: str, all_ended: Callable[[], bool]):
+        """`runs`: the wave's task runs by task id (the same dict the wave fills); `all_ended()`: every task of the
+        wave has ended."""
+        self.parts = parts
+        self.runs = runs
+        self.timeline = timeline
+        self.wave_id = wave_id
+        self.all_ended = all_ended
+        self.load: dict[str, int] = {}  # node -> attempts running there now (placement)
+        self.placed: dict[str, str] = {}  # sandbox id -> its node
+        self.out: set[str] = set()  # draining or lost: no new attempt goes there
+        self.lost: dict[str, dict] = {}  # node -> how PK3 took it (its attempts end as killed, not as a fault)
+        self.events: dict[str, asyncio.Event] = {}  # node -> set when it is back
+        self.back_info: dict[str, dict] = {}
+        self.faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
+        self.tasks: list[asyncio.Task] = []  # nodes on their way back
+
+    @property
+    def fleet(self):
+        return self.parts.fleet
+
+    def place(self) -> str | None:
+        """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number)."""
+        live = [n for n in self.fleet.node_ids if n not in self.out and n not in self.fleet.down]
+        if not live:
+            return None
+        return min(live, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
+
+    def host(self, node: str):
+        return self.parts.hosts[self.fleet.node_ids.index(node)]
+
+    def _reference_on(self, node: str) -> bool:
+        return any(r.current is not None and r.node == node and r.plan["role"] == "reference"
+                   for r in self.runs.values())
+
+    async def lose(self, node: str, mode: str, grace_s: float, down_s: float, instance: str, task_id: str) -> dict:
+        """PK3. Lost = its host process SIGKILLed (the sandboxes die with it) and its raylet killed; what the dead
+        host could not remove (workspace mounts, cgroups) goes with the machine. The node comes back `down_s`
+        later."""
+        if node in self.out:
+            return {"applied": False, "why": f"node {node} was already draining or lost"}
+        if not [n for n in self.fleet.node_ids if n != node and n not in self.out]:
+            return {"applied": False, "why": f"node {node} is the last live sandbox node; a wave keeps one to finish "
+                                             "its tasks on"}
+        self.out.add(node)  # from now on no attempt is placed there
+        host = self.host(node)
+        t_wait = time.monotonic()
+        while time.monotonic() - t_wait < 60 and self._reference_on(node):  # a positive control: never interrupted
+            await asyncio.sleep(0.05)
+        if self._reference_on(node):
+            self.out.discard(node)
+            return {"applied": False, "why": f"a reference run (the positive control) still ran on {node} after 60 s"}
+        own = self.runs[task_id]
+        if not (own.current is not None and own.node == node):
+            self.out.discard(node)  # the task moved on or ended while a reference run finished there
+            return {"applied": False, "why": f"the task's attempt was no longer on {node} when the node could go "
+                                             "(it waited for a reference run there)"}
+        on_node = sorted(sid for sid, n in self.placed.items() if n == node and
+                         any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
+        out: dict = {"node": node, "mode": mode, "sandboxes": on_node,
+                     "waited_for_references_s": round(time.monotonic() - t_wait, 3)}
+        t0 = time.time()
+        if mode == "drain":
+            self.faults[node] = instance  # attempts that end now end because of the drain
+            ok, err = await asyncio.to_thread(self.fleet.ray_session.drain_node, node, grace_s,
+                                              f"sandfleet {instance}: spot preemption")
+            out["drain"] = {"accepted": ok, "rejection": err, "deadline_s": grace_s}
+            notice = {"action": "terminate", "grace_s": grace_s, "reason": f"node drain (sandfleet {instance})",
+                      "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0 + grace_s))}
+            noticed = await asyncio.gather(*(host.notify.remote(sid, notice) for sid in on_node),
+                                           return_exceptions=True)
+            out["noticed"] = sum(1 for n in noticed if isinstance(n, dict) and n.get("written"))
+            for sid in on_node:  # SIGTERM only: the SIGKILL is the node going away at the deadline
+                try:
+                    await host.terminate.remote(sid)
+                except Exception:  # noqa: BLE001
+                    pass
+            await asyncio.sleep(max(0.0, t0 + grace_s - time.time()))
+        self.lost[node] = {"instance": instance, "mode": mode, "at": time.time()}
+        self.events[node] = asyncio.Event()
+        self.timeline("node_lost", node=node, fault=instance, mode=mode, sandboxes=on_node)
+        out.update(await asyncio.to_thread(self.fleet.lose_node, node))
+        out["reaped"] = await asyncio.to_thread(self.reap, node)
+        out["applied"] = True
+        self.tasks.append(asyncio.get_running_loop().create_task(self._bring_back(node, down_s, instance)))
+        return out
+
+    def reap(self, node: str) -> list[str]:
+        """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
+        from fleet import cgroups
+        from fleet.backends import reap_leftover
+        from fleet.dockerapi import list_containers
+
+        gone = []
+        deadline = time.monotonic() + 10
+        docker_sids = [c["sandbox"] for c in list_containers(self.wave_id) or []]  # not children of the host
+        for sid in sorted({s for _, s in cgroups.list_sandboxes(self.wave_id)} | set(docker_sids)):
+            if self.placed.get(sid) == node:
+                reap_leftover(self.wave_id, sid)
+                gone.append(sid)
+        while time.monotonic() < deadline and any(self.placed.get(s) == node for _, s in
+                                                  cgroups.list_sandboxes(self.wave_id)):
+            time.sleep(0.05)
+        return gone
+
+    async def _bring_back(self, node: str, down_s: float, instance: str) -> None:
+        """The node comes back `down_s` after it was lost, or as soon as every task of the wave has ended: from
+        then on nothing can run on it or miss it, and the wave would only wait (the node_back event says so)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + down_s
+        while loop.time() < until and not self.all_ended():
+            await asyncio.sleep(min(0.1, max(0.0, until - loop.time())))
+        early = loop.time() < until
+        try:
+            back = await asyncio.to_thread(self.fleet.restore_node, node)
+            back["down_s"] = round(time.time() - self.lost[node]["at"], 3)
+            back["planned_down_s"] = round(down_s, 3)
+            if early:
+                back["cut_short"] = "every task of the wave had ended: nothing was left to run or to miss the node"
+            self.back_info[node] = back
+            self.timeline("node_back", fault=instance, **back)
+        except Exception as exc:  # noqa: BLE001
+            self.back_info[node] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            self.timeline("node_not_back", node=node, fault=instance, **self.back_info[node])
+        finally:
+            self.out.discard(node)
+            self.lost.pop(node, None)
+            self.faults.pop(node, None)
+            self.events[node].set()
+
+    async def back(self, node: str) -> dict:
+        """Wait (bounded) until the lost node is back; the task that planned the fault ending meanwhile (which
+        cancels its fault) does not cut the wait short: the fault's receipt says when the node came back."""
+        ev = self.events.get(node)
+        deadline = time.monotonic() + 120
+        while ev is not None and not ev.is_set() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(ev.wait(), max(0.01, deadline - time.monotonic()))
+            except (asyncio.CancelledError, asyncio.TimeoutError):
+                continue
+        return dict(self.back_info.get(node, {}), back=node not in self.fleet.down)

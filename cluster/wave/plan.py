@@ -1,0 +1,109 @@
+"""The plan of a wave: every task, its seed and faults, and the reference run (the uninterrupted positive control)
+of each seed; a replay's plan (one task of an earlier wave), and a boundary-enumerated wave's tasks."""
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import datetime, timezone
+
+import orjson
+
+from cluster.artifacts import ReferenceCache, reference_key
+from cluster.config import WaveConfig
+from cluster.wave.errors import HarnessError
+from faults.base import FaultSpec
+from faults.planner import derive, plan_faults, task_seed
+
+
+def new_wave_id(seed: int) -> str:
+    ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"w-{ts}-s{seed}-{secrets.token_hex(2)}"
+
+
+REF = "ref-"
+
+
+def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = None) -> dict:
+    """Every task, its seed and faults, and the reference run (positive control) of each seed.
+
+    A reference is an uninterrupted, fault-free run of the same runner on the same seed; one found
+    in the cache (same runner code, workload and seed) is reused instead of run again.
+    """
+    runner = cfg.runner_spec()
+    if cfg.enumerate_boundaries:  # phase 1 runs the reference alone; its boundaries plan the tasks
+        seed = task_seed(cfg.seed, 0)
+        key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
+        base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
+        return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+                "runner": runner, "tasks": [], "enumerate": {"pending": True},
+                "references": [{"task_id": REF + "t000", "role": "reference", "reference_of": "t000", **base,
+                                "faults": [], "reference": {"task_id": REF + "t000", "key": key, "cached": False}}]}
+    task_ids = [f"t{i:03d}" for i in range(cfg.tasks)]
+    faults = plan_faults(cfg.seed, task_ids, cfg.faults, cfg.fault_params())
+    tasks, refs = [], []
+    for i, tid in enumerate(task_ids):
+        seed = task_seed(cfg.seed, i)
+        key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
+        cached = cache.get(key) is not None if cache is not None else False
+        base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
+        tasks.append({"task_id": tid, "role": "task", **base, "faults": [f.to_dict() for f in faults[tid]],
+                      "reference": {"task_id": REF + tid, "key": key, "cached": cached}})
+        if not cached:
+            refs.append({"task_id": REF + tid, "role": "reference", "reference_of": tid, **base, "faults": [],
+                         "reference": {"task_id": REF + tid, "key": key, "cached": False}})
+    return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+            "runner": runner, "tasks": tasks, "references": refs, "placement": placement(cfg)}
+
+
+def placement(cfg: WaveConfig) -> dict:
+    """Where attempts run, as the plan shows it to the user."""
+    if cfg.nodes == 1:
+        return {"policy": "one node", "sandbox_nodes": ["node-0"],
+                "head": "node-0 (the harness and every sandbox)"}
+    return {"policy": "least-loaded: each attempt goes to the live sandbox node with the fewest attempts running "
+                      "(ties: the lowest number); a draining or lost node gets none; a task's next attempt may land "
+                      "on another node",
+            "sandbox_nodes": [f"node-{i}" for i in range(1, cfg.nodes)],
+            "head": "node-0 (driver, lease ledger, store, fault proxy, model endpoint, effects service; no sandboxes)"}
+
+
+def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCache | None = None) -> dict:
+    """A wave of one task of `original`: the same seed, the same faults at the same times, boundaries or
+    windows, and its reference (from the cache when it is there)."""
+    task = next((t for t in original["tasks"] if t["task_id"] == task_id), None)
+    if task is None:
+        raise HarnessError(f"wave {original['wave_id']} has no task {task_id!r}; its tasks: "
+                           f"{', '.join(t['task_id'] for t in original['tasks'][:20])}")
+    task = orjson.loads(orjson.dumps(task))
+    ref = task["reference"]
+    ref["cached"] = cache is not None and cache.get(ref["key"]) is not None
+    refs = [] if ref["cached"] else [{
+        "task_id": ref["task_id"], "role": "reference", "reference_of": task_id, "seed": task["seed"],
+        "runner": task["runner"], "workload": task["workload"], "steps": task["steps"], "faults": [],
+        "reference": dict(ref)}]
+    return {"wave_id": wave_id, "seed": original["seed"], "created_at": time.time(), "config": original["config"],
+            "runner": original["runner"], "tasks": [task], "references": refs,
+            "replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}
+
+
+def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
+    """One PK1 task per boundary of the uninterrupted reference run (and per variant of a store write), all on
+    the reference's seed; a seeded sample of `limit` when there are more."""
+    ref = plan["references"][0]
+    points = [("model_call", n, None) for n in range(1, counts["model_call"] + 1)]
+    points += [("effect", n, None) for n in range(1, counts["effect"] + 1)]
+    points += [("store_write", n, v) for n in range(1, counts["store_write"] + 1) for v in ("ambiguous", "after")]
+    if limit is not None and len(points) > limit:
+        keep = set(derive(plan["seed"], "boundaries").sample(range(len(points)), limit))
+        points = [p for i, p in enumerate(points) if i in keep]
+    tasks = []
+    for i, (kind, n, variant) in enumerate(points):
+        tid = f"t{i:03d}"
+        params = {"after": n, "variant": variant or "after"}
+        spec = FaultSpec(fault_id="PK1", instance=f"{tid}-PK1", task_id=tid, trigger=kind, at_s=0.0,
+                         seed=derive(plan["seed"], tid, "PK1").randrange(2**31), params=params)
+        tasks.append({"task_id": tid, "role": "task", "seed": ref["seed"], "runner": ref["runner"],
+                      "workload": ref["workload"], "steps": ref["steps"], "faults": [spec.to_dict()],
+                      "boundary": {"kind": kind, "n": n, "variant": variant},
+                      "reference": {"task_id": ref["task_id"], "key": ref["reference"]["key"], "cached": False}})
+    return tasks
