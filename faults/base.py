@@ -75,6 +75,28 @@ class FaultContext(Protocol):
     def store_requests(self, akids: set, t0: float, t1: float) -> list[dict]:
         """The proxy's log lines of requests signed by these key ids between t0 and t1."""
 
+    async def runner_started(self, task_id: str) -> None:
+        """Until the task's current attempt has its runner running (a clock-timed fault counts from there)."""
+
+    async def node_of(self, task_id: str) -> str | None:
+        """The node the task's running attempt is on (None when none runs)."""
+
+    async def lose_node(self, node: str, mode: str, grace_s: float, down_s: float, instance: str,
+                        task_id: str) -> dict:
+        """PK3: the node goes away with every sandbox on it ('drain': after a notice), back `down_s` later."""
+
+    async def node_back(self, node: str) -> dict:
+        """Until a lost node is back (bounded); what its return was."""
+
+    async def abandon(self, task_id: str, sandbox_id: str, instance: str) -> None:
+        """PK6: give up on the frozen attempt (its keys die now, its lease runs out); the next one starts."""
+
+    async def newer_attempt(self, task_id: str, sandbox_id: str, timeout_s: float) -> str | None:
+        """The sandbox id of the task's next attempt once it runs (None after `timeout_s`)."""
+
+    def fenced_activity(self, task_id: str, sandbox_id: str, since: float) -> dict:
+        """What a zombie attempt did from `since`: its store requests and the calls refused as fenced."""
+
 
 class Fault(Protocol):
     id: str

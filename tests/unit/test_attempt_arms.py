@@ -37,3 +37,20 @@ def test_a_crashed_watch_is_unknown_not_a_pass():
         out = fut.result()
         assert out["applied"] is None and "the watch crashed" in out["error"]
     asyncio.run(main())
+
+
+def test_faults_use_only_what_the_context_protocol_declares_and_the_wave_gives_all_of_it():
+    """Every `ctx.<name>` a fault uses is declared by faults.base.FaultContext, and the wave's WaveContext has it."""
+    import re
+    from pathlib import Path
+
+    from cluster.wave.context import WaveContext
+    from faults.base import FaultContext
+
+    used = set()
+    for f in (Path(__file__).resolve().parents[2] / "faults").glob("*.py"):
+        used |= set(re.findall(r"\bctx\.([a-z_]+)", f.read_text()))
+    declared = {n for n in dir(FaultContext) if not n.startswith("_")} | set(FaultContext.__annotations__)
+    assert used and used <= declared, sorted(used - declared)
+    assert all(hasattr(WaveContext, n) for n in declared - {"bucket"}), sorted(
+        n for n in declared if not hasattr(WaveContext, n))

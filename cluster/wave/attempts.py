@@ -1,0 +1,307 @@
+"""Attempts: one task's attempt loop, with an explicit outcome per attempt.
+
+A task runs attempts until one ends it (the runner exited 0, the sandbox could not start, the deadline passed),
+it is out of attempts or past its deadline, or a part of the harness is lost (then it gets no end and is graded
+`unknown`). Each attempt is placed on a node (`Nodes`), holds the task's lease with the next fence, gets its own
+keys (`Access`), and runs in a sandbox on that node's host, with the watches its faults armed. How it ended is one
+`Outcome`:
+
+- `WAIT`: no attempt ran (every sandbox node out, or the lease still held by an earlier attempt);
+- `RETRY`: it ended without ending the task (killed, crashed, abandoned by PK6, its node lost to PK3);
+- `END`: it ended the task, in the state it says;
+- `PART_LOST`: a part of the harness was lost under it.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import shutil
+import time
+from dataclasses import dataclass
+
+from cluster import results
+from cluster.artifacts import write_artifact
+from cluster.wave.access import CREDS_IN
+from cluster.wave.injector import Injector
+from cluster.wave.timeline import TaskRun
+from faults.base import CATALOG, FaultSpec
+from faults.planner import drawn
+from fleet import workloads
+from fleet.lifecycle import TaskState
+
+
+class Outcome(enum.Enum):
+    WAIT = "wait"
+    RETRY = "retry"
+    END = "end"
+    PART_LOST = "part_lost"
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    outcome: Outcome
+    state: TaskState | None = None  # with END: the task's final state
+    why: str = ""
+
+
+WAIT, RETRY, PART_LOST = AttemptEnd(Outcome.WAIT), AttemptEnd(Outcome.RETRY), AttemptEnd(Outcome.PART_LOST)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+
+
+class Attempts:
+    def __init__(self, cfg, plan: dict, wave_id: str, out: results.ResultsDir, private, parts, access, nodes, health,
+                 injector: Injector, timeline, launch: dict, stop_why, context, resumed: dict | None):
+        """`launch`: what every sandbox of the wave gets (`ro_binds`, `hide`, `relays`); `stop_why()`: why the
+        wave is stopping; `context`: the WaveContext its faults touch; `resumed`: what a resumed wave kept."""
+        self.cfg = cfg
+        self.plan = plan
+        self.wave_id = wave_id
+        self.out = out
+        self.private = private
+        self.parts = parts
+        self.access = access
+        self.nodes = nodes
+        self.health = health
+        self.injector = injector
+        self.timeline = timeline
+        self.launch = launch
+        self.stop_why = stop_why
+        self.context = context
+        self.fired = (resumed or {}).get("fired", set())
+        self.fault_tasks: dict[str, list[asyncio.Task]] = {}
+        self.zombies: list = []  # futures of abandoned attempts (PK6) still running
+
+    # ------------------------------------------------------------------ a task
+    async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
+        if run.finished_before:
+            return
+        task, tid, tl = run.plan, run.plan["task_id"], self.timeline
+        async with sem:
+            loop = asyncio.get_running_loop()
+            launched = loop.time()
+            deadline = launched + self.cfg.deadline_s
+            run.life.to(TaskState.RUNNING, "launched")
+            tl("task_start", task=tid, seed=task["seed"], runner=task["runner"])
+            self._start_faults(run, loop)
+            final, why = TaskState.FAILED, ""
+            while True:
+                if self.health.harness_fault is not None:
+                    return  # the wave is ending on a harness fault: this task gets no end (graded unknown)
+                if loop.time() >= deadline:
+                    final, why = TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s"
+                    break
+                if run.attempts >= self.cfg.max_attempts:
+                    final, why = TaskState.FAILED, f"max_attempts {self.cfg.max_attempts} reached"
+                    break
+                end = await self.attempt(run, deadline, on_change)
+                if end.outcome is Outcome.PART_LOST:
+                    return
+                if end.outcome is Outcome.END:
+                    final, why = end.state, end.why
+                    break
+            run.life.to(final, why)
+            for ft in self.fault_tasks[tid]:
+                ft.cancel()
+            await asyncio.gather(*self.fault_tasks[tid], return_exceptions=True)
+            tl("task_end", task=tid, state=final.value, why=why, attempts=run.attempts,
+               duration_s=round(loop.time() - launched, 3))
+            on_change()
+
+    def _start_faults(self, run: TaskRun, loop) -> None:
+        """The task's faults: each fired by the injector as its own task; a fault that watches attempts
+        (`attempt_arm`) gets its watch armed with each attempt until it fires."""
+        tid = run.plan["task_id"]
+        for f in run.plan["faults"]:
+            fspec, arm_of = FaultSpec(**f), getattr(CATALOG[f["fault_id"]], "attempt_arm", None)
+            arm = arm_of(fspec) if arm_of and f["instance"] not in self.fired and drawn(fspec) else None
+            if arm:
+                run.arms[f["instance"]] = {"arm": dict(arm), "future": loop.create_future()}
+        self.fault_tasks[tid] = [asyncio.create_task(self.injector.fire(FaultSpec(**f), self.context))
+                                 for f in run.plan["faults"] if f["instance"] not in self.fired]
+
+    # ------------------------------------------------------------------ an attempt
+    async def attempt(self, run: TaskRun, deadline: float, on_change) -> AttemptEnd:
+        from ray.exceptions import RayActorError
+
+        tid, loop = run.plan["task_id"], asyncio.get_running_loop()
+        sandbox_id = results.sandbox_id(tid, run.attempts + 1)
+        node = self.nodes.place()
+        if node is None:  # every sandbox node is lost or draining: wait for one to come back
+            await asyncio.sleep(0.1)
+            return WAIT
+        host = self.nodes.host(node)
+        self.nodes.load[node] = self.nodes.load.get(node, 0) + 1  # held from now: placements beside it spread
+        try:
+            lease = await self.parts.ledger.acquire.remote(results.lease_key(self.wave_id, tid), node, sandbox_id,
+                                                           self.cfg.lease_ttl_s)
+        except RayActorError as exc:
+            self.nodes.load[node] -= 1
+            self.health.part_lost("lease ledger", f"the actor died ({_first_line(exc)})")
+            return PART_LOST
+        if lease is None:
+            self.nodes.load[node] -= 1
+            self.timeline("lease_busy", task=tid)
+            await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
+            return WAIT
+        run.attempts += 1
+        attempt, fence = lease["attempt"], lease["fence"]
+        spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
+        self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
+                      lease_acquired_at=lease.get("acquired_at"), akid=self.access.akids.get(sandbox_id))
+        run.current, run.node = (host, sandbox_id), node
+        self.nodes.placed[sandbox_id] = node
+        self.parts.registry.set_attempt(tid, attempt)
+        arms = [a["arm"] for a in run.arms.values() if not a["future"].done()]
+        ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo", arms)
+        result: dict = {}
+        run.abandon, run.abandon_ev = None, asyncio.Event()
+        try:
+            result = await self._await(run, ref, sandbox_id, max(0.1, deadline - loop.time()))
+        except asyncio.CancelledError:  # the wave is stopping: the sweep ends this attempt's sandbox
+            self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+                          killed_by="wave stopped", ended_at=time.time(), cause=f"the wave stopped ({self.stop_why()})")
+            raise
+        except asyncio.TimeoutError:
+            try:
+                await host.kill.remote(sandbox_id, 1.0, "deadline")
+                result = await ref
+            except RayActorError as exc:
+                result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
+        except RayActorError as exc:
+            result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
+        finally:
+            run.current = None
+            self.nodes.load[node] -= 1
+            self.parts.registry.set_attempt(tid, None)
+        if Injector.settle_arms(run, sandbox_id, result.get("watches") or {}):
+            await asyncio.sleep(0)  # the fired fault records its injection before this attempt's end
+        return await self._ended(run, node, sandbox_id, attempt, fence, result, on_change)
+
+    async def _sandbox_spec(self, task: dict, sandbox_id: str, attempt: int, fence: int) -> dict:
+        """What the host needs to start the attempt's sandbox (it crosses Ray as a dict)."""
+        sdir = self.out.sandbox(sandbox_id)
+        sdir.mkdir(parents=True, exist_ok=True)
+        fixture = workloads.get(task["workload"]).fixture(task["seed"])
+        creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task["task_id"], sandbox_id)
+        sbc = self.cfg.sandbox
+        return {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": task["task_id"], "attempt": attempt,
+                "argv": self.plan["runner"]["command"],
+                "env": self.access.runner_env(task, attempt, fence, sandbox_id),
+                "state_dir": str(sdir), "workspace_mb": sbc.workspace_mb,
+                "memory_mb": sbc.memory_mb, "pids_max": sbc.pids_max, "cpu_shares": sbc.cpu_shares,
+                "cpu_quota": sbc.cpu_cores, "workspace_dir": str(self.private / "ws" / sandbox_id),
+                "files": {f"repo/{p}": text for p, text in fixture.items()},
+                "ro_binds": self.launch["ro_binds"], "hide": self.launch["hide"], "ro_mounts": {creds_dir: CREDS_IN},
+                "relays": self.launch["relays"], "backend": sbc.backend, "image": sbc.image}
+
+    async def _await(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> dict:
+        """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on
+        as a zombie: its end is recorded as `zombie_end` when it comes). Raises asyncio.TimeoutError at the
+        deadline and what the host raised (RayActorError) as before."""
+        fut = asyncio.wrap_future(ref.future())
+        ab = asyncio.ensure_future(run.abandon_ev.wait())
+        try:
+            done, _ = await asyncio.wait({fut, ab}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ab.cancel()
+        if fut in done:
+            return fut.result()
+        if run.abandon is not None:
+            def ended(f, sid=sandbox_id, task=run.plan["task_id"]):
+                shutil.rmtree(self.access.creds_dir(sid), ignore_errors=True)  # the zombie's dead key file
+                try:
+                    r = f.result()
+                    self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.get("exit_code"),
+                                  killed_by=r.get("killed_by"), ended_at=r.get("ended_at"))
+                except BaseException as exc:  # noqa: BLE001
+                    self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
+            fut.add_done_callback(ended)
+            self.zombies.append(fut)
+            return {"exit_code": None, "abandoned": run.abandon}
+        raise asyncio.TimeoutError
+
+    def _retry(self, run: TaskRun, attempt: int, code, why: str) -> AttemptEnd:
+        run.life.to(TaskState.RETRYING, why)
+        self.timeline("task_retry", task=run.plan["task_id"], after_attempt=attempt, exit_code=code)
+        run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
+        return RETRY
+
+    async def _ended(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int, result: dict,
+                     on_change) -> AttemptEnd:
+        """Record how the attempt ended and say what it means for its task."""
+        tid, tl = run.plan["task_id"], self.timeline
+        code = result.get("exit_code")
+        if result.get("abandoned"):  # PK6: frozen past its lease; its lease runs out, its keys die now
+            ab = result["abandoned"]
+            await asyncio.to_thread(self.access.revoke, sandbox_id, True)
+            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+               killed_by=ab["instance"], ended_at=ab["at"], node=node,
+               cause=f"killed: frozen, abandoned to run out its lease ({ab['instance']}); a zombie now")
+            on_change()
+            return self._retry(run, attempt, None, f"attempt {attempt} abandoned (frozen)")
+        if result.get("host_lost") and node in self.nodes.lost:
+            # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it; a lost
+            # machine cannot say it is done); its key dies now
+            lost = self.nodes.lost[node]
+            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+               killed_by=lost["instance"], ended_at=lost["at"], node=node,
+               cause=f"killed: node {node} lost ({lost['instance']}, {lost['mode']})")
+            await asyncio.to_thread(self.access.revoke, sandbox_id)
+            on_change()
+            return self._retry(run, attempt, None, f"attempt {attempt}: node {node} lost")
+        if result.get("host_lost"):
+            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+               error=result["error"][:300], cause="harness fault: the sandbox host was lost")
+            self.health.part_lost(f"sandbox host {node}", f"the actor died while it ran attempt {sandbox_id} "
+                                  f"({result['error'].strip().splitlines()[0][:200]})")
+            return PART_LOST
+        await self._close(run, node, sandbox_id, attempt, fence, result)
+        on_change()
+        if result.get("harness_part"):  # the backend's engine failed under this attempt: the harness's fault
+            why = (result.get("start_error") or result.get("cause") or "")[:300]
+            self.health.part_lost(result["harness_part"], f"{why} (attempt {sandbox_id})",
+                                  since=self.health.last_ok.get(result["harness_part"]))
+        if self.health.harness_fault is not None:
+            return PART_LOST  # this attempt may have ended because of the fault: no verdict from it
+        if result.get("start_error"):
+            return AttemptEnd(Outcome.END, TaskState.FAILED, result["start_error"])
+        if code == 0:
+            return AttemptEnd(Outcome.END, TaskState.DONE, "runner exited 0")
+        if result.get("killed_by") == "deadline":
+            return AttemptEnd(Outcome.END, TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s")
+        return self._retry(run, attempt, code, f"attempt {attempt} exit {code}")
+
+    async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int, result: dict) -> None:
+        """An attempt that ended on its host: its lease released, its keys revoked, its workspace stored."""
+        from ray.exceptions import RayActorError
+
+        tid = run.plan["task_id"]
+        code = result.get("exit_code")
+        if node in self.nodes.faults and not result.get("cause", "").startswith("killed"):
+            result["cause"] = (f"{result.get('cause') or f'exit {code}'} (node {node} draining for "
+                               f"preemption: {self.nodes.faults[node]})")
+        try:
+            await self.parts.ledger.release.remote(results.lease_key(self.wave_id, tid), fence, None, f"exit {code}")
+        except RayActorError as exc:
+            self.health.part_lost("lease ledger", f"the actor died ({_first_line(exc)})")
+        await asyncio.to_thread(self.access.revoke, sandbox_id)  # the lease ended: its key is dead
+        captured = None
+        if "artifact" in result:
+            captured = self.store_artifact(tid, attempt, result["artifact"])
+        self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
+                      exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
+                      started_at=result.get("started_at"), ended_at=result.get("ended_at"),
+                      error=result.get("error"), start_error=result.get("start_error"), artifact=captured,
+                      cause=result.get("start_error") or result.get("cause") or result.get("error"),
+                      events=result.get("events"))
+
+    def store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:
+        """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""
+        if captured.get("files") is None:
+            return {"captured": False, "why": captured.get("why", "nothing captured")}
+        m = write_artifact(self.out.artifact(tid), captured["files"],
+                           {"task_id": tid, "attempt": attempt, "skipped": captured.get("skipped", [])})
+        return {"captured": True, "digest": m["digest"], "files": len(m["files"]), "skipped": m["skipped"]}

@@ -1,0 +1,264 @@
+"""The end of a wave, in order: every fault cleared at the proxy, the hosts sweep what no lease covers (a stopped
+wave ends all its sandboxes and leases), the sweep actor's last pass, the store audited (every object read back and
+checked against what its writer sent), then the parts stopped and the wave's private dir removed. A part that is
+lost gets no grace; a lost host or ledger does not stop the sweep (the driver then reaps by marker)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Callable
+
+import orjson
+
+from cluster import results
+from cluster.wave.errors import HarnessError
+
+
+class Teardown:
+    def __init__(self, parts, health, timeline, out: results.ResultsDir, wave_id: str, runs: dict, private,
+                 own_fleet: bool, settle_s: float, interrupted: Callable[[], str | None], harness_cg=None):
+        """`interrupted()`: the signal that stopped the wave, or None; `settle_s`: the sweep actor's settle window;
+        `harness_cg`: the driver's own harness cgroup, left at the end."""
+        self.parts = parts
+        self.health = health
+        self.timeline = timeline
+        self.out = out
+        self.wave_id = wave_id
+        self.bucket = results.bucket_name(wave_id)
+        self.runs = runs
+        self.private = private
+        self.own_fleet = own_fleet
+        self.sweep_settle_s = settle_s
+        self.interrupted = interrupted
+        self.harness_cg = harness_cg
+
+    def clear_faults(self) -> None:
+        """Belt and braces after the per-fault clears: no proxy rule survives the wave."""
+        if self.health.lost("fault proxy"):
+            self.timeline("proxy_rules_not_cleared", why="the fault proxy is lost; it is stopped instead")
+        elif self.parts.proxy is not None and self.parts.proxy.proc is not None:
+            try:
+                left = self.parts.proxy.control().close_all()
+                if left:
+                    self.timeline("proxy_rules_force_closed", rules=[r["rule_id"] for r in left])
+            except Exception as exc:  # noqa: BLE001
+                self.timeline("proxy_clear_failed", error=str(exc))
+
+    def sweep_actor_report(self) -> None:
+        """The sweep actor's last pass for this wave (after its settle window if anything still looks leaked);
+        its report is `sweeper.json`. A lost sweep actor is recorded, never fatal: the host sweep ran already."""
+        import ray
+
+        sweeper = getattr(self.parts.fleet, "sweeper", None) if self.parts.fleet is not None else None
+        if sweeper is None or self.parts.ledger is None:
+            return
+        try:
+            engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
+            rep = ray.get(sweeper.final.remote(self.wave_id, engine), timeout=self.sweep_settle_s + 60)
+        except Exception as exc:  # noqa: BLE001
+            rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
+                                                       f"{str(exc)[:200]}"], "unavailable": True}
+        self.out.sweeper.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2, default=str))
+        self.timeline("sweep_actor", scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
+                      reaped=len(rep.get("reaped") or []), dangling=len(rep.get("dangling_leases") or []),
+                      expired_but_running=len(rep.get("expired_but_running") or []), errors=rep.get("errors"))
+
+    def sweep(self) -> dict:
+        """End what is left of the wave and record it. A stopped wave (signal, harness fault) ends all its
+        sandboxes and leases; otherwise sandboxes with no active lease are leaks. A host or ledger that is
+        gone does not stop the sweep: the driver then reaps the wave's sandboxes by their markers itself."""
+        import ray
+
+        from fleet import cgroups
+        from fleet.backends import reap_leftover
+
+        fault = self.health.harness_fault
+        stopping = self.interrupted() or (fault and f"harness fault ({fault['part']})")
+        problems = []
+        for part, actor in [("lease ledger", self.parts.ledger)] + [(f"sandbox host {n}", h) for n, h in
+                                                               zip(self.parts.fleet.node_ids, self.parts.hosts)
+                                                               if n not in self.parts.fleet.down]:
+            if self.health.lost(part):  # hung or dead: end it now rather than wait for each call's timeout
+                problems.append(f"{part} lost (harness fault)")
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001
+                    pass
+        try:
+            if self.health.lost("lease ledger"):
+                raise RuntimeError("the lease ledger is lost")
+            active = [l for l in ray.get(self.parts.ledger.active.remote(), timeout=30)
+                      if l["task_id"].startswith(self.wave_id + "/")]
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"ledger: {type(exc).__name__}: {str(exc)[:200]}")
+            active = None
+        live = [l["sandbox_id"] for l in active or []]
+        if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
+            for n, h in zip(self.parts.fleet.node_ids, self.parts.hosts):
+                if self.health.lost(f"sandbox host {n}") or n in self.parts.fleet.down:
+                    continue
+                engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
+                try:
+                    ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
+                except Exception as exc:  # noqa: BLE001
+                    problems.append(f"cancel on host: {type(exc).__name__}")
+            for lease in active or []:
+                try:
+                    ray.get(self.parts.ledger.release.remote(lease["task_id"], lease["fence"], None,
+                                                       f"wave stopped: {stopping}"), timeout=10)
+                except Exception as exc:  # noqa: BLE001
+                    problems.append(f"release {lease['task_id']}: {type(exc).__name__}")
+                    break
+            live = []
+        reports = []
+        for n, h in zip(self.parts.fleet.node_ids, self.parts.hosts):
+            if self.health.lost(f"sandbox host {n}") or n in self.parts.fleet.down:
+                continue
+            try:
+                reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"sweep on {n}: {type(exc).__name__}: {str(exc)[:200]}")
+        by_driver = []
+        if problems:  # a part is gone: reap the wave's sandboxes here, by marker (same machine)
+            for wid, sid in cgroups.list_sandboxes(self.wave_id):
+                try:
+                    by_driver.append(reap_leftover(wid, sid))
+                except Exception as exc:  # noqa: BLE001
+                    by_driver.append({"sandbox_id": sid, "error": str(exc)})
+        out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
+               "leaked": [r for rep in reports for r in rep["reaped"]], "problems": problems,
+               "reaped_by_driver": by_driver}
+        self.out.sandbox_sweep.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        if problems and not self.health.harness_fault:
+            raise HarnessError("; ".join(problems))
+        return out
+
+    def audit_store(self) -> None:
+        """The store audit (storage/audit.py, a second client): every object read back and checked against
+        what its writer sent, keys outside task prefixes, incomplete uploads reported then aborted."""
+        from storage.audit import audit, client_for
+
+        log = []
+        try:
+            if not self.health.lost("fault proxy"):
+                self.parts.proxy.control().flush()
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self.out.proxy_requests.stat()  # no log at all: the audit cannot match writes to writers
+            log += results.read_jsonl(self.out.proxy_requests, skip_bad=True)
+        except OSError:
+            log = None
+        creds = self.parts.endpoint.creds
+        mc = client_for(self.parts.endpoint.url, creds.access_key, creds.secret_key,
+                        getattr(self.parts.endpoint, "region", None) or "us-east-1")
+        out = audit(mc, self.bucket, self.wave_id, sorted(self.runs), log)
+        self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+
+    def stop_parts(self) -> None:
+        import ray
+
+        errors = []
+        elog = getattr(getattr(self.parts.fleet, "ray_session", None), "error_log", None)
+        if elog and os.path.exists(elog):  # what Ray said about the nodes it lost (PK3)
+            shutil.copyfile(elog, self.out.ray_errors)
+        if self.parts.fenced_log is not None:
+            self.parts.fenced_log.close()
+        with open(self.out.host_load, "ab") as f:  # appended: a resumed wave keeps the first part
+            f.write(b"".join(orjson.dumps(x) + b"\n" for x in self.health.load_samples))
+        if self.parts.ledger is not None:
+            try:
+                try:
+                    if self.health.lost("lease ledger"):
+                        raise RuntimeError("the lease ledger actor is lost")
+                    dump = ray.get(self.parts.ledger.dump.remote(), timeout=60)
+                except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
+                    from fleet.ledger import LeaseLedger
+
+                    led = LeaseLedger(os.path.join(self.parts.fleet.state_dir, results.LEDGER_DB))
+                    dump = led.dump()
+                    led.close()
+                with open(self.out.ledger, "wb") as f:
+                    mine = self.wave_id + "/"
+                    for row in dump["leases"]:
+                        if row["task_id"].startswith(mine):
+                            f.write(orjson.dumps({"kind": "lease", **row}) + b"\n")
+                    for row in dump["history"]:
+                        if row["task_id"].startswith(mine):
+                            f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"ledger dump: {exc}")
+        try:  # how the hosts' lease renewals went (cumulative over a lent fleet's life)
+            self.timeline("lease_renewals", hosts=ray.get([h.renewals.remote() for h in self.parts.hosts], timeout=10))
+        except Exception:  # noqa: BLE001 - a lost host has no figures
+            pass
+        counts = {}
+        for key, svc in (("model", self.parts.model), ("effects", self.parts.effects)):
+            if svc is not None:
+                per: dict = {}
+                for r in svc.log.snapshot():
+                    per[r["task"]] = per.get(r["task"], 0) + 1
+                counts[key] = per
+        if counts:
+            self.timeline("service_counts", **counts)
+        for svc in (self.parts.model, self.parts.effects):
+            if svc is not None:
+                try:
+                    svc.stop()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"stop {type(svc).__name__}: {exc}")
+        for name, part in (("fault proxy", self.parts.proxy), ("store", self.parts.store)):
+            if part is not None:
+                # a lost part gets no grace, and neither does the wave's own store: the audit has read it back,
+                # its data dir goes with the private dir below, and weed's graceful stop took 1.2-5 s per wave
+                # (a SIGKILLed weed keeps its committed objects anyway: DESIGN.md, "Real parts")
+                try:
+                    part.stop(grace_s=0.0) if self.health.lost(name) or name == "store" else part.stop()
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"stop {type(part).__name__}: {exc}")
+        if self.own_fleet and self.parts.fleet is not None:
+            try:
+                self.parts.fleet.stop()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"fleet stop: {exc}")
+        shutil.rmtree(self.private, ignore_errors=True)
+        from fleet import cgroups
+
+        cgroups.leave_harness(self.harness_cg)
+        if errors:
+            self.timeline("teardown_errors", errors=errors)
+
+    def stop_at_once(self, name: str) -> None:
+        """A second signal: kill what the wave started, by PID and by its markers, and exit now."""
+        from fleet.backends import reap_leftover
+        from fleet import cgroups
+
+        for part in (self.parts.proxy, self.parts.store):
+            proc = getattr(part, "proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        if self.parts.store is not None:
+            self.parts.store.remove_sockets()
+        for wid, sid in cgroups.list_sandboxes(self.wave_id):
+            try:
+                reap_leftover(wid, sid)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.own_fleet and self.parts.fleet is not None:
+            try:
+                self.parts.fleet.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        cgroups.leave_harness(self.harness_cg)
+        shutil.rmtree(self.private, ignore_errors=True)
+        try:
+            self.timeline("wave_stopped_at_once", signal=name)
+            self.out.summary.write_text(
+                f"# Wave {self.wave_id}\n\n**Stopped at once by a second {name}**: not graded. What was stored "
+                f"so far can be graded with `sandfleet grade {self.out.path}` (unfinished tasks are unknown).\n")
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stderr.write(f"{name} again: stopped at once; results so far in {self.out.path}\n")
+        os._exit(130 if name == "SIGINT" else 143)
