@@ -111,6 +111,9 @@ class WaveRun:
         if loop is not None and main is not None and not main.done():
             main.cancel()
 
+    def _write_json(self, name: str, data) -> None:
+        (self.dir / name).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
+
     def lease_key(self, task_id: str) -> str:
         return results.lease_key(self.wave_id, task_id)
 

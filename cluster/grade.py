@@ -25,7 +25,6 @@ Checks per task:
 from __future__ import annotations
 
 import hashlib
-import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import orjson
 from cluster import checks as checks_mod
 from cluster import results
 from cluster.artifacts import read_artifact
+from cluster.evidence import redact, write_evidence  # noqa: F401 (redact: old imports)
 from cluster.verdicts import (ERROR_WORDS, FAIL, NOT_APPLIED, OVERLOAD_PER_CORE, PASS, RANK, UNKNOWN,  # noqa: F401
                               WRITE_METHODS, merge)
 from fleet.dockerapi import LISTING_ERROR
@@ -253,12 +253,39 @@ def _once_each(reaps: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
-    """Grade every task of a stored wave and write `<task>.grade.json`; returns the wave result."""
-    from fleet.workloads.base import tree_digest
+@dataclass
+class WaveRecord:
+    """What a wave stored, read once: the plan and the timeline (its spine), the receipts, the services' and the
+    proxy's logs (None: missing or unreadable), the sweeps' and the store audit's reports."""
 
-    d = Path(results_dir)
-    out = results.ResultsDir(d)
+    d: Path
+    inp: Inputs
+    plan: dict
+    timeline: list[dict]
+    receipts: list[dict]
+    calls: list[dict] | None
+    effects: list[dict] | None
+    proxy: list[dict] | None
+    sweep: dict | None
+    audit: dict | None
+    sweeper: dict | None
+    fenced: list[dict]
+    host_load: list[dict]
+    hfault: dict | None
+
+    @property
+    def out(self) -> results.ResultsDir:
+        return results.ResultsDir(self.d)
+
+
+def _json_or_none(inp: Inputs, name: str, default=...):
+    try:
+        return inp.json(name) if default is ... else inp.json(name, default)
+    except Unreadable:
+        return None
+
+
+def read_wave(d: Path) -> WaveRecord:
     inp = Inputs(d)
     plan = inp.json(results.PLAN)  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
     if plan is None:
@@ -285,37 +312,43 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             else:
                 effects = None
     proxy = inp.lines_or_none(results.PROXY_REQUESTS)
-    have_calls, have_fx = calls is not None, effects is not None
-    calls, effects = calls or [], effects or []
-    try:
-        sweep = inp.json(results.SANDBOX_SWEEP)
-    except Unreadable:
-        sweep = None
-    try:
-        audit = inp.json(results.STORE_AUDIT)
-    except Unreadable:
-        audit = None
-    try:
-        sweeper = inp.json(results.SWEEPER, None)  # the sweep actor's report (no file: a wave before it existed)
-    except Unreadable:
-        sweeper = None
-    harness_errors = [e["error"] for e in timeline if e["event"] == "harness_error"]
+    sweep, audit = _json_or_none(inp, results.SANDBOX_SWEEP), _json_or_none(inp, results.STORE_AUDIT)
+    sweeper = _json_or_none(inp, results.SWEEPER, None)  # the sweep actor's report (none: a wave before it existed)
     hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
-    if hfault is not None and not any(err.startswith("harness fault:") for err in harness_errors):
-        harness_errors.insert(0, f"harness fault: {hfault['part']}: {hfault['why']}. {hfault.get('hint', '')}")
-    wave_id = plan["wave_id"]
+    return WaveRecord(d, inp, plan, timeline, receipts, calls, effects, proxy, sweep, audit, sweeper,
+                      inp.lines_or_none(results.FENCED) or [], inp.lines_or_none(results.HOST_LOAD) or [], hfault)
 
+
+def _harness_errors(w: WaveRecord) -> list[str]:
+    errors = [e["error"] for e in w.timeline if e["event"] == "harness_error"]
+    if w.hfault is not None and not any(err.startswith("harness fault:") for err in errors):
+        f = w.hfault
+        errors.insert(0, f"harness fault: {f['part']}: {f['why']}. {f.get('hint', '')}")
+    return errors
+
+
+@dataclass
+class Attribution:
+    """Every store request signed by an attempt's own key belongs to that attempt's task."""
+
+    owner: dict  # key id -> task id
+    foreign: dict  # task id -> its writes outside its own prefix
+    damaged: dict  # task id -> other tasks' applied writes into its prefix
+    cut_keys: set  # keys whose PUT an injected ST6 cut
+
+
+def attribute(w: WaveRecord) -> Attribution:
+    wave_id = w.plan["wave_id"]
     # keys whose PUT an injected ST6 cut: the store may hold an empty object there whatever was written
     # later, so no write to them counts as a record a resuming runner could have read
-    cut_keys = {r.get("key") for r in proxy or [] if r.get("cut")}
-    # attribution: every request signed by an attempt's own key belongs to that attempt's task
-    owner = {e["akid"]: e["task"] for e in timeline if e["event"] in ("attempt_start", "key_rotated")
+    cut_keys = {r.get("key") for r in w.proxy or [] if r.get("cut")}
+    owner = {e["akid"]: e["task"] for e in w.timeline if e["event"] in ("attempt_start", "key_rotated")
              and e.get("akid")}
-    bucket = (audit or {}).get("bucket") or "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
+    bucket = (w.audit or {}).get("bucket") or "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
     foreign: dict[str, list] = {}
     damaged: dict[str, list] = {}
-    if owner and proxy is not None:
-        for r in proxy:
+    if owner and w.proxy is not None:
+        for r in w.proxy:
             tid_w = owner.get(r.get("akid"))
             if tid_w is None or r.get("method") not in WRITE_METHODS:
                 continue
@@ -327,94 +360,117 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             parts = (r.get("key") or "").split("/")
             if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
                 damaged.setdefault(parts[1], []).append(rec)
+    return Attribution(owner, foreign, damaged, cut_keys)
 
-    fenced = inp.lines_or_none(results.FENCED) or []
-    host_load = inp.lines_or_none(results.HOST_LOAD) or []
-    cfg = plan.get("config") or {}
+
+def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
+    tid = task["task_id"]
+    prefix = f"{w.plan['wave_id']}/{tid}/"
+    cfg = w.plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n")}
+    proxy, owner = w.proxy, at.owner
+    art, why = _read_artifact_safe(w.out.artifact(tid))
+    return TaskHistory(
+        requests=None if proxy is None else [
+            r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
+        log_tails=_log_tails(w.d, tid), limits=limits, fenced=[f for f in w.fenced if f.get("task") == tid],
+        host_load=w.host_load,
+        task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
+        calls=[c for c in w.calls if c["task"] == tid] if w.calls is not None else None,
+        effects=[e for e in w.effects if e["task"] == tid] if w.effects is not None else None,
+        writes=None if proxy is None else [
+            r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+            and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys],
+        artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
+        harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if owner else None,
+        leaked_uploads=None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
+                                                     if u["key"].startswith(prefix)],
+        damaged_by=at.damaged.get(tid, []))
 
-    def history(task: dict) -> TaskHistory:
-        tid = task["task_id"]
-        prefix = f"{wave_id}/{tid}/"
-        art, why = _read_artifact_safe(out.artifact(tid))
-        return TaskHistory(
-            requests=None if proxy is None else [
-                r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
-            log_tails=_log_tails(d, tid), limits=limits, fenced=[f for f in fenced if f.get("task") == tid],
-            host_load=host_load,
-            task=task, events=[e for e in timeline if e.get("task") == tid], receipts=receipts,
-            calls=[c for c in calls if c["task"] == tid] if have_calls else None,
-            effects=[e for e in effects if e["task"] == tid] if have_fx else None,
-            writes=None if proxy is None else [
-                r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
-                and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in cut_keys],
-            artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
-            harness_fault=hfault, foreign_writes=foreign.get(tid, []) if owner else None,
-            leaked_uploads=None if audit is None else [u for u in audit.get("incomplete_uploads") or []
-                                                       if u["key"].startswith(prefix)],
-            damaged_by=damaged.get(tid, []))
 
-    refs = {t["task_id"]: t for t in plan.get("references", [])}
-    ref_grades = []
+def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
+    """What the task's artifact is compared with: its reference run's digest, or why there is none."""
+    from fleet.workloads.base import tree_digest
+
+    rtid = (task.get("reference") or {}).get("task_id")
+    rart, why = _read_artifact_safe(w.out.artifact(rtid)) if rtid else (None, "no reference planned")
+    rg = ref_verdict.get(rtid)
+    if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:
+        return {"why": f"the reference run {rtid} did not complete: {rg['checks']['completed']['detail']}"}
+    if rart is None:
+        return {"why": f"reference {rtid}: {why}"}
+    return {"digest": tree_digest(rart)}
+
+
+def grade_tasks(w: WaveRecord, at: Attribution) -> tuple[list[dict], list[dict], dict[str, TaskHistory]]:
+    """The references first (each task is compared with its own), then the tasks."""
     hist_of: dict[str, TaskHistory] = {}
-    for t in refs.values():
-        hist_of[t["task_id"]] = history(t)
-        g = grade_task(hist_of[t["task_id"]])
-        ref_grades.append(g)
+    ref_grades = []
+    for t in {t["task_id"]: t for t in w.plan.get("references", [])}.values():
+        hist_of[t["task_id"]] = task_history(w, at, t)
+        ref_grades.append(grade_task(hist_of[t["task_id"]]))
     ref_verdict = {g["task_id"]: g for g in ref_grades}
     grades = []
-    for task in plan["tasks"]:
-        h = history(task)
-        r = task.get("reference") or {}
-        rtid = r.get("task_id")
-        rart, why = _read_artifact_safe(out.artifact(rtid)) if rtid else (None, "no reference planned")
-        rg = ref_verdict.get(rtid)
-        if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:
-            h.reference = {"why": f"the reference run {rtid} did not complete: "
-                                  f"{rg['checks']['completed']['detail']}"}
-        elif rart is None:
-            h.reference = {"why": f"reference {rtid}: {why}"}
-        else:
-            h.reference = {"digest": tree_digest(rart)}
+    for task in w.plan["tasks"]:
+        h = task_history(w, at, task)
+        h.reference = _reference_of(w, task, ref_verdict)
         hist_of[task["task_id"]] = h
         grades.append(grade_task(h))
-    for g in grades + ref_grades:
-        g["inputs"] = {"digests": dict(sorted(inp.digests.items())), "unreadable": dict(inp.unreadable)}
-        art = out.artifact_manifest(g["task_id"])
+    return grades, ref_grades, hist_of
+
+
+def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tuple) -> None:
+    """`<task>.grade.json` with the digests of every input it was graded from; evidence for any not passed."""
+    for g in grades:
+        g["inputs"] = {"digests": dict(sorted(w.inp.digests.items())), "unreadable": dict(w.inp.unreadable)}
+        art = w.out.artifact_manifest(g["task_id"])
         if art.exists():
-            g["inputs"]["digests"][art.relative_to(d).as_posix()] = hashlib.sha256(
-                art.read_bytes()).hexdigest()
+            g["inputs"]["digests"][art.relative_to(w.d).as_posix()] = hashlib.sha256(art.read_bytes()).hexdigest()
         if g["verdict"] != PASS:
-            _write_evidence(d, g, hist_of[g["task_id"]], tuple(secrets))
-        out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+            write_evidence(w.d, g, hist_of[g["task_id"]], tuple(secrets))
+        w.out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+
+
+def _control_errors(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
+    """The positive control (every reference passes, in a wave with faults) and that something could start."""
+    out = []
     bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
     # (after a harness fault the references' own results are the fault's doing: that error is already named)
-    if bad_refs and any(t["faults"] for t in plan["tasks"]) and hfault is None:
+    if bad_refs and any(t["faults"] for t in w.plan["tasks"]) and w.hfault is None:
         g0 = bad_refs[0]
         why = next((f"{k}: {c['detail']}" for k, c in g0["checks"].items() if c["verdict"] != PASS), g0["verdict"])
-        harness_errors.append(
+        out.append(
             f"positive control {len(ref_grades) - len(bad_refs)}/{len(ref_grades)} (must be 1.0): the uninterrupted, "
             f"fault-free run {g0['task_id']} of this runner is {g0['verdict']} ({why[:300]}); with no clean baseline "
             "the wave cannot tell what its faults did")
-    starts = [e for e in timeline if e["event"] == "attempt_end"]
+    starts = [e for e in w.timeline if e["event"] == "attempt_end"]
     if starts and all(e.get("start_error") for e in starts):
-        harness_errors.append(f"no task could start: {starts[0]['start_error']}")
-    leaks = {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
-             # the sweep actor's: alive with no lease for longer than its settle window (then reaped), or still
-             # there at its last pass
-             "sandboxes_sweeper": None if sweeper is None else _once_each(
-                 [dict(r, by="sweep actor") for r in sweeper.get("reaped") or []] +
-                 [dict(r, by="sweep actor (left at the end)") for r in sweeper.get("left_at_end") or []]),
-             "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
+        out.append(f"no task could start: {starts[0]['start_error']}")
+    return out
+
+
+def leaks_of(w: WaveRecord) -> dict:
+    sweep, sweeper, audit = w.sweep, w.sweeper, w.audit
+    return {"sandboxes": (sweep or {}).get("leaked", []) if sweep is not None else None,
+            # the sweep actor's: alive with no lease for longer than its settle window (then reaped), or still
+            # there at its last pass
+            "sandboxes_sweeper": None if sweeper is None else _once_each(
+                [dict(r, by="sweep actor") for r in sweeper.get("reaped") or []] +
+                [dict(r, by="sweep actor (left at the end)") for r in sweeper.get("left_at_end") or []]),
+            "incomplete_uploads": (audit or {}).get("incomplete_uploads") if audit is not None else None}
+
+
+def wave_checks_of(w: WaveRecord, leaks: dict, ref_grades: list[dict], harness_errors: list[str]) -> dict:
     # a look that could not be whole proves nothing absent: the hosts' sweep with problems (a host that did not
     # answer, a cancel that timed out), a sweep actor that did not report or could not list the containers
+    sweep, sweeper, audit = w.sweep, w.sweeper, w.audit
     looked = (sweep is not None and not sweep.get("problems")) and (sweeper is None or not (
         sweeper.get("unavailable") or any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or [])))
-    wave_checks = {
+    return {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
-        "no_leaked_sandbox": (UNKNOWN if hfault is not None else FAIL) if (leaks["sandboxes"] or
-                                                                          leaks["sandboxes_sweeper"]) else (
+        "no_leaked_sandbox": (UNKNOWN if w.hfault is not None else FAIL) if (leaks["sandboxes"] or
+                                                                            leaks["sandboxes_sweeper"]) else (
             PASS if looked else UNKNOWN),
         "no_leaked_upload": PASS if leaks["incomplete_uploads"] == [] else (
             UNKNOWN if leaks["incomplete_uploads"] is None else FAIL),
@@ -425,16 +481,28 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             else PASS),
         "harness": FAIL if harness_errors else PASS,
     }
+
+
+def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
+    """Grade every task of a stored wave and write `<task>.grade.json`; returns the wave result."""
+    w = read_wave(Path(results_dir))
+    harness_errors = _harness_errors(w)
+    grades, ref_grades, hist_of = grade_tasks(w, attribute(w))
+    write_grades(w, grades + ref_grades, hist_of, secrets)
+    harness_errors += _control_errors(w, ref_grades)
+    leaks = leaks_of(w)
+    wave_checks = wave_checks_of(w, leaks, ref_grades, harness_errors)
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)
                                                       for k, v in wave_checks.items()])
+    timeline = w.timeline
     interrupted = next((e.get("signal") for e in timeline if e["event"] == "wave_interrupted"), None)
     if any(e["event"] == "wave_stopped_at_once" for e in timeline):
         interrupted = f"{interrupted or 'a signal'}, then stopped at once (nothing was cleaned up in order)"
-    return {"wave_id": wave_id, "verdict": verdict, "tasks": grades, "references": ref_grades,
-            "interrupted": interrupted, "harness_fault": hfault,
+    return {"wave_id": w.plan["wave_id"], "verdict": verdict, "tasks": grades, "references": ref_grades,
+            "interrupted": interrupted, "harness_fault": w.hfault,
             "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
-            "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": plan,
-            "inputs": {"digests": inp.digests, "unreadable": inp.unreadable},
+            "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": w.plan,
+            "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 
 
@@ -449,90 +517,6 @@ def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
         except (ValueError, OSError):
             continue
     return out
-
-
-# What evidence files must never show: keys and tokens a runner may print (its env, a request it logs).
-# Model and effects keys are `sf-` + 32 url-safe characters; store secrets are 40 url-safe characters.
-_SECRETS = [
-    (re.compile(r"sf-[A-Za-z0-9_-]{32}"), "sf-<redacted>"),  # glued to other text or repeated: still a key
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1<redacted>"),
-    (re.compile(r"(?i)\b([A-Z0-9_]*(?:KEY|SECRET|TOKEN|PASSWORD)[A-Z0-9_]*\s*[=:]\s*[\"']?)[^\s\"',;]{6,}"),
-     r"\1<redacted>"),
-    (re.compile(r"(?i)(\"(?:SecretAccessKey|SessionToken|secret_key|api_key)\"\s*:\s*\")[^\"]+"), r"\1<redacted>"),
-    (re.compile(r"(Signature=)[0-9a-f]{64}"), r"\1<redacted>"),
-    (re.compile(r"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]{40}(?![A-Za-z0-9_-]))(?![0-9a-f]{40})[A-Za-z0-9_-]{40}"),
-     "<redacted:40>"),
-]
-
-
-def redact(text: str, values: list[str] | tuple = ()) -> str:
-    """Remove secrets: first every known secret value (the keys the harness issued in this wave), also any
-    12-character piece of one (a key cut by a log tail, glued to other text, printed twice); then the shapes
-    of the keys the harness hands out (a re-grade no longer knows the values)."""
-    if values:
-        spans = []
-        for v in values:
-            if not v or len(v) < 12:
-                continue
-            for i in range(0, len(v) - 11):
-                piece = v[i:i + 12]
-                start = text.find(piece)
-                while start != -1:
-                    spans.append((start, start + 12))
-                    start = text.find(piece, start + 1)
-        if spans:
-            spans.sort()
-            merged = [list(spans[0])]
-            for a, b in spans[1:]:
-                if a <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], b)
-                else:
-                    merged.append([a, b])
-            out, last = [], 0
-            for a, b in merged:
-                out += [text[last:a], "<redacted>"]
-                last = b
-            text = "".join(out) + text[last:]
-    for pattern, repl in _SECRETS:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def _write_evidence(d: Path, g: dict, h: TaskHistory, secrets: tuple = ()) -> None:
-    """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
-    and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
-    tid = g["task_id"]
-    ev = results.ResultsDir(d).evidence(tid)
-    ev.mkdir(parents=True, exist_ok=True)
-
-    def put(name: str, data) -> None:
-        body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
-        (ev / name).write_text(redact(body, secrets))
-
-    put(results.EVIDENCE_GRADE, g)
-    put(results.EVIDENCE_ATTEMPTS, [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
-    put(results.EVIDENCE_STORE_WRITES, [{k: w.get(k) for k in ("t", "method", "key", "status", "req_bytes", "ms")}
-                              for w in (h.writes or [])][:2000])
-    fired = sorted(r["fired_at"] for r in h.receipts if r["task_id"] == tid and r.get("fired_at"))
-
-    def near(t: float) -> bool:
-        return any(abs(t - f) <= 3.0 for f in fired)
-    put(results.EVIDENCE_AROUND_FAULTS, {
-        "faults": [r for r in h.receipts if r["task_id"] == tid],
-        "proxy_requests": [r for r in h.requests or [] if near(r["t"])][:500],
-        "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
-    out = []
-    for p in results.ResultsDir(d).runner_logs(tid):
-        try:
-            with open(p, "rb") as f:
-                start = max(0, p.stat().st_size - 65536)
-                f.seek(start)
-                tail = f.read().decode(errors="replace").splitlines()
-                tail = (tail[1:] if start else tail)[-200:]  # never a line cut in the middle (a cut key)
-        except OSError as exc:
-            tail = [f"(unreadable: {exc})"]
-        out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
-    put("runner-logs.txt", "".join(out))
 
 
 def exit_code(result: dict) -> int:

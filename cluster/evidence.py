@@ -1,0 +1,95 @@
+"""Evidence and redaction: what a failed or unknown task leaves for a person to read (`evidence/<task>/`), with
+every secret the harness issued taken out, by value (the wave's own keys, also cut, glued or repeated) and by
+shape (a re-grade no longer knows the values)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+
+from cluster import results
+
+
+# What evidence files must never show: keys and tokens a runner may print (its env, a request it logs).
+# Model and effects keys are `sf-` + 32 url-safe characters; store secrets are 40 url-safe characters.
+_SECRETS = [
+    (re.compile(r"sf-[A-Za-z0-9_-]{32}"), "sf-<redacted>"),  # glued to other text or repeated: still a key
+    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1<redacted>"),
+    (re.compile(r"(?i)\b([A-Z0-9_]*(?:KEY|SECRET|TOKEN|PASSWORD)[A-Z0-9_]*\s*[=:]\s*[\"']?)[^\s\"',;]{6,}"),
+     r"\1<redacted>"),
+    (re.compile(r"(?i)(\"(?:SecretAccessKey|SessionToken|secret_key|api_key)\"\s*:\s*\")[^\"]+"), r"\1<redacted>"),
+    (re.compile(r"(Signature=)[0-9a-f]{64}"), r"\1<redacted>"),
+    (re.compile(r"(?<![A-Za-z0-9_-])(?=[A-Za-z0-9_-]{40}(?![A-Za-z0-9_-]))(?![0-9a-f]{40})[A-Za-z0-9_-]{40}"),
+     "<redacted:40>"),
+]
+
+
+def redact(text: str, values: list[str] | tuple = ()) -> str:
+    """Remove secrets: first every known secret value (the keys the harness issued in this wave), also any
+    12-character piece of one (a key cut by a log tail, glued to other text, printed twice); then the shapes
+    of the keys the harness hands out (a re-grade no longer knows the values)."""
+    if values:
+        spans = []
+        for v in values:
+            if not v or len(v) < 12:
+                continue
+            for i in range(0, len(v) - 11):
+                piece = v[i:i + 12]
+                start = text.find(piece)
+                while start != -1:
+                    spans.append((start, start + 12))
+                    start = text.find(piece, start + 1)
+        if spans:
+            spans.sort()
+            merged = [list(spans[0])]
+            for a, b in spans[1:]:
+                if a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            out, last = [], 0
+            for a, b in merged:
+                out += [text[last:a], "<redacted>"]
+                last = b
+            text = "".join(out) + text[last:]
+    for pattern, repl in _SECRETS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
+    """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
+    and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
+    tid = g["task_id"]
+    ev = results.ResultsDir(d).evidence(tid)
+    ev.mkdir(parents=True, exist_ok=True)
+
+    def put(name: str, data) -> None:
+        body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+        (ev / name).write_text(redact(body, secrets))
+
+    put(results.EVIDENCE_GRADE, g)
+    put(results.EVIDENCE_ATTEMPTS, [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
+    put(results.EVIDENCE_STORE_WRITES, [{k: w.get(k) for k in ("t", "method", "key", "status", "req_bytes", "ms")}
+                              for w in (h.writes or [])][:2000])
+    fired = sorted(r["fired_at"] for r in h.receipts if r["task_id"] == tid and r.get("fired_at"))
+
+    def near(t: float) -> bool:
+        return any(abs(t - f) <= 3.0 for f in fired)
+    put(results.EVIDENCE_AROUND_FAULTS, {
+        "faults": [r for r in h.receipts if r["task_id"] == tid],
+        "proxy_requests": [r for r in h.requests or [] if near(r["t"])][:500],
+        "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
+    out = []
+    for p in results.ResultsDir(d).runner_logs(tid):
+        try:
+            with open(p, "rb") as f:
+                start = max(0, p.stat().st_size - 65536)
+                f.seek(start)
+                tail = f.read().decode(errors="replace").splitlines()
+                tail = (tail[1:] if start else tail)[-200:]  # never a line cut in the middle (a cut key)
+        except OSError as exc:
+            tail = [f"(unreadable: {exc})"]
+        out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
+    put("runner-logs.txt", "".join(out))
