@@ -92,7 +92,7 @@ class SandboxHost:
     async def renewals(self) -> dict:
         return dict(self.renew_stats, held=len(self.held))
 
-    async def run_attempt(self, spec: dict, lease: dict, ttl_s: float, capture: str | None = None,
+    async def run_attempt(self, spec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None = None,
                           arms: list | None = None) -> dict:
         """Run one attempt to its end; returns the sandbox's description (exit code, timings, history).
 
@@ -101,7 +101,7 @@ class SandboxHost:
         sandbox (PK5's `{"kind": "checkpoints", "nth", "window", "reason"}`); what each saw is returned under
         `watches`, keyed by its reason.
         """
-        sspec = SandboxSpec(**spec)
+        sspec = spec if isinstance(spec, SandboxSpec) else SandboxSpec(**spec)  # (or its fields as a dict)
         try:
             if sspec.wave_id in self.cancelled_waves:
                 return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled",

@@ -28,6 +28,7 @@ from faults.base import CATALOG, FaultSpec
 from faults.planner import drawn
 from fleet import workloads
 from fleet.lifecycle import TaskState
+from fleet.sandbox import SandboxSpec
 
 
 class Outcome(enum.Enum):
@@ -180,22 +181,21 @@ class Attempts:
             await asyncio.sleep(0)  # the fired fault records its injection before this attempt's end
         return await self._ended(run, node, sandbox_id, attempt, fence, result, on_change)
 
-    async def _sandbox_spec(self, task: dict, sandbox_id: str, attempt: int, fence: int) -> dict:
-        """What the host needs to start the attempt's sandbox (it crosses Ray as a dict)."""
+    async def _sandbox_spec(self, task: dict, sandbox_id: str, attempt: int, fence: int) -> SandboxSpec:
+        """What the host needs to start the attempt's sandbox (it crosses Ray as itself)."""
         sdir = self.out.sandbox(sandbox_id)
         sdir.mkdir(parents=True, exist_ok=True)
         fixture = workloads.get(task["workload"]).fixture(task["seed"])
         creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task["task_id"], sandbox_id)
         sbc = self.cfg.sandbox
-        return {"wave_id": self.wave_id, "sandbox_id": sandbox_id, "task_id": task["task_id"], "attempt": attempt,
-                "argv": self.plan["runner"]["command"],
-                "env": self.access.runner_env(task, attempt, fence, sandbox_id),
-                "state_dir": str(sdir), "workspace_mb": sbc.workspace_mb,
-                "memory_mb": sbc.memory_mb, "pids_max": sbc.pids_max, "cpu_shares": sbc.cpu_shares,
-                "cpu_quota": sbc.cpu_cores, "workspace_dir": str(self.private / "ws" / sandbox_id),
-                "files": {f"repo/{p}": text for p, text in fixture.items()},
-                "ro_binds": self.launch["ro_binds"], "hide": self.launch["hide"], "ro_mounts": {creds_dir: CREDS_IN},
-                "relays": self.launch["relays"], "backend": sbc.backend, "image": sbc.image}
+        return SandboxSpec(
+            wave_id=self.wave_id, sandbox_id=sandbox_id, task_id=task["task_id"], attempt=attempt,
+            argv=list(self.plan["runner"]["command"]), env=self.access.runner_env(task, attempt, fence, sandbox_id),
+            state_dir=str(sdir), workspace_mb=sbc.workspace_mb, memory_mb=sbc.memory_mb, pids_max=sbc.pids_max,
+            cpu_shares=sbc.cpu_shares, cpu_quota=sbc.cpu_cores, workspace_dir=str(self.private / "ws" / sandbox_id),
+            files={f"repo/{p}": text for p, text in fixture.items()}, ro_binds=list(self.launch["ro_binds"]),
+            hide=list(self.launch["hide"]), ro_mounts={creds_dir: CREDS_IN}, relays=dict(self.launch["relays"]),
+            backend=sbc.backend, image=sbc.image)
 
     async def _await(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> dict:
         """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on

@@ -3,6 +3,7 @@ task's run (its lifecycle, its running attempt, its fault watches)."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,45 @@ import orjson
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
 
 
+class Event(str, enum.Enum):
+    """Every event the timeline holds (the grader, the report and resume read them by these names)."""
+
+    WAVE_START = "wave_start"
+    WAVE_RESUMED = "wave_resumed"
+    PARTS_READY = "parts_ready"
+    FLEET_HEALED = "fleet_healed"
+    TASK_START = "task_start"
+    ATTEMPT_START = "attempt_start"
+    LEASE_BUSY = "lease_busy"
+    ATTEMPT_END = "attempt_end"
+    ZOMBIE_END = "zombie_end"
+    TASK_RETRY = "task_retry"
+    TASK_END = "task_end"
+    FAULT_INJECT = "fault_inject"
+    FAULT_CLEAR = "fault_clear"
+    KEY_ROTATED = "key_rotated"
+    NODE_LOST = "node_lost"
+    NODE_BACK = "node_back"
+    NODE_NOT_BACK = "node_not_back"
+    BOUNDARIES_ENUMERATED = "boundaries_enumerated"
+    PART_PROBE_FAILED = "part_probe_failed"
+    HARNESS_FAULT = "harness_fault"
+    HARNESS_ERROR = "harness_error"
+    WAVE_INTERRUPTED = "wave_interrupted"
+    WAVE_STOPPED_AT_ONCE = "wave_stopped_at_once"
+    PROXY_RULES_NOT_CLEARED = "proxy_rules_not_cleared"
+    PROXY_RULES_FORCE_CLOSED = "proxy_rules_force_closed"
+    PROXY_CLEAR_FAILED = "proxy_clear_failed"
+    SWEEP_ACTOR = "sweep_actor"
+    LEASE_RENEWALS = "lease_renewals"
+    SERVICE_COUNTS = "service_counts"
+    TEARDOWN_ERRORS = "teardown_errors"
+    WAVE_END = "wave_end"
+
+
+EVENTS = frozenset(e.value for e in Event)
+
+
 class Timeline:
     def __init__(self, path: Path, since_wall: float | None = None):
         """`since_wall`: the wall time of an earlier segment's t=0 (a resumed wave's clock continues)."""
@@ -19,7 +59,12 @@ class Timeline:
         self.f = open(path, "ab")
 
     def __call__(self, event: str, **fields) -> dict:
-        rec = {"t": round(time.monotonic() - self.t0, 4), "wall": time.time(), "event": event, **fields}
+        """Append one event (an `Event`, or its name: a name that is not one raises, so a typo cannot write an
+        event that nothing reads)."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown timeline event {event!r}; the events are cluster.wave.timeline.Event")
+        rec = {"t": round(time.monotonic() - self.t0, 4), "wall": time.time(), "event": str(Event(event).value),
+               **fields}
         self.f.write(orjson.dumps(rec, default=str) + b"\n")
         self.f.flush()
         return rec
