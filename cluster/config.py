@@ -138,6 +138,10 @@ class SandboxConfig(Strict):
         return self
 
 
+REDACTED = "<redacted>"
+STORE_SECRET_ENV = "SANDFLEET_STORE_SECRET_KEY"
+
+
 class StoreConfig(Strict):
     url: str | None = Field(None, description="existing S3 endpoint; empty = embedded SeaweedFS")
     access_key: str | None = None
@@ -145,6 +149,9 @@ class StoreConfig(Strict):
 
     @model_validator(mode="after")
     def _keys(self):
+        if self.secret_key == REDACTED:
+            raise ValueError(f"store.secret_key is {REDACTED} (a wave's plan.json never holds it): give it again in "
+                             f"${STORE_SECRET_ENV}")
         if self.url and not (self.access_key and self.secret_key):
             raise ValueError(f"store.url {self.url!r} needs store.access_key and store.secret_key "
                              "(or leave store.url empty for the embedded SeaweedFS)")
@@ -290,6 +297,14 @@ class WaveConfig(Strict):
                                                           "then plan one PK1 task per boundary and variant")
     boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
                                    description="with enumerate_boundaries: a seeded sample of at most this many")
+
+    def public_dump(self) -> dict:
+        """The config as plan.json holds it: an external store's secret key redacted (resume and replay take it
+        from $SANDFLEET_STORE_SECRET_KEY again)."""
+        out = self.model_dump(mode="json")
+        if out.get("store", {}).get("secret_key"):
+            out["store"]["secret_key"] = REDACTED
+        return out
 
     @model_validator(mode="after")
     def _nodes(self):
@@ -480,6 +495,10 @@ def _named_field(loc: tuple, msg: str) -> str | None:
 
 def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":
     data = dict(data or {})
+    store = data.get("store")
+    if isinstance(store, dict) and store.get("url") and store.get("secret_key") in (None, REDACTED) and \
+            os.environ.get(STORE_SECRET_ENV):  # an external store's secret from the environment (resume, replay)
+        data["store"] = dict(store, secret_key=os.environ[STORE_SECRET_ENV])
     for k, v in (overrides or {}).items():
         if v is None:
             continue

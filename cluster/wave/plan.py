@@ -34,7 +34,7 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         seed = task_seed(cfg.seed, 0)
         key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
         base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
-        return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+        return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.public_dump(),
                 "runner": runner, "tasks": [], "enumerate": {"pending": True},
                 "references": [{"task_id": REF + "t000", "role": "reference", "reference_of": "t000", **base,
                                 "faults": [], "reference": {"task_id": REF + "t000", "key": key, "cached": False}}]}
@@ -51,7 +51,7 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         if not cached:
             refs.append({"task_id": REF + tid, "role": "reference", "reference_of": tid, **base, "faults": [],
                          "reference": {"task_id": REF + tid, "key": key, "cached": False}})
-    return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.model_dump(mode="json"),
+    return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.public_dump(),
             "runner": runner, "tasks": tasks, "references": refs, "placement": placement(cfg)}
 
 

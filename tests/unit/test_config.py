@@ -1,3 +1,4 @@
+import orjson
 import pytest
 
 from cluster.config import ConfigError, build_config, load_config
@@ -134,3 +135,19 @@ def test_health_knobs_are_checked(health, field):
     assert build_config({"health": {"answer_s": 1.5}}).health.answer_s == 1.5
     assert build_config({}).health.model_dump() == {"answer_s": 3.0, "strikes": 3, "actor_timeout_s": 5.0,
                                                     "actor_strikes": 3}
+
+
+def test_an_external_stores_secret_never_reaches_the_plan_and_comes_back_from_the_environment(monkeypatch):
+    from cluster.config import REDACTED, STORE_SECRET_ENV, ConfigError, build_config
+    from cluster.wave.plan import build_plan
+
+    secret = "s3cr3t-" + "x" * 33
+    cfg = build_config({"store": {"url": "http://127.0.0.1:9", "access_key": "AK", "secret_key": secret}})
+    plan = build_plan(cfg, "w-test")
+    assert secret not in orjson.dumps(plan).decode() and plan["config"]["store"]["secret_key"] == REDACTED
+    monkeypatch.delenv(STORE_SECRET_ENV, raising=False)
+    with pytest.raises(ConfigError, match=r"store.secret_key.*SANDFLEET_STORE_SECRET_KEY"):
+        build_config(plan["config"])  # what resume and replay do
+    monkeypatch.setenv(STORE_SECRET_ENV, secret)
+    assert build_config(plan["config"]).store.secret_key == secret
+    assert build_plan(build_config({}), "w-test")["config"]["store"]["secret_key"] is None  # embedded: nothing to hide
