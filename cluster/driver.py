@@ -20,6 +20,7 @@ import orjson
 from cluster import grade, report, results
 from cluster.artifacts import ReferenceCache, write_artifact
 from cluster.config import WaveConfig
+from cluster.evidence import redact_runner_logs
 from cluster.raycluster import FleetSession
 from cluster.wave.access import (CONTRACT_VERSION, CREDS_IN, PORT_EFFECTS, PORT_MODEL, PORT_S3,  # noqa: F401
                                  RUNNERS_DIR, Access, runtime_binds)
@@ -371,7 +372,9 @@ class WaveRun:
             if self.timeline:
                 harness_error = self._end(harness_error, t_wave)  # 5. faults cleared, sweeps, audit, parts stop
             Signals.restore(previous)
-        result = grade.grade_wave(self.dir, secrets=self.access.issued_secrets() if self.access else ())  # 6.
+        secrets = self.access.issued_secrets() if self.access else ()
+        redact_runner_logs(self.out, secrets)  # 6. no secret left in results/, then grade and report
+        result = grade.grade_wave(self.dir, secrets=secrets)
         report.write_summary(self.dir, result)
         try:
             self._cache_references(result)

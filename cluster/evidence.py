@@ -3,6 +3,7 @@ every secret the harness issued taken out, by value (the wave's own keys, also c
 shape (a re-grade no longer knows the values)."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -25,21 +26,38 @@ _SECRETS = [
 ]
 
 
+def secret_forms(values) -> list[str]:
+    """Each secret as a runner might print it: plain, reversed, base64 (standard and URL-safe, with and without
+    padding), hex (both cases) and URL-quoted."""
+    import base64
+    from urllib.parse import quote
+
+    out = []
+    for v in values:
+        if not v:
+            continue
+        b = v.encode()
+        for form in (v, v[::-1], base64.b64encode(b).decode(), base64.urlsafe_b64encode(b).decode(), b.hex(),
+                     b.hex().upper(), quote(v, safe="")):
+            out += [form, form.rstrip("=")]
+    return sorted(set(out))
+
+
+@functools.lru_cache(maxsize=8)
+def _pieces(values: tuple) -> frozenset:
+    return frozenset(f[i:i + 12] for f in secret_forms(values) if len(f) >= 12 for i in range(len(f) - 11))
+
+
 def redact(text: str, values: list[str] | tuple = ()) -> str:
-    """Remove secrets: first every known secret value (the keys the harness issued in this wave), also any
-    12-character piece of one (a key cut by a log tail, glued to other text, printed twice); then the shapes
-    of the keys the harness hands out (a re-grade no longer knows the values)."""
-    if values:
-        spans = []
-        for v in values:
-            if not v or len(v) < 12:
-                continue
-            for i in range(0, len(v) - 11):
-                piece = v[i:i + 12]
-                start = text.find(piece)
-                while start != -1:
-                    spans.append((start, start + 12))
-                    start = text.find(piece, start + 1)
+    """Remove secrets: first every known secret value (the keys the harness issued in this wave) in every form a
+    runner may print it (`secret_forms`), also any 12-character piece of one (a key cut by a log tail, glued to
+    other text, printed twice); then the shapes of the keys the harness hands out (a re-grade no longer knows the
+    values)."""
+    pieces = _pieces(tuple(values))
+    if pieces:
+        # one pass over the text: every 12-character window that is a piece of a secret's form (a set lookup
+        # each, so hundreds of issued keys cost no more than one)
+        spans = [(i, i + 12) for i in range(len(text) - 11) if text[i:i + 12] in pieces]
         if spans:
             spans.sort()
             merged = [list(spans[0])]
@@ -93,3 +111,21 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
             tail = [f"(unreadable: {exc})"]
         out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
     put("runner-logs.txt", "".join(out))
+
+
+def redact_runner_logs(out: results.ResultsDir, values) -> int:
+    """Every attempt's raw `runner.log` under results/ rewritten with the wave's secrets taken out (a runner that
+    prints its environment printed its keys); returns how many files changed. Bytes that are not UTF-8 stay."""
+    changed = 0
+    if not values:
+        return 0
+    for p in sorted(out.sandboxes.glob(f"*/{results.RUNNER_LOG}")):
+        try:
+            text = p.read_bytes().decode("utf-8", errors="surrogateescape")
+            clean = redact(text, values)
+            if clean != text:
+                p.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
+                changed += 1
+        except OSError:
+            continue
+    return changed

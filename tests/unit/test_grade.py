@@ -319,3 +319,18 @@ def test_known_secret_values_are_redacted_even_cut_glued_or_repeated():
     for piece in (model[1:], model[4:20], s3, s3[:20], s3[8:30]):
         assert piece not in out, (piece, out)
     assert "object key w/t000/x" in out and "half " in out
+
+
+def test_encoded_forms_of_an_issued_secret_are_redacted_too():
+    import base64
+    from urllib.parse import quote
+
+    from cluster.evidence import redact
+
+    key = "sf-" + "Ab3_x9" * 5 + "Zq"
+    store = "Qw7-Er8_Ty9" * 3 + "Uio7890"
+    for shown in (key, key[::-1], base64.b64encode(key.encode()).decode(), base64.urlsafe_b64encode(
+            store.encode()).decode().rstrip("="), store.encode().hex(), store.encode().hex().upper(), quote(store)):
+        out = redact(f"env: {shown} end", (key, store))
+        assert shown not in out and "<redacted>" in out, (shown, out)
+    assert redact("sha256 of step 3 is 9f2c", (key, store)) == "sha256 of step 3 is 9f2c"
