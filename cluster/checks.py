@@ -118,6 +118,9 @@ def completed(h: TaskHistory, facts: Facts) -> dict:
     if h.artifact is None:
         why = (last.get("artifact") or {}).get("why", "no artifact was captured")
         return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
+    capped = (last.get("artifact") or {}).get("capped")
+    if capped:  # the workspace was past a cap of the read-back (depth, files, bytes): not what a task leaves
+        return {"verdict": FAIL, "detail": f"the runner exited 0 but {'; '.join(capped)}"}
     counts = wl.step_counts(h.artifact)
     multi = wl.done_steps(task["seed"], task["steps"], h.artifact) if hasattr(wl, "done_steps") else set()
     missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts

@@ -49,6 +49,7 @@ RUN_IN = "/run/sandfleet"
 SANDBOX_UID = 65534
 MAX_ARTIFACT_BYTES = 32 * 1024 * 1024
 MAX_ARTIFACT_FILES = 20000
+MAX_ARTIFACT_DEPTH = 64  # directories below the captured root
 
 
 class SandboxError(RuntimeError):
@@ -254,16 +255,35 @@ class SandboxBackend:
 
 
 def read_tree(root: str) -> dict:
-    """Regular files under `root`, never following a link (a runner may plant links to host files)."""
+    """Regular files under `root`, never following a link (a runner may plant links to host files). Iterative (a
+    runner may leave a tree thousands of directories deep), and capped in depth, files and bytes: what a cap left
+    out is named in `capped` ("artifact capture skipped: depth > 64") besides the paths in `skipped`."""
     files: dict[str, bytes] = {}
     skipped: list[str] = []
+    capped: list[str] = []
     total = 0
     if not os.path.isdir(root) or os.path.islink(root):
         return {"files": None, "skipped": [], "why": f"{os.path.basename(root)}/ is missing from the workspace"}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            full = os.path.join(dirpath, name)
+    stack = [(root, 0)]
+    while stack:
+        dirpath, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(dirpath), key=lambda e: e.name)
+        except OSError:
+            skipped.append(os.path.relpath(dirpath, root))
+            continue
+        for entry in entries:
+            full = entry.path
             rel = os.path.relpath(full, root)
+            if entry.is_dir(follow_symlinks=False):
+                if depth + 1 > MAX_ARTIFACT_DEPTH:
+                    skipped.append(rel)
+                    reason = f"artifact capture skipped: depth > {MAX_ARTIFACT_DEPTH}"
+                    if reason not in capped:
+                        capped.append(reason)
+                    continue
+                stack.append((full, depth + 1))
+                continue
             try:
                 fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
@@ -271,9 +291,13 @@ def read_tree(root: str) -> dict:
                 continue
             try:
                 st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or total + st.st_size > MAX_ARTIFACT_BYTES \
-                        or len(files) >= MAX_ARTIFACT_FILES:
+                over = ("bytes", MAX_ARTIFACT_BYTES) if total + st.st_size > MAX_ARTIFACT_BYTES else \
+                    ("files", MAX_ARTIFACT_FILES) if len(files) >= MAX_ARTIFACT_FILES else None
+                if not stat.S_ISREG(st.st_mode) or over:
                     skipped.append(rel)
+                    reason = over and f"artifact capture skipped: {over[0]} > {over[1]}"
+                    if reason and stat.S_ISREG(st.st_mode) and reason not in capped:
+                        capped.append(reason)
                     continue
                 with os.fdopen(os.dup(fd), "rb") as f:
                     body = f.read(st.st_size + 1)
@@ -281,7 +305,10 @@ def read_tree(root: str) -> dict:
                 files[rel] = body
             finally:
                 os.close(fd)
-    return {"files": files, "skipped": sorted(skipped)}
+    out = {"files": files, "skipped": sorted(skipped)}
+    if capped:
+        out["capped"] = capped
+    return out
 
 
 async def pidfd_ended(fd: int) -> None:

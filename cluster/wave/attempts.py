@@ -302,6 +302,11 @@ class Attempts:
         """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""
         if captured.get("files") is None:
             return {"captured": False, "why": captured.get("why", "nothing captured")}
-        m = write_artifact(self.out.artifact(tid), captured["files"],
-                           {"task_id": tid, "attempt": attempt, "skipped": captured.get("skipped", [])})
-        return {"captured": True, "digest": m["digest"], "files": len(m["files"]), "skipped": m["skipped"]}
+        meta = {"task_id": tid, "attempt": attempt, "skipped": captured.get("skipped", [])}
+        if captured.get("capped"):  # a cap of the read-back left files out: the artifact is not the whole workspace
+            meta["capped"] = captured["capped"]
+        m = write_artifact(self.out.artifact(tid), captured["files"], meta)
+        out = {"captured": True, "digest": m["digest"], "files": len(m["files"]), "skipped": m["skipped"]}
+        if captured.get("capped"):
+            out["capped"] = captured["capped"]
+        return out

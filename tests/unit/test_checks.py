@@ -48,3 +48,13 @@ def test_fenced_writes_rejected_alone_without_a_zombie_is_not_applied():
     h = hist()
     h.task = dict(TASK, faults=[{"fault_id": "PK6", "instance": "t000-PK6"}])
     assert _run("fenced_writes_rejected", h)["verdict"] == NOT_APPLIED
+
+
+def test_completed_fails_when_a_cap_of_the_read_back_left_files_out():
+    h = hist()
+    assert _run("completed", h)["verdict"] == PASS
+    last = max((i for i, e in enumerate(h.events) if e["event"] == "attempt_end"))
+    h.events[last] = dict(h.events[last], artifact={"captured": True, "skipped": ["d/d"],
+                                                     "capped": ["artifact capture skipped: depth > 64"]})
+    got = _run("completed", h)
+    assert got["verdict"] == FAIL and "artifact capture skipped: depth > 64" in got["detail"], got
