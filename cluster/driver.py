@@ -48,6 +48,27 @@ from storage.proxy import ProxyProcess
 from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
 
 
+NARROW_COLUMNS = 110  # below this the progress line takes its short form (every count kept)
+
+
+def progress_bar(console=None):
+    """A rich progress bar that fits the terminal: (Progress, narrow)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(stderr=False)
+    narrow = console.width < NARROW_COLUMNS
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=12 if narrow else 40),
+                    MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                    console=console, transient=False), narrow
+
+
+def progress_info(narrow: bool, running: int, attempts: int, applied: int, ended: int) -> str:
+    if narrow:
+        return f"run {running} att {attempts} faults {applied}/{ended}"
+    return f"running {running}  attempts {attempts}  faults applied {applied} of {ended} ended"
+
+
 class WaveRun:
     """One wave, from its plan to its verdict. `run()` reads as its phases; the work is done by the rooms of
     `cluster/wave/` (plan, parts, access, health, nodes, injector, attempts, teardown, signals, resume), which this
@@ -241,11 +262,10 @@ class WaveRun:
                 run.attempts = self.resumed["attempts"].get(tid, 0)
         progress = None
         if self.show_progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+            progress, narrow = progress_bar()
             progress.start()
-            bar = progress.add_task(f"wave {self.wave_id}", total=len(self.runs), info="")
+            bar = progress.add_task(f"wave …{self.wave_id[-4:]}" if narrow else f"wave {self.wave_id}",
+                                    total=len(self.runs), info="")
 
         def on_change():
             if progress is None:
@@ -254,8 +274,8 @@ class WaveRun:
             running = sum(1 for r in self.runs.values() if r.current is not None)
             attempts = sum(r.attempts for r in self.runs.values())
             applied = sum(1 for r in self.injector.receipts if r.status == APPLIED)
-            progress.update(bar, completed=done, info=f"running {running}  attempts {attempts}  faults applied "
-                                                      f"{applied} of {len(self.injector.receipts)} ended")
+            progress.update(bar, completed=done, info=progress_info(narrow, running, attempts, applied,
+                                                                    len(self.injector.receipts)))
 
         context = WaveContext(self.wave_id, self.runs, self.parts, self.access, self.nodes, self.health, self.out)
         self.attempts = Attempts(self.cfg, self.plan, self.wave_id, self.out, self.private, self.parts, self.access,

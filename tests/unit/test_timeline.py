@@ -61,3 +61,22 @@ def test_a_stored_wave_round_trips_through_its_typed_records_byte_for_byte():
         rec = orjson.loads(line)
         rec["event"] = Event(rec["event"]).value
         assert orjson.dumps(rec, default=str) == line
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_the_progress_line_fits_the_terminal_with_every_count(width):
+    from rich.console import Console
+
+    from cluster.driver import progress_bar, progress_info
+
+    console = Console(width=width, record=True, force_terminal=True, color_system=None)
+    progress, narrow = progress_bar(console)
+    wave = "w-20261202T160632-s11-9b4f"
+    bar = progress.add_task(f"wave …{wave[-4:]}" if narrow else f"wave {wave}", total=12,
+                            info=progress_info(narrow, 4, 17, 6, 6))
+    progress.update(bar, completed=7)
+    console.print(progress.get_renderable())
+    line = console.export_text().splitlines()[0]
+    assert len(line) <= width and "…" not in line.replace("wave …", ""), line
+    for count in ("7/12", "4", "17", "6"):
+        assert count in line, (count, line)
