@@ -212,6 +212,7 @@ class WaveRun:
         self.part_pids = {"store": getattr(getattr(self.parts.store, "proc", None), "pid", None),
                           "fault proxy": self.parts.proxy.proc.pid, "driver": os.getpid(),
                           "lease ledger": ray.get(self.parts.ledger.ping.remote(), timeout=60),
+                          "sweep actor": ray.get(self.parts.fleet.sweeper.pid.remote(), timeout=60),
                           "sandbox hosts": [i["pid"] for i in self.parts.fleet.host_info]}
 
     def _stop_why(self) -> str:

@@ -200,6 +200,12 @@ class SweepActor:
     async def ping(self) -> int:
         return len(self.waves)
 
+    async def pid(self) -> int:
+        """This actor's process id (the wave records each part's, for a user and for the sweeps)."""
+        import os
+
+        return os.getpid()
+
     async def watch(self, wave_id: str, settle_s: float = 10.0) -> bool:
         self.waves[wave_id] = WaveSweep(wave_id, self.ledger, settle_s, self.clock, self.period_s)
         if self._loop_task is None:

@@ -17,6 +17,8 @@ from typing import Callable
 from cluster.wave.parts import exit_text
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
+         "sweep actor": "the sweep actor failed, so leaks could no longer be seen: re-run the wave (check Ray's "
+                        "logs for why; `sandfleet sweep` removes what the wave left)",
          "fault proxy": "the fault proxy failed: re-run the wave",
          "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
          "model endpoint": "the model endpoint failed: re-run the wave",
@@ -128,6 +130,8 @@ class Health:
         p = self.parts
         actors = [("lease ledger", p.ledger)] + [(f"sandbox host {n}", h) for n, h in
                                                  zip(p.fleet.node_ids, p.hosts) if n not in self.nodes.out]
+        if getattr(p.fleet, "sweeper", None) is not None:  # the sweep actor: without it no leak would be seen
+            actors.append(("sweep actor", p.fleet.sweeper))
 
         async def one(actor):
             try:

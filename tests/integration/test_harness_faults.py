@@ -45,6 +45,7 @@ def _events(d):
 
 @pytest.mark.parametrize("part, sig", [("fault proxy", signal.SIGKILL), ("store", signal.SIGKILL),
                                        ("sandbox host", signal.SIGKILL), ("lease ledger", signal.SIGKILL),
+                                       ("sweep actor", signal.SIGKILL),
                                        ("fault proxy", signal.SIGSTOP), ("sandbox host", signal.SIGSTOP)])
 def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part, sig):
     """SIGSTOP: the part is alive but hung (a stopped process still accepts connections; only an answer
