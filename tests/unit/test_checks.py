@@ -53,6 +53,7 @@ def test_fenced_writes_rejected_alone_without_a_zombie_is_not_applied():
 def test_completed_fails_when_a_cap_of_the_read_back_left_files_out():
     h = hist()
     assert _run("completed", h)["verdict"] == PASS
+    h.events = list(h.events)  # (the synthetic history's list is shared with other tests)
     last = max((i for i, e in enumerate(h.events) if e["event"] == "attempt_end"))
     h.events[last] = dict(h.events[last], artifact={"captured": True, "skipped": ["d/d"],
                                                      "capped": ["artifact capture skipped: depth > 64"]})
