@@ -48,7 +48,7 @@ def _pieces(values: tuple) -> frozenset:
     return frozenset(f[i:i + 12] for f in secret_forms(values) if len(f) >= 12 for i in range(len(f) - 11))
 
 
-def redact(text: str, values: list[str] | tuple = ()) -> str:
+def redact(text: str, values: list[str] | tuple = (), shapes: bool = True) -> str:
     """Remove secrets: first every known secret value (the keys the harness issued in this wave) in every form a
     runner may print it (`secret_forms`), also any 12-character piece of one (a key cut by a log tail, glued to
     other text, printed twice); then the shapes of the keys the harness hands out (a re-grade no longer knows the
@@ -71,8 +71,9 @@ def redact(text: str, values: list[str] | tuple = ()) -> str:
                 out += [text[last:a], "<redacted>"]
                 last = b
             text = "".join(out) + text[last:]
-    for pattern, repl in _SECRETS:
-        text = pattern.sub(repl, text)
+    if shapes:  # (`shapes=False`: by value only, for raw logs whose other text must stay as the runner wrote it)
+        for pattern, repl in _SECRETS:
+            text = pattern.sub(repl, text)
     return text
 
 
@@ -114,15 +115,17 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
 
 
 def redact_runner_logs(out: results.ResultsDir, values) -> int:
-    """Every attempt's raw `runner.log` under results/ rewritten with the wave's secrets taken out (a runner that
-    prints its environment printed its keys); returns how many files changed. Bytes that are not UTF-8 stay."""
+    """Every attempt's raw `runner.log` under results/ rewritten with the wave's secrets taken out, by value (in
+    every form of `secret_forms`; a runner that prints its environment printed its keys): no other text changes,
+    so what the grader reads in the log is what the runner wrote. Returns how many files changed; bytes that are
+    not UTF-8 stay."""
     changed = 0
     if not values:
         return 0
     for p in sorted(out.sandboxes.glob(f"*/{results.RUNNER_LOG}")):
         try:
             text = p.read_bytes().decode("utf-8", errors="surrogateescape")
-            clean = redact(text, values)
+            clean = redact(text, values, shapes=False)  # by value: the grader reads these logs after
             if clean != text:
                 p.write_bytes(clean.encode("utf-8", errors="surrogateescape"))
                 changed += 1

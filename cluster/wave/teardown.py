@@ -53,12 +53,25 @@ class Teardown:
         sweeper = getattr(self.parts.fleet, "sweeper", None) if self.parts.fleet is not None else None
         if sweeper is None or self.parts.ledger is None:
             return
+        if self.health.lost("sweep actor"):  # dead or hung: its last pass would only wait for the timeout
+            try:
+                ray.kill(sweeper)
+            except Exception:  # noqa: BLE001
+                pass
+            rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor is lost (harness fault): "
+                                                       f"{self.health.harness_fault['why'][:200]}"],
+                   "unavailable": True}
+            self._write_sweeper(rep)
+            return
         try:
             engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
             rep = ray.get(sweeper.final.remote(self.wave_id, engine), timeout=self.sweep_settle_s + 60)
         except Exception as exc:  # noqa: BLE001
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
                                                        f"{str(exc)[:200]}"], "unavailable": True}
+        self._write_sweeper(rep)
+
+    def _write_sweeper(self, rep: dict) -> None:
         self.out.sweeper.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2, default=str))
         self.timeline("sweep_actor", scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
                       reaped=len(rep.get("reaped") or []), dangling=len(rep.get("dangling_leases") or []),

@@ -334,3 +334,22 @@ def test_encoded_forms_of_an_issued_secret_are_redacted_too():
         out = redact(f"env: {shown} end", (key, store))
         assert shown not in out and "<redacted>" in out, (shown, out)
     assert redact("sha256 of step 3 is 9f2c", (key, store)) == "sha256 of step 3 is 9f2c"
+
+
+def test_raw_runner_logs_lose_the_issued_secrets_and_nothing_else(tmp_path):
+    """The grader reads the raw logs after they are redacted: only issued secrets go (by value, in every form),
+    never text that merely looks like a key (a 40-character word, `TOKEN_REFRESH: connection_refused`)."""
+    import base64
+
+    from cluster import results
+    from cluster.evidence import redact_runner_logs
+
+    key = "sf-" + "Ab3_x9" * 5 + "Zq"
+    log = tmp_path / results.SANDBOXES / "t000-a1" / results.RUNNER_LOG
+    log.parent.mkdir(parents=True)
+    kept = (b"TOKEN_REFRESH: connection_refused\napi_key_check: denied\nupload_failed_because_connection_refused\n"
+            b"total tokens: 123456\n\xff a byte that is not UTF-8\n")
+    log.write_bytes(kept + f"OPENAI_API_KEY={key}\n{base64.b64encode(key.encode()).decode()}\n".encode())
+    assert redact_runner_logs(results.ResultsDir(tmp_path), (key,)) == 1
+    data = log.read_bytes()
+    assert data.startswith(kept) and key.encode() not in data and data.count(b"<redacted>") == 2, data
