@@ -39,6 +39,23 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
+def _holds(pid: str, tmp: str) -> bool:
+    """Does the process hold a file open under `tmp`? Ray's agents retitle themselves (`ray::DashboardAgent`), so
+    their command lines no longer name the temp dir; their open log files there do (a dead Ray's agents live on
+    for minutes with ppid 1)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(tmp + "/"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _environ(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes()
@@ -88,7 +105,7 @@ def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple
                 entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
                 continue
         for w, tmp in ray_tmp.items():  # Ray's processes name their temp dir on their command lines
-            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp):
+            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp) or (cmd.startswith("ray::") and _holds(pid, tmp)):
                 entry(w)["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
                 entry(w).setdefault("ray_tmpdir", tmp)
                 break
