@@ -103,8 +103,9 @@ class Facts:
         return r.get("akid") in ids if ids else t0 <= r["t"] <= t1
 
 
-def completed(h: TaskHistory, facts: Facts) -> dict:
-    task, wl, script, attempts, end = facts.task, facts.wl, facts.script, facts.attempts, facts.end
+def _ended_with_an_artifact(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when the task ended done with a whole, readable artifact; else `completed`'s answer."""
+    attempts, end = facts.attempts, facts.end
     if end is None:
         return {"verdict": UNKNOWN, "detail": "no task_end in the timeline"}
     start_error = next((a["start_error"] for a in attempts if a.get("start_error")), None)
@@ -121,6 +122,12 @@ def completed(h: TaskHistory, facts: Facts) -> dict:
     capped = (last.get("artifact") or {}).get("capped")
     if capped:  # the workspace was past a cap of the read-back (depth, files, bytes): not what a task leaves
         return {"verdict": FAIL, "detail": f"the runner exited 0 but {'; '.join(capped)}"}
+    return None
+
+
+def _every_step_done(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when every workspace step's marker and every effect of the script is there."""
+    task, wl, script = facts.task, facts.wl, facts.script
     counts = wl.step_counts(h.artifact)
     multi = wl.done_steps(task["seed"], task["steps"], h.artifact) if hasattr(wl, "done_steps") else set()
     missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts
@@ -132,26 +139,40 @@ def completed(h: TaskHistory, facts: Facts) -> dict:
     swallowed = sorted({e["effect_id"] for e in (h.effects or []) if e.get("deduped")
                         and not e.get("same_effect_as_key")} - applied_fx)
     missing_fx = [s.step for s in script if s.kind == "effect" and s.arguments["effect_id"] not in applied_fx]
-    if missing or missing_fx:
-        extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
-                 if swallowed else "")
-        return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
-                "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
-                          f"effects missing for steps {missing_fx}{extra}"}
-    # the work must come from the model: every step's answer was delivered to the task before its effect
+    if not (missing or missing_fx):
+        return None
+    extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
+             if swallowed else "")
+    return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
+            "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
+                      f"effects missing for steps {missing_fx}{extra}"}
+
+
+def _work_came_from_the_model(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when every step's answer was delivered to the task before its effect."""
     if h.calls is None:
         return {"verdict": UNKNOWN, "detail": "no readable model call log to check the steps came from the model"}
     given = {}
     for c in h.calls:
         if c.get("delivered", True) and c["step"] not in given:
             given[c["step"]] = c.get("t_done", c["t"])
-    unasked = [s.step for s in script if s.kind in ("workspace", "effect") and s.step not in given]
+    unasked = [s.step for s in facts.script if s.kind in ("workspace", "effect") and s.step not in given]
     early = sorted({e["step"] for e in (h.effects or []) if e.get("step") is not None
                     and (e["step"] not in given or e["t"] < given[e["step"]] - 0.05)})
-    if unasked or early:
-        return {"verdict": FAIL, "steps_never_answered": unasked, "effects_before_their_answer": early,
-                "detail": f"the work did not come from the model: steps {unasked} were never answered to this "
-                          f"task, effects of steps {early} came before their answer"}
+    if not (unasked or early):
+        return None
+    return {"verdict": FAIL, "steps_never_answered": unasked, "effects_before_their_answer": early,
+            "detail": f"the work did not come from the model: steps {unasked} were never answered to this "
+                      f"task, effects of steps {early} came before their answer"}
+
+
+def completed(h: TaskHistory, facts: Facts) -> dict:
+    """The task ended done, its whole artifact has every step's marker and every effect is applied, and the work
+    came from the model (each step answered to this task before its effect)."""
+    for part in (_ended_with_an_artifact, _every_step_done, _work_came_from_the_model):
+        got = part(h, facts)
+        if got is not None:
+            return got
     return {"verdict": PASS, "detail": "exited 0; every step was answered by the model and its change and "
                                        "effect are there"}
 
