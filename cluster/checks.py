@@ -353,18 +353,13 @@ def retry_loop(h: TaskHistory, facts: Facts) -> dict:
                                        "request(s)"}
 
 
-def liveness(h: TaskHistory, facts: Facts) -> dict:
-    """No stretch inside an attempt with nothing observable (a model call, an effect, a store request)
-    longer than the bound; a gap between attempts longer than it is the harness's (unknown)."""
-    attempts, by_attempt = facts.attempts, facts.by_attempt
-    mine = facts.mine
-    bound = float(h.limits.get("liveness_s") or 30.0)
-    if h.calls is None or h.requests is None:
-        return {"verdict": UNKNOWN, "detail": "no readable model call or proxy log"}
+def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
+    """(the longest stretch inside an attempt with nothing observable: (s, attempt, from, to)), and the longest gap
+    between one attempt's end and the next one's start: (s, attempt))."""
     worst, gap = (0.0, None), (0.0, None)
     prev_end = None
-    for a in attempts:
-        start = by_attempt.get(a["attempt"]) or {}
+    for a in facts.attempts:
+        start = facts.by_attempt.get(a["attempt"]) or {}
         t0, t1 = start.get("wall"), a.get("ended_at") or a.get("wall")
         if t0 is None or t1 is None:
             continue
@@ -374,27 +369,43 @@ def liveness(h: TaskHistory, facts: Facts) -> dict:
         ts = sorted([t0, t1] + [x for c in h.calls if c.get("attempt") == a["attempt"]
                                 for x in (c["t"], c.get("t_done", c["t"]))]
                     + [e["t"] for e in h.effects or [] if e.get("attempt") == a["attempt"]]
-                    + [r["t"] for r in h.requests if mine(r, a["attempt"], t0, t1)])
+                    + [r["t"] for r in h.requests if facts.mine(r, a["attempt"], t0, t1)])
         ts = [t for t in ts if t0 <= t <= t1]
         for x, y in zip(ts, ts[1:]):
             if y - x > worst[0]:
                 worst = (y - x, a["attempt"], x, y)
+    return worst, gap
+
+
+def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:
+    """A runner starved of CPU looks like a hung one: when the host had far more runnable tasks than cores through
+    the silence (the harness ran too many sandboxes at once), it cannot be told apart (unknown)."""
+    load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3]]
+    if not load:
+        return None
+    cores = load[0].get("cores") or 1
+    mean = sum(x["running"] for x in load) / len(load)
+    if mean < OVERLOAD_PER_CORE * cores:
+        return None
+    return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
+            "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store "
+                      f"request (bound {bound:g} s) while the host was overloaded ({mean:.0f} runnable "
+                      f"tasks on {cores} cores on average): starved or hung, it cannot be told; "
+                      "run fewer at once"}
+
+
+def liveness(h: TaskHistory, facts: Facts) -> dict:
+    """No stretch inside an attempt with nothing observable (a model call, an effect, a store request)
+    longer than the bound; a gap between attempts longer than it is the harness's (unknown)."""
+    bound = float(h.limits.get("liveness_s") or 30.0)
+    if h.calls is None or h.requests is None:
+        return {"verdict": UNKNOWN, "detail": "no readable model call or proxy log"}
+    worst, gap = _silences(h, facts)
     if worst[0] > bound:
-        # a runner starved of CPU looks like a hung one: when the host had far more runnable tasks than
-        # cores through the silence (the harness ran too many sandboxes at once), it cannot be told apart
-        load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3]]
-        if load:
-            cores = load[0].get("cores") or 1
-            mean = sum(x["running"] for x in load) / len(load)
-            if mean >= OVERLOAD_PER_CORE * cores:
-                return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
-                        "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store "
-                                  f"request (bound {bound:g} s) while the host was overloaded ({mean:.0f} runnable "
-                                  f"tasks on {cores} cores on average): starved or hung, it cannot be told; "
-                                  "run fewer at once"}
-        return {"verdict": FAIL, "longest_silence_s": round(worst[0], 2),
-                "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
-                          f"(bound {bound:g} s): hung"}
+        return _starved(h, worst, bound) or {
+            "verdict": FAIL, "longest_silence_s": round(worst[0], 2),
+            "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
+                      f"(bound {bound:g} s): hung"}
     if gap[0] > bound:
         return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
                 "detail": f"{gap[0]:.1f} s with no live attempt before attempt {gap[1]} (bound {bound:g} s): the "
@@ -483,31 +494,36 @@ def no_leaked_upload(h: TaskHistory, facts: Facts) -> dict:
                       f"first: {ups[0]['key']} (upload {ups[0]['upload_id'][:16]})"}
 
 
+def _zombie_activity(h: TaskHistory, facts: Facts, sid: str, t0: float) -> tuple[list[str], int, int]:
+    """What the zombie attempt `sid` did from its thaw `t0`: (what took effect, requests seen, refused)."""
+    att = (results.attempt_of(sid) or (sid, 0))[1]
+    ids = facts.akids.get(att) or set()
+    store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
+    landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
+    calls = [c for c in h.calls or [] if c.get("attempt") == att and c["t"] >= t0]
+    fx = [e for e in h.effects or [] if e.get("attempt") == att and e["t"] >= t0]
+    mine_refused = [f for f in h.fenced if f.get("attempt") == att and f["t"] >= t0]
+    seen = len(store) + len(calls) + len(fx) + len(mine_refused)
+    refused = sum(1 for q in store if (q.get("status") or 0) >= 400) + len(mine_refused)
+    bad = [f"store {q['method']} {q.get('key')} -> {q.get('status')}" for q in landed]
+    bad += [f"model call answered at {c['t']:.3f}" for c in calls] + [f"effect {e['effect_id']} applied" for e in fx]
+    return bad, seen, refused
+
+
 def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
     """PK6: after the zombie was thawed, nothing it did may count: no store write of its key landed, no model
     call or effect of its attempt was answered. Every request it made must have been refused."""
-    tid, akids = facts.tid, facts.akids
     found, bad, refused, seen = [], [], 0, 0
     for r in h.receipts:
-        if (r["task_id"] != tid or not adds_check(r.get("fault_id"), "fenced_writes_rejected")
+        if (r["task_id"] != facts.tid or not adds_check(r.get("fault_id"), "fenced_writes_rejected")
                 or r.get("status") != "applied"):
             continue
         tgt = r.get("target") or {}
         sid, t0 = tgt.get("zombie"), tgt.get("thawed_at")
         if not sid or t0 is None:
             return {"verdict": UNKNOWN, "detail": f"{r['instance']}: its receipt names no zombie or thaw time"}
-        att = (results.attempt_of(sid) or (sid, 0))[1]
-        ids = akids.get(att) or set()
-        store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
-        landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
-        calls = [c for c in h.calls or [] if c.get("attempt") == att and c["t"] >= t0]
-        fx = [e for e in h.effects or [] if e.get("attempt") == att and e["t"] >= t0]
-        mine_refused = [f for f in h.fenced if f.get("attempt") == att and f["t"] >= t0]
-        seen += len(store) + len(calls) + len(fx) + len(mine_refused)
-        refused += sum(1 for q in store if (q.get("status") or 0) >= 400) + len(mine_refused)
-        bad += [f"store {q['method']} {q.get('key')} -> {q.get('status')}" for q in landed]
-        bad += [f"model call answered at {c['t']:.3f}" for c in calls] + [f"effect {e['effect_id']} applied"
-                                                                          for e in fx]
+        b, n, k = _zombie_activity(h, facts, sid, t0)
+        bad, seen, refused = bad + b, seen + n, refused + k
         found.append(f"{r['instance']} (zombie {sid})")
     if not found:
         return {"verdict": NOT_APPLIED, "detail": "no PK6 of this task froze an attempt: no zombie to follow"}

@@ -385,30 +385,42 @@ def attribute(w: WaveRecord) -> Attribution:
     return Attribution(owner, foreign, damaged, cut_keys)
 
 
+def _of_task(recs: list[dict] | None, tid: str) -> list[dict] | None:
+    return None if recs is None else [r for r in recs if r["task"] == tid]
+
+
+def _requests_of(w: WaveRecord, at: Attribution, tid: str, prefix: str) -> list[dict] | None:
+    """Every proxy request of the task's attempts (by the key id that signed it) or under its prefix."""
+    if w.proxy is None:
+        return None
+    return [r for r in w.proxy if at.owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)]
+
+
+def _writes_of(w: WaveRecord, at: Attribution, prefix: str) -> list[dict] | None:
+    """2xx store writes under the task's prefix (a PUT that ST6 cut is not a record a resume could read)."""
+    if w.proxy is None:
+        return None
+    return [r for r in w.proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+            and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys]
+
+
 def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     tid = task["task_id"]
     prefix = f"{w.plan['wave_id']}/{tid}/"
     cfg = w.plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n")}
-    proxy, owner = w.proxy, at.owner
     art, why = _read_artifact_safe(w.out.artifact(tid))
+    leaked = None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
+                                           if u["key"].startswith(prefix)]
     return TaskHistory(
-        requests=None if proxy is None else [
-            r for r in proxy if owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)],
-        log_tails=_log_tails(w.d, tid), limits=limits, fenced=[f for f in w.fenced if f.get("task") == tid],
-        host_load=w.host_load,
+        requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
+        fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
         task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
-        calls=[c for c in w.calls if c["task"] == tid] if w.calls is not None else None,
-        effects=[e for e in w.effects if e["task"] == tid] if w.effects is not None else None,
-        writes=None if proxy is None else [
-            r for r in proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
-            and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys],
+        calls=_of_task(w.calls, tid), effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),
         artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
-        harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if owner else None,
-        leaked_uploads=None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
-                                                     if u["key"].startswith(prefix)],
-        damaged_by=at.damaged.get(tid, []))
+        harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if at.owner else None,
+        leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))
 
 
 def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
