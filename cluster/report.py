@@ -15,9 +15,8 @@ def _cell(g: dict) -> str:
     return f"{g['runner']} × {g.get('workload') or '?'} × {'+'.join(faults) or 'none'}"
 
 
-def write_summary(d: Path, result: dict) -> Path:
-    d = Path(d)
-    grades = result["tasks"]
+def _head(d: Path, result: dict) -> list[str]:
+    """The title, the verdict and the wave's inputs, figures, resumes and harness errors."""
     plan = result["plan"]
     cfg = plan["config"]
     lines = [f"# Wave {result['wave_id']}", ""]
@@ -43,7 +42,13 @@ def write_summary(d: Path, result: dict) -> Path:
                   f"{', '.join(r['closed_attempts']) or 'none'}.", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
+    return lines
 
+
+def _durability(d: Path, result: dict) -> list[str]:
+    """The faults tested, and the durability figures over every task."""
+    grades, plan = result["tasks"], result["plan"]
+    lines: list[str] = []
     idle = [g for g in grades if g.get("not_exercised")]
     # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested
     # something
@@ -83,7 +88,11 @@ def write_summary(d: Path, result: dict) -> Path:
               f"(no_leaked_sandbox: {result['wave_checks']['no_leaked_sandbox']}); "
               f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}",
               f"- Sweep actor: {_sweeper(d)}", ""]
+    return lines
 
+
+def _cells_and_signatures(d: Path, grades: list[dict]) -> list[str]:
+    lines: list[str] = []
     cells: dict[str, Counter] = defaultdict(Counter)
     for g in grades:
         cells[_cell(g)][g["verdict"]] += 1
@@ -106,6 +115,13 @@ def write_summary(d: Path, result: dict) -> Path:
                          f"`sandfleet wave replay {d / tids[0]}`")
     else:
         lines.append("- none")
+    return lines
+
+
+def write_summary(d: Path, result: dict) -> Path:
+    d = Path(d)
+    grades, refs = result["tasks"], result.get("references", [])
+    lines = _head(d, result) + _durability(d, result) + _cells_and_signatures(d, grades)
     lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks | "
               "why attempts ended |", "|---|---|---|---|---|---|---|"]
     for g in grades + refs:
