@@ -45,10 +45,8 @@ def _head(d: Path, result: dict) -> list[str]:
     return lines
 
 
-def _durability(d: Path, result: dict) -> list[str]:
-    """The faults tested, and the durability figures over every task."""
-    grades, plan = result["tasks"], result["plan"]
-    lines: list[str] = []
+def _replay_lines(grades: list[dict]) -> list[str]:
+    """Resume survival, double applies, recalls and what replays cost."""
     idle = [g for g in grades if g.get("not_exercised")]
     # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested
     # something
@@ -60,35 +58,39 @@ def _durability(d: Path, result: dict) -> list[str]:
     recalls = sum(g.get("model_recalls") or 0 for g in grades)
     n_int = sum(max(0, g["attempts"] - 1) for g in grades)
     rsr = f"{len(survived)}/{len(interrupted)}" if interrupted else "n/a (no task was interrupted)"
+    per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
+    left_out = (f"; {len(idle)} task(s) left out: their kill was not exercised (it landed before the attempt "
+                "did anything durable)" if idle else "")
+    return [f"- Resume survival rate (interrupted tasks that pass): {rsr}{left_out}",
+            f"- Double-apply tasks: {len(double)}",
+            f"- Model recalls of recorded steps: {recalls}",
+            f"- Replay cost: {wasted} wasted model call(s), {wasted_tokens} token(s) over {n_int} "
+            f"interruption(s) ({per})"]
+
+
+def _durability(d: Path, result: dict) -> list[str]:
+    """The faults tested, and the durability figures over every task."""
+    grades, plan = result["tasks"], result["plan"]
     refs = result.get("references", [])
     ref_pass = sum(1 for g in refs if g["verdict"] == PASS)
     cached = sum(1 for t in plan["tasks"] if (t.get("reference") or {}).get("cached"))
-    per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
+    resume = [x for g in grades for x in g.get("resume_s") or []]
+    commit = [g["store_write_ms_per_step"] for g in grades if g.get("store_write_ms_per_step") is not None]
+    leaks, checks = result["leaks"], result["wave_checks"]
     tested = _fault_coverage(d)
-    if tested:
-        lines += ["## Faults", "", "- " + "; ".join(tested), ""]
-    lines += ["## Durability", "",
-              f"- Resume survival rate (interrupted tasks that pass): {rsr}" + (
-                  f"; {len(idle)} task(s) left out: their kill was not exercised (it landed before the attempt "
-                  "did anything durable)" if idle else ""),
-              f"- Double-apply tasks: {len(double)}",
-              f"- Model recalls of recorded steps: {recalls}",
-              f"- Replay cost: {wasted} wasted model call(s), {wasted_tokens} token(s) over {n_int} "
-              f"interruption(s) ({per})",
-              f"- Time to resume (a failed attempt's end to the next attempt's first model request): "
-              f"{_pcts([x for g in grades for x in g.get('resume_s') or []], 's')}",
-              f"- Store write time per step (p50 over tasks; the commit overhead): "
-              f"{_pcts([g['store_write_ms_per_step'] for g in grades if g.get('store_write_ms_per_step') is not None], 'ms')}",  # noqa: E501
-              f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
-              f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
-              f", {cached} reused from the reference cache",
-              f"- Store audit: {_audit(d)}",
-              f"- Leaked sandboxes: {_count(result['leaks']['sandboxes'])} at the hosts' end-of-wave sweep, "
-              f"{_count(result['leaks'].get('sandboxes_sweeper'))} by the sweep actor "
-              f"(no_leaked_sandbox: {result['wave_checks']['no_leaked_sandbox']}); "
-              f"incomplete uploads left: {_count(result['leaks']['incomplete_uploads'])}",
-              f"- Sweep actor: {_sweeper(d)}", ""]
-    return lines
+    lines = ["## Faults", "", "- " + "; ".join(tested), ""] if tested else []
+    return lines + ["## Durability", ""] + _replay_lines(grades) + [
+        f"- Time to resume (a failed attempt's end to the next attempt's first model request): {_pcts(resume, 's')}",
+        f"- Store write time per step (p50 over tasks; the commit overhead): {_pcts(commit, 'ms')}",
+        f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
+        f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
+        f", {cached} reused from the reference cache",
+        f"- Store audit: {_audit(d)}",
+        f"- Leaked sandboxes: {_count(leaks['sandboxes'])} at the hosts' end-of-wave sweep, "
+        f"{_count(leaks.get('sandboxes_sweeper'))} by the sweep actor "
+        f"(no_leaked_sandbox: {checks['no_leaked_sandbox']}); "
+        f"incomplete uploads left: {_count(leaks['incomplete_uploads'])}",
+        f"- Sweep actor: {_sweeper(d)}", ""]
 
 
 def _cells_and_signatures(d: Path, grades: list[dict]) -> list[str]:
