@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from cluster import results
 from cluster.artifacts import write_artifact
 from cluster.wave.access import CREDS_IN
+from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
 from cluster.wave.timeline import TaskRun
 from faults.base import CATALOG, FaultSpec
@@ -46,10 +47,6 @@ class AttemptEnd:
 
 
 WAIT, RETRY, PART_LOST = AttemptEnd(Outcome.WAIT), AttemptEnd(Outcome.RETRY), AttemptEnd(Outcome.PART_LOST)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
 
 
 class Attempts:
@@ -140,7 +137,7 @@ class Attempts:
                                                            self.cfg.lease_ttl_s)
         except RayActorError as exc:
             self.nodes.load[node] -= 1
-            self.health.part_lost("lease ledger", f"the actor died ({_first_line(exc)})")
+            self.health.part_lost("lease ledger", f"the actor died ({first_line(exc)})")
             return PART_LOST
         if lease is None:
             self.nodes.load[node] -= 1
@@ -256,7 +253,7 @@ class Attempts:
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                error=result["error"][:300], cause="harness fault: the sandbox host was lost")
             self.health.part_lost(f"sandbox host {node}", f"the actor died while it ran attempt {sandbox_id} "
-                                  f"({result['error'].strip().splitlines()[0][:200]})")
+                                  f"({first_line(result['error'])})")
             return PART_LOST
         await self._close(run, node, sandbox_id, attempt, fence, result)
         on_change()
@@ -286,7 +283,7 @@ class Attempts:
         try:
             await self.parts.ledger.release.remote(results.lease_key(self.wave_id, tid), fence, None, f"exit {code}")
         except RayActorError as exc:
-            self.health.part_lost("lease ledger", f"the actor died ({_first_line(exc)})")
+            self.health.part_lost("lease ledger", f"the actor died ({first_line(exc)})")
         await asyncio.to_thread(self.access.revoke, sandbox_id)  # the lease ended: its key is dead
         captured = None
         if "artifact" in result:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
@@ -138,7 +139,7 @@ class Health:
                 await asyncio.wait_for(awaitable(actor.ping.remote()), self.cfg.health.actor_timeout_s)
                 return None
             except RayActorError as exc:
-                return f"the actor died ({str(exc).strip().splitlines()[0][:200]})", True
+                return f"the actor died ({first_line(exc)})", True
             except asyncio.TimeoutError:
                 return f"no answer to a ping within {self.cfg.health.actor_timeout_s:g} s (hung?)", False
 
