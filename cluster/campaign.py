@@ -94,7 +94,7 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
                 nonlocal fleet
                 cfg = _config(fault, runner, round(x, 4), wave)
                 if fleet is None:
-                    fleet = FleetSession(cfg.address).start()
+                    fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
                 t = time.perf_counter()
                 w = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
                 result = w.run()

@@ -92,9 +92,8 @@ class WaveRun:
             self.dir = self.results_root / self.wave_id
             self.out = results.ResultsDir(self.dir)
         self.private = Path(f"/tmp/sandfleet-{self.wave_id}")
-        self.bucket = results.bucket_name(self.wave_id)
         self.show_progress = progress
-        self.parts = Parts(fleet=fleet)
+        self.parts = Parts(fleet=fleet, bucket=results.bucket_name(self.wave_id))
         self.cache = ReferenceCache(self.results_root)
         self.own_fleet = fleet is None
         self.runs: dict[str, TaskRun] = {}  # filled in place: the rooms hold this dict
@@ -153,12 +152,21 @@ class WaveRun:
         record_driver(self.private)  # a later `sandfleet sweep` knows this wave is dead once this pid is
         # the store and the proxy are processes that take a while to come up: both are launched first, and the
         # services and the fleet start while they do (a wave's fixed cost is the longest of them, not their sum)
+        if self.parts.fleet is not None:  # a lent fleet may have lost an actor or its store in an earlier wave
+            replaced = self.parts.fleet.heal()
+            if replaced:
+                self.timeline("fleet_healed", replaced=replaced)
         t_store = time.perf_counter()
         if self.cfg.store.url:
             s = self.cfg.store
             if not (s.access_key and s.secret_key):
                 raise HarnessError("store.url is set but store.access_key / store.secret_key are not")
             self.parts.endpoint = StoreEndpoint(url=s.url, creds=Credentials(s.access_key, s.secret_key))
+        elif getattr(self.parts.fleet, "store", None) is not None:
+            # a lent fleet's store: already up; the wave has its own prefix in the fleet's bucket and its own keys
+            fleet = self.parts.fleet
+            self.parts.store, self.parts.endpoint, self.parts.keys = fleet.store, fleet.store.endpoint, fleet.keys
+            self.parts.bucket, self.parts.store_lent = fleet.bucket, True
         else:
             self.parts.store = EmbeddedStore(self.private / "store")
             self.parts.endpoint = self.parts.store.launch()
@@ -187,17 +195,14 @@ class WaveRun:
             os.makedirs(self.parts.fleet.state_dir, exist_ok=self.resumed is not None)
             self.parts.fleet.start()
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
-        else:
-            replaced = self.parts.fleet.heal()  # a lent fleet may have lost an actor in an earlier wave
-            if replaced:
-                self.timeline("fleet_healed", replaced=replaced)
-        if self.parts.store is not None:
-            self.parts.store.wait_ready()
-        self.figures["store_start_s"] = round(time.perf_counter() - t_store, 3)  # from its launch until it answered
-        ensure_bucket(self.parts.endpoint, self.bucket)
+        if not self.parts.store_lent:
+            if self.parts.store is not None:
+                self.parts.store.wait_ready()
+            self.figures["store_start_s"] = round(time.perf_counter() - t_store, 3)  # from launch until it answered
+            ensure_bucket(self.parts.endpoint, self.parts.bucket)
         self.parts.proxy.wait_ready()
         # per-attempt keys scoped to the task's prefix, at the store (embedded store only)
-        if self.parts.store is not None:
+        if self.parts.store is not None and self.parts.keys is None:
             self.parts.keys = ScopedKeys(self.parts.store, self.parts.endpoint.creds)
         # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
         p = self.parts
@@ -371,7 +376,8 @@ class WaveRun:
             self._setup()  # 3. the parts start (or are lent)
             signals.install()  # again: ray.init installs its own SIGTERM handler (it aborts)
             p = self.parts
-            self.timeline("parts_ready", store=p.endpoint.url, proxy=p.proxy.url, model=p.model.url,
+            self.timeline("parts_ready", store=p.endpoint.url, bucket=p.bucket, store_lent=p.store_lent,
+                          proxy=p.proxy.url, model=p.model.url,
                           effects=p.effects.url, pids=self.part_pids, **self.figures)
             asyncio.run(self._run_all())  # 4. every task runs its attempts; the faults fire; every part is watched
         except asyncio.CancelledError:

@@ -366,7 +366,8 @@ def attribute(w: WaveRecord) -> Attribution:
     cut_keys = {r.get("key") for r in w.proxy or [] if r.get("cut")}
     owner = {e["akid"]: e["task"] for e in w.timeline if e["event"] in ("attempt_start", "key_rotated")
              and e.get("akid")}
-    bucket = (w.audit or {}).get("bucket") or "sf-" + hashlib.sha256(wave_id.encode()).hexdigest()[:16]
+    ready = next((e for e in w.timeline if e["event"] == "parts_ready"), {})
+    bucket = (w.audit or {}).get("bucket") or ready.get("bucket") or results.bucket_name(wave_id)
     foreign: dict[str, list] = {}
     damaged: dict[str, list] = {}
     if owner and w.proxy is not None:

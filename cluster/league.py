@@ -130,7 +130,7 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
     try:
         for name, fs, cfg in league.waves():
             if fleet is None:
-                fleet = FleetSession(cfg.address).start()
+                fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
             t = time.perf_counter()
             wave = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
             result = wave.run()

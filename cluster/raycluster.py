@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from pathlib import Path
 
 from cluster import results
 
@@ -174,12 +175,18 @@ def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
 class FleetSession:
     """Ray plus the long-lived actors a wave uses: one lease ledger and one sandbox host per node.
 
-    A CLI wave makes its own and stops it at the end; a test session makes one and
-    lends it to every wave (ledger keys carry the wave id, hosts are wave-agnostic).
+    A CLI wave makes its own and stops it at the end; a test session, a campaign and a league make one and
+    lend it to every wave (ledger keys carry the wave id, hosts are wave-agnostic).
+
+    `store=True`: the fleet also runs one embedded S3 store (weed mini) with one bucket, lent to every wave that
+    has no store of its own configured: each wave writes under its own `<wave id>/` prefix with its own
+    per-attempt keys (owned as `<wave id>/<sandbox>`), so a wave starts no store and creates no bucket (a new
+    bucket is a new SeaweedFS collection: 0.25 s of volume growth each, and about 40 of them fill weed mini's
+    auto-sized volume limit).
     """
 
     def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None,
-                 nodes: int = 1):
+                 nodes: int = 1, store: bool = False):
         self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes)
         self.nodes = nodes
         self.down: set[str] = set()  # sandbox nodes lost (PK3) and not back yet
@@ -189,14 +196,24 @@ class FleetSession:
         self.sweeper = None  # the sweep actor (fleet/sweeper.py), reused by every wave
         self.hosts: list = []
         self.node_ids: list[str] = []
+        self.want_store = store
+        self.store = None  # storage.store.EmbeddedStore lent to the waves (store=True)
+        self.keys = None  # storage.keys.ScopedKeys of that store
+        self.bucket: str | None = None
 
     def start(self) -> "FleetSession":
         from fleet.host import start_host_actor
         from fleet.ledger import start_ledger_actor
         from fleet.sweeper import start_sweep_actor
 
-        ray = self.ray_session.start()
         os.chmod(self.state_dir, 0o700)
+        if self._own_state_dir:  # a later `sandfleet sweep` ends what this fleet left once its owner is gone
+            from cluster.sweep import record_driver
+
+            record_driver(Path(self.state_dir))
+        if self.want_store:  # it comes up while Ray does
+            self._launch_store()
+        ray = self.ray_session.start()
         self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB), resources=self._pin("node-0"),
                                          strategy=self._affinity())
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
@@ -207,7 +224,24 @@ class FleetSession:
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
                 timeout=120)
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
+        if self.want_store:
+            self._store_ready()
         return self
+
+    def _launch_store(self) -> None:
+        from storage.store import EmbeddedStore
+
+        self.store = EmbeddedStore(os.path.join(self.state_dir, f"store-{secrets.token_hex(3)}"))
+        self.store.launch()
+
+    def _store_ready(self) -> None:
+        from storage.keys import ScopedKeys
+        from storage.store import ensure_bucket
+
+        self.store.wait_ready()
+        self.bucket = "sf-fleet-" + secrets.token_hex(6)
+        ensure_bucket(self.store.endpoint, self.bucket)
+        self.keys = ScopedKeys(self.store, self.store.endpoint.creds)
 
     def _pin(self, name: str) -> dict | None:
         return {node_resource(name): 0.001} if self.nodes > 1 else None
@@ -301,6 +335,11 @@ class FleetSession:
             self.hosts[i] = start_host_actor(n, self.ledger, self._pin(n), self._affinity())
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
+        if self.store is not None and self.store.proc is not None and self.store.proc.poll() is not None:
+            self.store.stop(grace_s=0.0)  # a wave lost it: a new one (new data dir, admin key and bucket)
+            self._launch_store()
+            self._store_ready()
+            replaced.append("store")
         return replaced
 
     def stop(self) -> None:
@@ -322,6 +361,9 @@ class FleetSession:
             if self.ledger is not None:
                 ray.kill(self.ledger)
         self.hosts, self.ledger, self.sweeper = [], None, None
+        if self.store is not None:  # its data goes with the state dir: no grace (as a wave's own store)
+            self.store.stop(grace_s=0.0)
+            self.store, self.keys = None, None
         self.ray_session.stop()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)

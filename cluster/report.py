@@ -35,7 +35,9 @@ def _head(d: Path, result: dict) -> list[str]:
     if fig.get("wave_wall_s") is not None:
         fleet = (f"Ray and actors {fig['fleet_start_s']} s" if "fleet_start_s" in fig
                  else "Ray and actors lent, already running")
-        lines += [f"Wave wall time {fig['wave_wall_s']} s (store start {fig.get('store_start_s')} s, {fleet}).", ""]
+        store = (f"store start {fig['store_start_s']} s" if "store_start_s" in fig
+                 else "store lent by the fleet, already running")
+        lines += [f"Wave wall time {fig['wave_wall_s']} s ({store}, {fleet}).", ""]
     for r in result.get("resumed") or []:
         lines += [f"Resumed after its driver died (at +{r['t']:.1f} s): {len(r['finished'])} task(s) that had ended "
                   f"kept their results, {len(r['unfinished'])} ran on; attempts reaped: "

@@ -7,6 +7,10 @@ command lines carry the wave id), its sandbox processes (environment marker `SAN
 its sandbox cgroup dirs (`<own>/sandfleet/<wave>/...`), its workspace mounts (source
 `sandfleet-ws.<wave>.<sandbox>`), its private dir (keys, identities) and harness cgroup dirs with no
 process left. Nothing without a marker is touched; a live wave is never touched.
+
+A fleet lent to many waves (a test session's, a campaign's, a league's) records its owner the same way in its
+state dir `/tmp/sandfleet-fleet-*`; a dead owner's fleet leaves its store process there, which the sweep ends
+(by the dir in its command line) before removing the dir.
 """
 from __future__ import annotations
 
@@ -56,7 +60,27 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
                 harness.append(d)
         except OSError:
             pass
-    return {"waves": dead, "harness_cgroups": harness}
+    return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {}}
+
+
+FLEET_GLOB = "sandfleet-fleet-*"
+
+
+def dead_fleets() -> dict:
+    """{state dir: [its processes]} of lent fleets whose owner is gone (a dir with no owner record is not
+    touched: it may be a fleet still starting)."""
+    out = {}
+    for d in Path("/tmp").glob(FLEET_GLOB):
+        if not d.is_dir() or not (d / results.DRIVER_RECORD).exists() or driver_alive(d):
+            continue
+        mark = f"{d}/"
+        procs = []
+        for pid in os.listdir("/proc"):
+            cmd = _cmdline(pid) if pid.isdigit() else ""
+            if mark in cmd:
+                procs.append({"pid": int(pid), "cmd": cmd[:160]})
+        out[str(d)] = procs
+    return out
 
 
 def remove(found: dict, keep_data: bool = False) -> list[str]:
@@ -105,6 +129,16 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         elif e["private_dir"]:
             shutil.rmtree(e["private_dir"], ignore_errors=True)
             done.append(f"removed {e['private_dir']}")
+    for d, procs in found.get("fleets", {}).items():
+        for p in procs:
+            if _cmdline(str(p["pid"]))[:160] == p["cmd"]:
+                try:
+                    os.kill(p["pid"], signal.SIGKILL)
+                    done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(d, ignore_errors=True)
+        done.append(f"removed the dead fleet's state dir {d}")
     # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now
     deadline = time.monotonic() + 5
     while True:
@@ -128,6 +162,8 @@ def summary(found: dict) -> list[str]:
         lines.append(f"{w}: {len(e['processes'])} process(es), {len(e['cgroups'])} sandbox cgroup(s), "
                      f"{len(e.get('containers', []))} container(s), "
                      f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}")
+    for d, procs in sorted(found.get("fleets", {}).items()):
+        lines.append(f"fleet {d} (its owner is gone): {len(procs)} process(es)")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
     return lines

@@ -91,13 +91,15 @@ def list_incomplete_uploads(mc: Minio, bucket: str, prefix: str | None = None, p
 
 
 def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: list[dict] | None,
-          abort: bool = True, page: int = 1000) -> dict:
+          abort: bool = True, page: int = 1000, shared: bool = False) -> dict:
+    """`shared`: the bucket holds other waves' keys too (a lent fleet's store): only the wave's prefix is read."""
+    scope = f"{wave_id}/" if shared else None
     expected = committed_writes(proxy_log or [], bucket) if proxy_log is not None else None
     prefixes = {tid: f"{wave_id}/{tid}/" for tid in task_ids}
     tasks: dict[str, list] = {tid: [] for tid in task_ids}
     findings: list[dict] = []
     outside: list[str] = []
-    for obj in mc.list_objects(bucket, recursive=True):
+    for obj in mc.list_objects(bucket, prefix=scope, recursive=True):
         key = obj.object_name
         owner = next((t for t, p in prefixes.items() if key.startswith(p)), None)
         h, n = hashlib.sha256(), 0
@@ -131,13 +133,13 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
                 findings.append({"signature": "store_object_differs_from_write", "key": key, "task": owner,
                                  "detail": "; ".join(bad)})
         rec["checked_against_write"] = exp is not None and not exp.get("cut")
-    uploads = list_incomplete_uploads(mc, bucket, page=page, abort=abort)
+    uploads = list_incomplete_uploads(mc, bucket, prefix=scope, page=page, abort=abort)
     for u in uploads:
         findings.append({"signature": "incomplete_multipart_upload", "key": u["key"], "upload_id": u["upload_id"],
                          "task": next((t for t, p in prefixes.items() if u["key"].startswith(p)), None),
                          "detail": f"upload {u['upload_id'][:16]} of {u['key']} was never completed or aborted"})
     aborted = [u["upload_id"] for u in uploads if u.get("aborted")]
-    return {"bucket": bucket, "client": "minio", "tasks": tasks, "incomplete_uploads": uploads,
+    return {"bucket": bucket, "scope": scope or "", "client": "minio", "tasks": tasks, "incomplete_uploads": uploads,
             "aborted_uploads": aborted, "outside_task_prefixes": outside, "findings": findings,
             "objects_checked": sum(len(v) for v in tasks.values()) + len(outside),
             "checked_against_writes": expected is not None}

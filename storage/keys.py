@@ -37,7 +37,6 @@ class ScopedKeys:
         self.slots: list[dict] = []  # {"name", "creds", "actions", "owner"}
         self.issued = 0
         self.revoked = 0
-        self.issued_secrets: list[str] = []  # for redaction by value in evidence (kept in memory only)
 
     def _identities(self) -> list[dict]:
         return [{"name": s["name"], "credentials": [{"accessKey": s["creds"].access_key,
@@ -60,7 +59,6 @@ class ScopedKeys:
     def issue(self, owner: str, bucket: str, prefix: str) -> Credentials:
         """A fresh key allowed only under bucket/prefix; returns once the store accepts it."""
         creds = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
-        self.issued_secrets.append(creds.secret_key)
         scope = f"{bucket}/{prefix}*"
         with self.lock:
             slot = next((s for s in self.slots if s["owner"] is None), None)
@@ -104,7 +102,6 @@ class ScopedKeys:
                 return None
             old, probe = slot["creds"], slot["probe"]
             new = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
-            self.issued_secrets.append(new.secret_key)
             slot["creds"] = new
             self._apply()
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -114,7 +111,10 @@ class ScopedKeys:
             time.sleep(0.01)
         return old, new
 
-    def revoke_all(self) -> None:
-        for s in list(self.slots):
-            if s.get("owner"):
-                self.revoke(s["owner"])
+    def revoke_all(self, prefix: str = "") -> list[str]:
+        """Revoke every key whose owner starts with `prefix` (a wave's, on a store many waves share); returns
+        the owners revoked."""
+        owners = [s["owner"] for s in list(self.slots) if s.get("owner") and s["owner"].startswith(prefix)]
+        for owner in owners:
+            self.revoke(owner)
+        return owners

@@ -71,10 +71,17 @@ def fleet(baseline):
         pytest.fail(f"integration tests need the real parts: {why}")
     from cluster.raycluster import FleetSession
 
-    session = FleetSession("local").start()
+    # the session's fleet lends its store to every wave: that weed process is the session's, like its Ray, and
+    # is part of the baseline every test's leftover check compares with until the session ends
+    session = FleetSession("local", store=True).start()
     tmpdir = session.ray_session.tmpdir
+    fleet_own = [p for p in leftovers.marked_processes() if session.state_dir in p]
+    assert fleet_own, "the session fleet's store process is not found"
+    baseline["snapshot"]["processes"] += fleet_own
     yield session
     session.stop()
+    for p in fleet_own:
+        baseline["snapshot"]["processes"].remove(p)
     deadline = time.monotonic() + 20
     while leftovers.ray_processes(tmpdir) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -60,11 +60,15 @@ class Access:
         dir (the credential files live under it); `runner`: the plan's runner spec."""
         self.parts = parts
         self.wave_id = wave_id
-        self.bucket = results.bucket_name(wave_id)
         self.private = private
         self.runner = runner
         self.timeline = timeline
         self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
+        self.secrets: list[str] = []  # the store secrets this wave's attempts were given (kept in memory only)
+
+    def _owner(self, sandbox_id: str) -> str:
+        """Who holds an attempt's key at the store: a lent fleet's store holds every wave's keys."""
+        return f"{self.wave_id}/{sandbox_id}"
 
     def creds_dir(self, sandbox_id: str) -> Path:
         return self.private / "creds" / sandbox_id
@@ -74,7 +78,9 @@ class Access:
         endpoint = self.parts.endpoint
         creds = endpoint.creds
         if self.parts.keys is not None:
-            creds = self.parts.keys.issue(sandbox_id, self.bucket, results.task_prefix(self.wave_id, tid))
+            creds = self.parts.keys.issue(self._owner(sandbox_id), self.parts.bucket,
+                                          results.task_prefix(self.wave_id, tid))
+            self.secrets.append(creds.secret_key)
             self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
         d = self.creds_dir(sandbox_id)
         d.mkdir(parents=True, exist_ok=True)
@@ -96,10 +102,11 @@ class Access:
             return {"applied": False, "why": "the store has no per-attempt keys (an external store): nothing to "
                                              "rotate at the store"}
         t0 = time.time()
-        got = await asyncio.to_thread(keys.rotate, sandbox_id)
+        got = await asyncio.to_thread(keys.rotate, self._owner(sandbox_id))
         if got is None:
             return {"applied": False, "why": f"attempt {sandbox_id} holds no key (it ended meanwhile)"}
         old, new = got
+        self.secrets.append(new.secret_key)
         rotated_at = time.time()
         self.akids[sandbox_id] = new.access_key
         self.timeline("key_rotated", task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
@@ -117,8 +124,7 @@ class Access:
         """Every secret handed to a runner in this wave (model/effects keys, store secrets), for redaction by
         value in the evidence; never written anywhere."""
         out = self.parts.registry.issued_keys()
-        if self.parts.keys is not None:
-            out |= set(self.parts.keys.issued_secrets)
+        out |= set(self.secrets)
         if self.parts.endpoint is not None:
             out.add(self.parts.endpoint.creds.secret_key)
         return tuple(sorted(out))
@@ -129,7 +135,7 @@ class Access:
         by the store, where it can be seen; the file goes when the zombie ends."""
         self.parts.registry.revoke_attempt(sandbox_id)  # its model and effects key
         if self.parts.keys is not None:
-            self.parts.keys.revoke(sandbox_id)
+            self.parts.keys.revoke(self._owner(sandbox_id))
         if not keep_files:
             shutil.rmtree(self.creds_dir(sandbox_id), ignore_errors=True)
 
@@ -158,7 +164,7 @@ class Access:
             "SANDFLEET_FENCE": str(fence),
             "SANDFLEET_REPO": os.path.join(workspace, "repo"),
             "SANDFLEET_S3_ENDPOINT": s3,
-            "SANDFLEET_S3_BUCKET": self.bucket,
+            "SANDFLEET_S3_BUCKET": self.parts.bucket,
             "SANDFLEET_S3_PREFIX": results.task_prefix(self.wave_id, task["task_id"]),
             "SANDFLEET_EFFECTS_URL": f"http://127.0.0.1:{PORT_EFFECTS}/v1",
             "SANDFLEET_EFFECTS_KEY": key,

@@ -11,13 +11,16 @@ from fleet.lifecycle import TASK_ENDED
 class WaveContext:
     def __init__(self, wave_id: str, runs: dict, parts, access, nodes, health, out: results.ResultsDir):
         self.wave_id = wave_id
-        self.bucket = results.bucket_name(wave_id)
         self.runs = runs
         self.parts = parts
         self.access = access
         self.nodes = nodes
         self.health = health
         self.out = out
+
+    @property
+    def bucket(self) -> str:
+        return self.parts.bucket
 
     def task_prefix(self, task_id: str) -> str:
         return results.task_prefix(self.wave_id, task_id)

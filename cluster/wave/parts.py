@@ -1,9 +1,9 @@
 """What a wave runs on, and the checks before anything starts.
 
 `Parts` holds the started parts: the lent or own fleet (Ray, the lease ledger, a sandbox host per node, the sweep
-actor), the S3 store (embedded `weed mini`, or an external endpoint), the fault proxy in front of it, the model
-endpoint and effects service, the record of fenced calls, and the store's per-attempt keys. The wave starts them
-(`WaveRun._setup`) and every room that uses one is given this holder.
+actor), the S3 store (an embedded `weed mini` of the wave's own or the lent fleet's, or an external endpoint), the
+fault proxy in front of it, the model endpoint and effects service, the record of fenced calls, and the store's
+per-attempt keys. The wave starts them (`WaveRun._setup`) and every room that uses one is given this holder.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ class Parts:
     effects: Any = None  # fleet.effects.EffectsService
     fenced_log: Any = None  # fleet.services.CallLog: calls refused because their attempt was fenced
     keys: Any = None  # storage.keys.ScopedKeys (embedded store only)
+    bucket: str = ""  # the wave's bucket: its own, or the lent fleet store's (keys under the wave's prefix)
+    store_lent: bool = False  # the store (and its keys) is the lent fleet's: the wave neither starts nor stops it
     ledger: Any = None
     hosts: list = field(default_factory=list)
 

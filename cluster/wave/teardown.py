@@ -25,7 +25,6 @@ class Teardown:
         self.timeline = timeline
         self.out = out
         self.wave_id = wave_id
-        self.bucket = results.bucket_name(wave_id)
         self.runs = runs
         self.private = private
         self.own_fleet = own_fleet
@@ -166,7 +165,8 @@ class Teardown:
         creds = self.parts.endpoint.creds
         mc = client_for(self.parts.endpoint.url, creds.access_key, creds.secret_key,
                         getattr(self.parts.endpoint, "region", None) or "us-east-1")
-        out = audit(mc, self.bucket, self.wave_id, sorted(self.runs), log)
+        out = audit(mc, self.parts.bucket, self.wave_id, sorted(self.runs), log,
+                    shared=self.parts.store_lent)
         self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def stop_parts(self) -> None:
@@ -221,7 +221,15 @@ class Teardown:
                     svc.stop()
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"stop {type(svc).__name__}: {exc}")
-        for name, part in (("fault proxy", self.parts.proxy), ("store", self.parts.store)):
+        if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):
+            try:  # keys of attempts that did not end in order (a lost host's): the lent store outlives the wave
+                left = self.parts.keys.revoke_all(prefix=f"{self.wave_id}/")
+                if left:
+                    self.timeline("keys_revoked_at_end", owners=left)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"revoke keys: {exc}")
+        for name, part in (("fault proxy", self.parts.proxy),
+                           ("store", None if self.parts.store_lent else self.parts.store)):
             if part is not None:
                 # a lost part gets no grace, and neither does the wave's own store: the audit has read it back,
                 # its data dir goes with the private dir below, and weed's graceful stop took 1.2-5 s per wave
@@ -247,13 +255,14 @@ class Teardown:
         from fleet.backends import reap_leftover
         from fleet import cgroups
 
-        for part in (self.parts.proxy, self.parts.store):
+        own_store = None if self.parts.store_lent else self.parts.store
+        for part in (self.parts.proxy, own_store):
             proc = getattr(part, "proc", None)
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
-        if self.parts.store is not None:
-            self.parts.store.remove_sockets()
+        if own_store is not None:
+            own_store.remove_sockets()
         for wid, sid in cgroups.list_sandboxes(self.wave_id):
             try:
                 reap_leftover(wid, sid)

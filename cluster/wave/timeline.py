@@ -46,6 +46,7 @@ class Event(str, enum.Enum):
     LEASE_RENEWALS = "lease_renewals"
     SERVICE_COUNTS = "service_counts"
     TEARDOWN_ERRORS = "teardown_errors"
+    KEYS_REVOKED_AT_END = "keys_revoked_at_end"
     WAVE_END = "wave_end"
 
 

@@ -173,6 +173,30 @@ def test_wave_leaves_nothing_behind(durable_wave, naive_wave, baseline):
     assert not left, left
 
 
+def test_waves_on_a_lent_fleet_share_its_store_each_under_its_own_prefix(durable_wave, naive_wave, fleet):
+    """A lent fleet's store serves every wave: one weed process and one bucket, each wave's objects, audit and keys
+    under its own `<wave id>/` prefix; no wave stops the store, and no key of an ended wave is still live."""
+    ready, audits = [], []
+    for result, d in (durable_wave, naive_wave):
+        ready.append(next(e for e in _lines(d / "timeline.jsonl") if e["event"] == "parts_ready"))
+        audits.append((result["wave_id"], orjson.loads((d / "store-audit.json").read_bytes())))
+    assert all(r["store_lent"] for r in ready) and len({(r["store"], r["bucket"]) for r in ready}) == 1, ready
+    assert ready[0]["store"] == fleet.store.endpoint.url and fleet.store.proc.poll() is None
+    assert ready[0]["pids"]["store"] == fleet.store.proc.pid
+    for wave_id, a in audits:
+        assert a["scope"] == f"{wave_id}/" and a["objects_checked"] > 0 and not a["outside_task_prefixes"], a
+    # what the store holds of each wave is what that wave's audit read back, and nothing else
+    listed = {}
+    for o in fleet.store.endpoint.client().get_paginator("list_objects_v2").paginate(Bucket=ready[0]["bucket"]):
+        for obj in o.get("Contents", []):
+            listed.setdefault(obj["Key"].split("/", 1)[0], 0)
+            listed[obj["Key"].split("/", 1)[0]] += 1
+    for wave_id, a in audits:
+        assert listed.get(wave_id) == a["objects_checked"], (wave_id, listed.get(wave_id), a["objects_checked"])
+    live = [s["owner"] for s in fleet.keys.slots if s.get("owner")]
+    assert not [o for o in live if o.split("/", 1)[0] in {w for w, _ in audits}], live
+
+
 def test_wave_on_an_existing_s3_endpoint(run_wave, tmp_path):
     """store.url: the wave uses a store it did not start (here a second weed mini) and stops nothing of it."""
     from storage.store import EmbeddedStore

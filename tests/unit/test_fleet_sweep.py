@@ -1,0 +1,52 @@
+"""A lent fleet (a test session's, a campaign's, a league's) whose owner died leaves its store process in its state
+dir: `sandfleet sweep` ends that process and removes the dir; a live owner's fleet and a stranger are left alone."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from cluster import results, sweep
+from fleet.markers import _start_time
+
+HOLD = "import time; print('ready', flush=True); time.sleep(120)"
+
+
+def _proc(*args: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, *args], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_dead_owners_fleet_is_swept_and_a_live_one_is_not():
+    dead_dir = Path(f"/tmp/sandfleet-fleet-unit{os.getpid()}d")
+    live_dir = Path(f"/tmp/sandfleet-fleet-unit{os.getpid()}l")
+    owner = subprocess.Popen(["true"])
+    owner.wait()
+    procs = []
+    try:
+        for d, rec in ((dead_dir, {"pid": owner.pid, "start": "gone"}),
+                       (live_dir, {"pid": os.getpid(), "start": _start_time(os.getpid())})):
+            d.mkdir()
+            (d / results.DRIVER_RECORD).write_bytes(orjson.dumps(rec))
+        store = _proc(f"-dir={dead_dir}/store-x/data")  # like weed's command line
+        live_store = _proc(f"-dir={live_dir}/store-y/data")
+        stranger = _proc(f"-dir={dead_dir}-other/data")  # a name that only starts like the dir
+        procs = [store, live_store, stranger]
+        found = sweep.find()
+        assert [p["pid"] for p in found["fleets"].get(str(dead_dir), [])] == [store.pid], found["fleets"]
+        assert str(live_dir) not in found["fleets"]
+        assert any(str(dead_dir) in line for line in sweep.summary(found))
+        done = sweep.remove({"waves": {}, "harness_cgroups": [], "fleets": {str(dead_dir): found["fleets"][str(dead_dir)]}})
+        assert store.wait(10) == -9 and not dead_dir.exists(), done
+        assert live_store.poll() is None and stranger.poll() is None and live_dir.is_dir()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        for d in (dead_dir, live_dir):
+            shutil.rmtree(d, ignore_errors=True)
