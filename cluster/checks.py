@@ -293,9 +293,20 @@ def no_torn_apply(h: TaskHistory, facts: Facts) -> dict:
                                                               if tests else "")}
 
 
+# a store answer that can end an attempt: refused (403: a dead or rotated key), the store failing (5xx), or no
+# answer at all (a reset, a cut, a held request: status None); a 404 is how a journal says "nothing yet", a 409 or
+# 412 a lost race a runner handles
+def _can_end_an_attempt(r: dict) -> bool:
+    s = r.get("status")
+    return s is None or s == 403 or s >= 500
+
+
+DIAGNOSABLE_NEAR_S = 15.0  # an answer explains an attempt's exit when it came in its last 15 s (retries included)
+
+
 def diagnosable(h: TaskHistory, facts: Facts) -> dict:
     """Every failed attempt has a specific cause: a fault, a signal, OOM, ENOSPC, a start error, a store
-    error answered to it, or an error line of its own."""
+    answer that can end an attempt (403, 5xx, no answer) in its last seconds, or an error line of its own."""
     interrupted, by_attempt = facts.interrupted, facts.by_attempt
     mine = facts.mine
     silent = []
@@ -305,8 +316,8 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
             continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
         start = by_attempt.get(a["attempt"]) or {}
         end_t = a.get("ended_at") or a.get("wall") or 0
-        errs = [r for r in h.requests or [] if (r.get("status") or 0) >= 400 and
-                mine(r, a["attempt"], start.get("wall", 0), end_t)]
+        errs = [r for r in h.requests or [] if _can_end_an_attempt(r) and r["t"] >= end_t - DIAGNOSABLE_NEAR_S
+                and mine(r, a["attempt"], start.get("wall", 0), end_t)]
         said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
         if errs or said:
             continue
@@ -314,7 +325,8 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
     if silent:
         return {"verdict": FAIL, "silent_attempts": silent,
                 "detail": f"attempt(s) {silent} failed with only an exit code: no fault, no signal, no OOM, no "
-                          "ENOSPC, no store error answered to it, no line of output saying why"}
+                          "ENOSPC, no store answer that could end it (403, 5xx, a reset) in its last "
+                          f"{DIAGNOSABLE_NEAR_S:.0f} s, no line of output saying why"}
     return {"verdict": PASS, "detail": f"every failed attempt ({len(interrupted)}) has a cause: " +
             ("; ".join(sorted({_cause(a) for a in interrupted})[:4]) or "none failed")}
 
@@ -349,8 +361,49 @@ def retry_loop(h: TaskHistory, facts: Facts) -> dict:
     if worst_r[0] > m:
         return {"verdict": FAIL, "detail": f"the same store request failed {worst_r[0]} times in a row with no "
                                            f"fault injected ({worst_r[1]}): a retry loop (more than {m})"}
+    storm = _retry_storm(h, facts)
+    if storm is not None:
+        return storm
     return {"verdict": PASS, "detail": f"longest run of one failure: {worst[0]} attempt(s), {worst_r[0]} "
                                        "request(s)"}
+
+
+# A retry storm: within one attempt, at least STORM_N identical failing store requests in a row (fault windows
+# included: a fault is what starts one) at more than STORM_PER_S a second, i.e. retried with no backoff. durable
+# under ST1 sends 10-14 in a row at most at about 10/s; a runner that retried at once sent 59-438 at up to 317/s.
+STORM_N = 20
+STORM_PER_S = 20.0
+
+
+def _retry_storm(h: TaskHistory, facts: Facts) -> dict | None:
+    worst = None  # (n, per_s, span_s, median gap ms, what, attempt)
+    for a in facts.attempts:
+        start = facts.by_attempt.get(a["attempt"]) or {}
+        t0, t1 = start.get("wall", 0), a.get("ended_at") or a.get("wall") or float("inf")
+        rows = sorted((r for r in h.requests or [] if facts.mine(r, a["attempt"], t0, t1)), key=lambda r: r["t"])
+        run, prev = [], None
+        for r in rows + [None]:
+            st = None if r is None else r.get("status")
+            sig = None if r is None or (st is not None and st < 400) else (r.get("method"), r.get("key"), st)
+            if sig is not None and sig == prev:
+                run.append(r["t"])
+                continue
+            if len(run) >= STORM_N:
+                span = run[-1] - run[0]
+                per_s = (len(run) - 1) / span if span > 0 else float("inf")
+                if per_s > STORM_PER_S and (worst is None or len(run) > worst[0]):
+                    gaps = sorted(b - x for x, b in zip(run, run[1:]))
+                    worst = (len(run), per_s, span, gaps[len(gaps) // 2] * 1000,
+                             f"{prev[0]} {prev[1]} -> {prev[2] or 'no answer'}", a["attempt"])
+            run, prev = ([r["t"]] if sig is not None else []), sig
+    if worst is None:
+        return None
+    n, per_s, span, gap_ms, what, attempt = worst
+    return {"verdict": FAIL, "storm": {"requests": n, "per_s": round(per_s, 1), "span_s": round(span, 3),
+                                       "median_gap_ms": round(gap_ms, 1), "request": what, "attempt": attempt},
+            "detail": f"a retry storm: attempt {attempt} sent the same failing request {n} times in a row in "
+                      f"{span:.2f} s ({per_s:.0f}/s, median gap {gap_ms:.1f} ms; {what}): retried with no backoff "
+                      f"(at least {STORM_N} at more than {STORM_PER_S:g}/s)"}
 
 
 def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:

@@ -142,6 +142,8 @@ def _report(wave, result: dict) -> int:
         return 130 if result["interrupted"] == "SIGINT" else 143
     for e in result.get("harness_errors", []):
         _err(f"harness error: {e}")
+    for e in result.get("runner_failures", []):
+        _err(f"runner failure: {e}")
     counts = {}
     for g in result["tasks"]:
         counts[g["verdict"]] = counts.get(g["verdict"], 0) + 1

@@ -467,10 +467,39 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
         w.out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
 
 
-def _control_errors(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
-    """The positive control (every reference passes, in a wave with faults) and that something could start."""
+def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
+    """A failed reference that is the runner's own doing, with no fault and nothing of the harness in its way: every
+    attempt ended by the runner's own exit (not killed, no start or host error) and every check it did not pass
+    failed (none unknown). Then its failures are the runner's defect, shown by the fault-free run itself (a leaked
+    upload, a write outside its prefix, an exit before its steps were done), not a baseline the harness broke.
+    Returns `check: detail` per failure, or None."""
+    ends = [e for e in w.timeline if e["event"] == "attempt_end" and e.get("task") == g["task_id"]]
+    by_itself = bool(ends) and all(e.get("exit_code") is not None and not e.get("killed_by") and not e.get("error")
+                                   and not e.get("start_error") for e in ends)
+    bad = {k: c for k, c in g["checks"].items() if c["verdict"] != PASS}
+    if not by_itself or not bad or any(c["verdict"] != FAIL for c in bad.values()):
+        return None
+    return [f"{k}: {c['detail']}" for k, c in bad.items()]
+
+
+def runner_failures(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
+    """What the runner fails with no fault at all (its references): a wave verdict `fail` (exit 1) with these reasons,
+    never a harness error (a CI that retries exit-2 waves as flakes would never fail such a runner)."""
     out = []
-    bad_refs = [g for g in ref_grades if g["verdict"] != PASS]
+    for g in ref_grades:
+        own = runner_own_failure(w, g) if g["verdict"] != PASS else None
+        if own:
+            out.append(f"the fault-free reference run {g['task_id']} of this runner fails on its own: "
+                       f"{'; '.join(own)[:400]}")
+    return out
+
+
+def _control_errors(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
+    """The positive control (every reference passes, in a wave with faults) and that something could start. A
+    reference that fails on the runner's own (`runner_own_failure`) is the runner's failure, not a broken
+    control."""
+    out = []
+    bad_refs = [g for g in ref_grades if g["verdict"] != PASS and runner_own_failure(w, g) is None]
     # (after a harness fault the references' own results are the fault's doing: that error is already named)
     if bad_refs and any(t["faults"] for t in w.plan["tasks"]) and w.hfault is None:
         g0 = bad_refs[0]
@@ -536,7 +565,8 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     return {"wave_id": w.plan["wave_id"], "verdict": verdict, "tasks": grades, "references": ref_grades,
             "interrupted": interrupted, "harness_fault": w.hfault,
             "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
-            "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors, "plan": w.plan,
+            "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors,
+            "runner_failures": runner_failures(w, ref_grades), "plan": w.plan,
             "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 

@@ -42,6 +42,9 @@ def _head(d: Path, result: dict) -> list[str]:
         lines += [f"Resumed after its driver died (at +{r['t']:.1f} s): {len(r['finished'])} task(s) that had ended "
                   f"kept their results, {len(r['unfinished'])} ran on; attempts reaped: "
                   f"{', '.join(r['closed_attempts']) or 'none'}.", ""]
+    if result.get("runner_failures"):
+        lines += ["## The runner fails with no fault at all", ""] + [f"- {e}" for e in result["runner_failures"]] + [
+            "", "Its uninterrupted reference run shows the defect: the wave fails (exit 1).", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
     return lines

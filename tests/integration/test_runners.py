@@ -115,6 +115,23 @@ def test_a_leaked_upload_fails_the_task_that_started_it(run_wave):
     assert exit_code(result) == 1
 
 
+def test_a_defect_its_reference_shows_too_is_the_runners_failure_not_the_harness(run_wave):
+    """Under faults, a runner that leaks an upload on every fault-free run too: its reference fails the same check.
+    That is the runner's own failure (exit 1, named in SUMMARY), not a positive control the harness broke (exit 2,
+    which a CI retrying exit-2 waves as flakes would never fail)."""
+    # (a seed of its own: a reference cached by an earlier wave of this runner would not run here)
+    result, d = run_wave(runner=defective("leak_upload"), faults=["PK1"],
+                         fault_timing={"PK1": {"after_model_calls": [3, 3]}}, **dict(QUICK, seed=131))
+    assert result["references"] and all(g["checks"]["no_leaked_upload"]["verdict"] == "fail"
+                                        for g in result["references"]), result["references"]
+    assert not result["harness_errors"], result["harness_errors"]
+    assert len(result["runner_failures"]) == len(result["references"]), result["runner_failures"]
+    assert all("no_leaked_upload" in f for f in result["runner_failures"])
+    assert result["verdict"] == "fail" and exit_code(result) == 1
+    summary = (d / "SUMMARY.md").read_text()
+    assert "The runner fails with no fault at all" in summary and "Harness errors" not in summary
+
+
 def test_evidence_of_a_failed_task_never_shows_its_keys(run_wave):
     """A runner that prints its whole environment and its store credentials, then fails: neither the evidence
     written for the failure nor the raw log has any of them (the raw log shows where each was printed)."""

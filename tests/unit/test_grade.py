@@ -235,6 +235,15 @@ def test_a_silent_failed_attempt_is_not_diagnosable_and_one_that_says_why_is():
     h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[],
              writes=[{"t": 92.0, "method": "PUT", "key": "k", "status": 503}])
     assert grade_task(h)["checks"]["diagnosable"]["verdict"] == PASS  # a store error answered to it
+    # a 404 (the first read of a journal record that is not there yet) or a 409 explains no exit; nor does a 503
+    # long before the exit; a reset (no answer) near the exit does
+    for rows, verdict in (([{"t": 94.0, "method": "GET", "key": "j/1", "status": 404},
+                            {"t": 94.5, "method": "PUT", "key": "k", "status": 409}], FAIL),
+                          ([{"t": 60.0, "method": "PUT", "key": "k", "status": 503}], FAIL),
+                          ([{"t": 94.0, "method": "PUT", "key": "k", "status": None, "aborted": True}], PASS),
+                          ([{"t": 94.0, "method": "GET", "key": "k", "status": 403}], PASS)):
+        h = hist(events=ev, calls=_calls_over(ev) + one_pass(), receipts=[], writes=rows)
+        assert grade_task(h)["checks"]["diagnosable"]["verdict"] == verdict, rows
     for cause in ("killed: PK1 (SIGKILL)", "OOM kill: the memory limit (512 MiB) was reached"):
         g = grade_task(hist(events=_attempts([(1, cause)]), receipts=[]))
         assert g["checks"]["diagnosable"]["verdict"] == PASS, cause
@@ -255,8 +264,27 @@ def test_the_same_failure_more_than_n_times_in_a_row_is_a_retry_loop():
     reqs = [{"t": 91 + i * 0.01, "method": "GET", "key": "k", "status": 403} for i in range(60)]
     h = hist(receipts=[], writes=reqs)
     assert grade_task(h)["checks"]["retry_loop"]["verdict"] == FAIL
-    h = hist(receipts=[], writes=[dict(r, fault="ST1") for r in reqs])
+    # inside a fault window, a failure answered over and over is the fault's, as long as the runner backs off
+    backoff = [{"t": 91 + i * 0.2, "method": "GET", "key": "k", "status": 503, "fault": "ST1"} for i in range(40)]
+    h = hist(receipts=[], writes=backoff)
     assert grade_task(h)["checks"]["retry_loop"]["verdict"] == PASS
+
+
+def test_a_retry_storm_fails_retry_loop_inside_a_fault_window_too():
+    """The same failing request retried at once: at least 20 in a row at more than 20/s in one attempt, whether a
+    fault answered them (an outage is what starts a storm) or not; backoff, a short run or runs split by a success
+    pass."""
+    storm = [{"t": 91 + i * 0.004, "method": "PUT", "key": "w/t000/j/3", "status": 503, "fault": "ST1"}
+             for i in range(59)]
+    c = grade_task(hist(receipts=[], writes=storm))["checks"]["retry_loop"]
+    assert c["verdict"] == FAIL and c["storm"]["requests"] == 59 and c["storm"]["per_s"] > 200, c
+    assert "59 times in a row" in c["detail"] and "no backoff" in c["detail"]
+    resets = [dict(r, status=None, aborted=True) for r in storm]  # no answer at all, retried at once
+    assert grade_task(hist(receipts=[], writes=resets))["checks"]["retry_loop"]["verdict"] == FAIL
+    for rows in ([dict(r, t=91 + i * 0.1) for i, r in enumerate(storm)],  # 10/s: backed off
+                 storm[:19],  # too short to tell
+                 storm[:15] + [dict(storm[15], status=200)] + storm[16:30]):  # a success splits the run
+        assert grade_task(hist(receipts=[], writes=rows))["checks"]["retry_loop"]["verdict"] == PASS, rows[:2]
 
 
 def test_a_hung_attempt_fails_liveness():

@@ -1,0 +1,53 @@
+"""A failed reference (the fault-free positive control) is the runner's own failure only when the runner ended every
+attempt by itself and every check it did not pass failed; anything the harness did (a kill, a start error, an
+unknown check) keeps it a broken positive control, which is a harness error."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from cluster.grade import _control_errors, runner_failures, runner_own_failure
+
+LEAK = {"verdict": "fail", "detail": "upload 1a2b of w/ref-t000/snapshot.tar was never completed or aborted"}
+OK = {"verdict": "pass", "detail": ""}
+
+
+def _wave(*ends: dict) -> SimpleNamespace:
+    return SimpleNamespace(timeline=[{"event": "attempt_end", "task": "ref-t000", "attempt": i + 1, "exit_code": 0,
+                                      "killed_by": None, "error": None, "start_error": None, **e}
+                                     for i, e in enumerate(ends)],
+                           plan={"tasks": [{"task_id": "t000", "faults": [{"fault_id": "PK1"}]}]}, hfault=None)
+
+
+def _ref(**checks) -> dict:
+    return {"task_id": "ref-t000", "verdict": "fail" if any(c["verdict"] == "fail" for c in checks.values())
+            else "unknown", "checks": {"completed": OK, **checks}}
+
+
+def test_a_leak_on_a_run_the_runner_ended_itself_is_its_own_failure():
+    w, g = _wave({}), _ref(no_leaked_upload=LEAK)
+    assert runner_own_failure(w, g) == [f"no_leaked_upload: {LEAK['detail']}"]
+    assert _control_errors(w, [g]) == []
+    assert "ref-t000" in runner_failures(w, [g])[0] and "no_leaked_upload" in runner_failures(w, [g])[0]
+
+
+def test_an_exit_1_before_the_steps_on_every_attempt_is_its_own_failure():
+    w = _wave({"exit_code": 1}, {"exit_code": 1})
+    g = _ref(completed={"verdict": "fail", "detail": "state=failed (out of attempts)"},
+             attempt_budget={"verdict": "fail", "detail": "2 of 2 attempts"})
+    assert runner_own_failure(w, g) and _control_errors(w, [g]) == []
+
+
+def test_what_the_harness_did_keeps_it_a_broken_positive_control():
+    cases = [
+        (_wave({"exit_code": None, "killed_by": "deadline"}), _ref(completed={"verdict": "fail", "detail": "x"})),
+        (_wave({"exit_code": None, "start_error": "the sandbox did not start"}),
+         _ref(completed={"verdict": "fail", "detail": "the sandbox did not start"})),
+        (_wave({"error": "host lost"}), _ref(no_leaked_upload=LEAK)),
+        (_wave({}), _ref(no_leaked_upload=LEAK, liveness={"verdict": "unknown", "detail": "overloaded"})),
+        (_wave(), _ref(no_leaked_upload=LEAK)),  # no attempt recorded at all
+    ]
+    for w, g in cases:
+        assert runner_own_failure(w, g) is None, (w.timeline, g)
+        assert runner_failures(w, [g]) == []
+        errs = _control_errors(w, [g])
+        assert errs and errs[0].startswith("positive control 0/1"), errs
