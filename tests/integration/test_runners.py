@@ -132,6 +132,26 @@ def test_a_defect_its_reference_shows_too_is_the_runners_failure_not_the_harness
     assert "The runner fails with no fault at all" in summary and "Harness errors" not in summary
 
 
+@pytest.mark.parametrize("runner", ["storm", "durable"])
+def test_a_retry_storm_in_an_outage_fails_retry_loop_with_its_figures(run_wave, runner):
+    """A runner that retries a failed store call at once: an outage (ST1, armed right after the 2nd model answer so
+    it meets the next journal write) becomes a storm, which `retry_loop` fails with its count and rate, although
+    every answer in it was the fault's. durable, backing off, meets the same outage and passes."""
+    result, d = run_wave(runner=defective("storm") if runner == "storm" else "durable", faults=["ST1"], tasks=1,
+                         concurrency=1, seed=133, workload={"steps": 6, "think_ms": 20}, deadline_s=60,
+                         fault_timing={"ST1": {"after_model_calls": [2, 2], "window_s": [3.0, 3.0]}})
+    receipts = orjson.loads((d / "faults.json").read_bytes())
+    assert [r["status"] for r in receipts] == ["applied"], receipts
+    g = result["tasks"][0]
+    c = g["checks"]["retry_loop"]
+    print(runner, c["detail"])
+    if runner == "durable":
+        assert g["verdict"] == "pass", g["checks"]
+        return
+    assert c["verdict"] == "fail" and c["storm"]["requests"] >= 20 and c["storm"]["per_s"] > 20, c
+    assert "no backoff" in c["detail"]
+
+
 def test_evidence_of_a_failed_task_never_shows_its_keys(run_wave):
     """A runner that prints its whole environment and its store credentials, then fails: neither the evidence
     written for the failure nor the raw log has any of them (the raw log shows where each was printed)."""

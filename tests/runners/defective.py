@@ -21,6 +21,8 @@ on every run, not by the luck of a kill's timing:
 - stale_creds: never resolves credentials again after a 403 (keeps its first client), so a key rotated
   at the store (CR1) leaves it retrying a dead key until its deadline.
 - notice: the durable pattern, plus a SIGTERM handler that reads `$SANDFLEET_NOTICE` (PK2) and logs it.
+- storm: the durable pattern, but a failed store call is retried at once, with no backoff: an outage (ST1)
+  turns into hundreds of identical failing requests a second (`retry_loop`'s retry storm).
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -62,6 +64,11 @@ def run() -> None:
         import time
 
         time.sleep(2.0)
+    if DEFECT == "storm":
+        import tenacity
+
+        for name in ("keys", "get", "put", "delete", "put_new"):
+            getattr(TaskStore, name).retry.wait = tenacity.wait_none()
     env = Env.load()
     store = TaskStore(env)
     if DEFECT == "stale_creds":  # keeps its first client: a rejected key is never resolved again
