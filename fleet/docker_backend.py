@@ -29,7 +29,7 @@ from fleet.dockerapi import (LABEL, docker_client, engine_answered, engine_env, 
                              list_containers, remove_container)
 from fleet.netns import SandboxNet
 from fleet.sandbox import (RUN_IN, SANDBOX_UID, WORKSPACE_IN, Sandbox, SandboxBackend, SandboxError, SandboxSpec,
-                           command_problem, pidfd_ended, prepare_workspace, release_workspace)
+                           cached_command_problem, pidfd_ended, prepare_workspace, release_workspace)
 
 GATE = 'while [ ! -e /workspace/.sandfleet/go ]; do sleep 0.01; done; exec "$@"'
 
@@ -102,7 +102,7 @@ class DockerBackend(SandboxBackend):
         return self._ctl
 
     def command_problem(self, spec: SandboxSpec) -> str | None:
-        return command_problem(spec.argv, spec.env.get("PATH", ""))
+        return cached_command_problem(spec)
 
     def image(self, spec: SandboxSpec) -> str:
         if spec.image:

@@ -342,8 +342,9 @@ def release_workspace(path: str) -> None:
             pass
 
 
-def command_problem(argv: list[str], path: str) -> str | None:
-    """Why the runner command cannot start here, or None (checked before a sandbox is made)."""
+def command_problem(argv: list[str], path: str, binds: list[str] = ()) -> str | None:
+    """Why the runner command cannot start here, or None (checked before a sandbox is made). `binds`: what the
+    sandbox sees of the host (the runner's code, its venv), which the sandbox user must be able to read."""
     if not argv or not argv[0]:
         return "runner command is empty"
     exe = argv[0]
@@ -352,14 +353,56 @@ def command_problem(argv: list[str], path: str) -> str | None:
             return f"runner command not found: {exe}"
         if not os.access(exe, os.X_OK):
             return f"runner command not executable: {exe}"
-        return None
-    if shutil.which(exe, path=path) is None:
-        return f"runner command not found: {exe} (not on the sandbox PATH {path})"
+    else:
+        found = shutil.which(exe, path=path)
+        if found is None:
+            return f"runner command not found: {exe} (not on the sandbox PATH {path})"
+        exe = found
     for a in argv[1:]:  # a script named by a relative path would be looked up in the fresh workspace
         if not os.path.isabs(a) and a.endswith((".py", ".sh", ".js", ".mjs", ".ts", ".rb")) and not a.startswith("-"):
             return (f"runner script not found: {a} (a relative path is taken from the workspace; give an absolute "
                     "path, or --runner-workdir with the script in it)")
+    want = [("x", exe)] + [("r", a) for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)] + \
+        [("d", b) for b in binds if os.path.isdir(b)]
+    bad = unreadable_by_sandbox_user(want)
+    if bad:
+        how, p = bad[0]
+        return (f"runner code not {'executable' if how == 'x' else 'readable'} by the sandbox user (uid "
+                f"{SANDBOX_UID}): {p}: every directory above it needs o+x and the file o+r (a venv under /root or "
+                "in a `mktemp -d` dir is mode 0700: put it under /opt, or chmod o+rx the directories)")
     return None
+
+
+_CAN = ('for p; do k=${p%%:*}; f=${p#*:}; '
+        'case $k in x) [ -x "$f" ];; r) [ -r "$f" ];; d) [ -r "$f" ] && [ -x "$f" ];; esac '
+        '|| printf "%s\\n" "$p"; done')
+
+
+def unreadable_by_sandbox_user(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Which of the (how, path) pairs (`x` execute, `r` read, `d` list a directory) the sandbox user cannot use,
+    asked as that user (uid and gid 65534, no groups): the answer the kernel gives, ACLs and all."""
+    if not paths or os.geteuid() != 0:  # (only root can take the sandbox user's ids; a non-root host runs none)
+        return []
+    try:
+        out = subprocess.run(["/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
+                              "--clear-groups", "/bin/sh", "-c", _CAN, "sh", *[f"{k}:{p}" for k, p in paths]],
+                             capture_output=True, text=True, timeout=10, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return []  # the sandbox start will say what is wrong
+    return [tuple(line.split(":", 1)) for line in out.stdout.splitlines() if ":" in line]
+
+
+_CHECKED: dict[tuple, str | None] = {}
+
+
+def cached_command_problem(spec: SandboxSpec) -> str | None:
+    """`command_problem` once per wave and runner (a host runs many attempts of one runner)."""
+    key = (spec.wave_id, tuple(spec.argv), spec.env.get("PATH", ""), tuple(spec.ro_binds))
+    if key not in _CHECKED:
+        if len(_CHECKED) > 256:
+            _CHECKED.clear()
+        _CHECKED[key] = command_problem(spec.argv, spec.env.get("PATH", ""), spec.ro_binds)
+    return _CHECKED[key]
 
 
 def check_process_backend() -> None:
@@ -399,7 +442,7 @@ class ProcessBackend(SandboxBackend):
     LOG_CAP = 16 * 1024 * 1024
 
     def command_problem(self, spec: SandboxSpec) -> str | None:
-        return command_problem(spec.argv, spec.env.get("PATH", ""))
+        return cached_command_problem(spec)
 
     def __init__(self):
         super().__init__()

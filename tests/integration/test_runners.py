@@ -58,6 +58,27 @@ def test_a_missing_runner_command_fails_its_tasks_and_the_wave_exits_2(run_wave)
     assert exit_code(result) == 2
 
 
+def test_a_runner_the_sandbox_user_cannot_read_is_named_before_it_runs(run_wave, tmp_path):
+    """A runner in a mode-0700 dir (a `mktemp -d`, a venv under /root): the sandbox user (uid 65534) cannot reach it.
+    Each task fails at once naming the path and the fix (it was retried 6 times, `exec: Permission denied`)."""
+    import os
+
+    d0 = tmp_path / "private-agent"
+    d0.mkdir(mode=0o700)
+    script = d0 / "agent.sh"
+    script.write_text("#!/bin/sh\necho working\n")
+    script.chmod(0o755)
+    os.chmod(d0, 0o700)
+    result, d = run_wave(runner={"command": [str(script)], "workdir": str(d0), "name": "private"}, faults=[],
+                         tasks=2, concurrency=2, seed=5)
+    for g in result["tasks"]:
+        detail = g["checks"]["completed"]["detail"]
+        assert g["checks"]["completed"]["verdict"] == "fail" and g["attempts"] == 1, g["checks"]
+        assert "not executable by the sandbox user (uid 65534)" in detail and str(script) in detail, detail
+    assert any("no task could start" in e for e in result["harness_errors"])
+    assert exit_code(result) == 2
+
+
 def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
     result, d = run_wave(runner={"command": ["/bin/true"], "name": "lazy"}, faults=[], tasks=1, concurrency=1,
                          seed=4)
