@@ -468,6 +468,27 @@ def liveness(h: TaskHistory, facts: Facts) -> dict:
                       f"(bound {bound:g} s)"}
 
 
+def no_outliving_process(h: TaskHistory, facts: Facts) -> dict:
+    """No process the runner started is still running when it exits 0 (a daemon going on writing and calling the
+    model after the work is reported done). The host lists them, by its own /proc, at each attempt's end; after
+    an exit that is not 0 they are reported, not failed."""
+    looked = [a for a in facts.attempts if a.get("outlived") is not None]
+    left = [(a["attempt"], a.get("exit_code"), a["outlived"]) for a in looked if a["outlived"]]
+    bad = [(n, procs) for n, code, procs in left if code == 0]
+    names = sorted({p.get("name", "?") for _, _, procs in left for p in procs})
+    figures = {"outlived": [{"attempt": n, "exit_code": code, "processes": procs} for n, code, procs in left]}
+    if bad:
+        n, procs = bad[0]
+        return {"verdict": FAIL, **figures,
+                "detail": f"attempt {n} exited 0 while {len(procs)} process(es) it started still ran "
+                          f"({', '.join(sorted({p.get('name', '?') for p in procs})[:5])}): work reported done "
+                          "while something of it went on; they were killed with the sandbox"}
+    return {"verdict": PASS, **figures,
+            "detail": f"no process outlived an exit 0 ({len(looked)} attempt(s) looked at)" +
+                      (f"; after a failed exit {sum(len(p) for _, _, p in left)} process(es) were killed with the "
+                       f"sandbox ({', '.join(names[:5])})" if left else "")}
+
+
 def attempt_budget(h: TaskHistory, facts: Facts) -> dict:
     attempts, end = facts.attempts, facts.end
     budget = int(h.limits.get("max_attempts") or 0)
@@ -619,6 +640,9 @@ REGISTRY: list[Check] = [
     Check("retry_loop", retry_loop, _always),
     Check("liveness", liveness, _always),
     Check("attempt_budget", attempt_budget, _always),
+    # the host looked at what outlived each attempt's runner (the process backend's wrapper)
+    Check("no_outliving_process", no_outliving_process,
+          lambda h, f: any(a.get("outlived") is not None for a in f.attempts)),
     # the store audit ran: a leaked upload fails the task that started it
     Check("no_leaked_upload", no_leaked_upload, lambda h, f: h.leaked_uploads is not None),
     # attributable (per-attempt keys): the writer answers for its writes

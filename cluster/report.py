@@ -95,7 +95,21 @@ def _durability(d: Path, result: dict) -> list[str]:
         f"{_count(leaks.get('sandboxes_sweeper'))} by the sweep actor "
         f"(no_leaked_sandbox: {checks['no_leaked_sandbox']}); "
         f"incomplete uploads left: {_count(leaks['incomplete_uploads'])}",
-        f"- Sweep actor: {_sweeper(d)}", ""]
+        f"- Sweep actor: {_sweeper(d)}",
+        f"- Processes that outlived their runner's exit (killed with its sandbox): {_outlived(grades + refs)}", ""]
+
+
+def _outlived(grades: list[dict]) -> str:
+    looked = [g for g in grades if "no_outliving_process" in g["checks"]]
+    if not looked:
+        return "not looked at (the docker backend has no wrapper to report them)"
+    rows = [o for g in looked for o in g["checks"]["no_outliving_process"].get("outlived") or []]
+    if not rows:
+        return f"none ({len(looked)} task(s) looked at)"
+    names = sorted({p.get("name", "?") for o in rows for p in o["processes"]})
+    after0 = sum(1 for o in rows if o["exit_code"] == 0)
+    return (f"{sum(len(o['processes']) for o in rows)} in {len(rows)} attempt(s), {after0} of them after an exit 0 "
+            f"({', '.join(names[:6])})")
 
 
 def _cells_and_signatures(d: Path, grades: list[dict]) -> list[str]:

@@ -44,6 +44,21 @@ read -r go || exit 97
 exec </dev/null
 exec nsenter --net="$SF_NETNS" bwrap "$@"
 """
+# Runs the runner inside the sandbox (as tini's child): when the runner exits, it reports its own pid and the
+# runner's exit code on the report pipe and waits for the host to close the hold pipe, so the host can see which
+# processes outlived the runner before the sandbox's end takes them. The runner itself gets neither pipe.
+WRAP = r"""
+r=$1 h=$2
+exec 8>&"$r" 9<&"$h" {r}>&- {h}<&-
+shift 2
+trap : TERM INT HUP
+"$@" 8>&- 9<&-
+rc=$?
+printf '%s %s\n' "$$" "$rc" >&8
+read -r _ <&9
+exit $rc
+"""
+BASH = "/bin/bash"
 WORKSPACE_IN = "/workspace"
 RUN_IN = "/run/sandfleet"
 SANDBOX_UID = 65534
@@ -144,6 +159,7 @@ class Sandbox:
                 "exit_code": self.exit_code, "started_at": self.started_at, "ended_at": self.ended_at,
                 "start_ms": self.start_ms, "killed_by": self.killed_by, "cause": self.cause(),
                 "events": self.extra.get("events", {}), "history": self.life.history,
+                **({"outlived": self.extra["outlived"]} if self.extra.get("outlived") is not None else {}),
                 **({"harness_part": self.extra["harness_part"]} if self.extra.get("harness_part") else {})}
 
 
@@ -252,6 +268,31 @@ class SandboxBackend:
 
     async def _cleanup(self, sb: Sandbox) -> None:
         raise NotImplementedError
+
+
+def outliving(pids: list[int], wrapper_ns_pid: int) -> list[dict]:
+    """The processes of a sandbox other than its harness chain once the runner has exited: not bwrap (outside the
+    sandbox's pid namespace, or its pid 1), not the wrapper (its pid in the namespace is `wrapper_ns_pid`), not its
+    parent tini; zombies left out. Each as its pid inside the sandbox and its name (at most 16 bytes, the runner's
+    to choose)."""
+    seen, wrapper_ppid = [], None
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        ns = fields.get("NSpid", "").split()
+        if len(ns) < 2 or fields.get("State", "").strip().startswith("Z"):
+            continue
+        inner = int(ns[-1])
+        if inner == wrapper_ns_pid:
+            wrapper_ppid = int(fields.get("PPid", "0").strip() or 0)
+            continue
+        if inner == 1:
+            continue
+        seen.append((pid, inner, fields.get("Name", "").strip()))
+    return [{"pid": inner, "name": name} for pid, inner, name in seen if pid != wrapper_ppid]
 
 
 def read_tree(root: str) -> dict:
@@ -364,32 +405,71 @@ def command_problem(argv: list[str], path: str, binds: list[str] = ()) -> str | 
                     "path, or --runner-workdir with the script in it)")
     want = [("x", exe)] + [("r", a) for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)] + \
         [("d", b) for b in binds if os.path.isdir(b)]
-    bad = unreadable_by_sandbox_user(want)
+    bad = unreadable_by_sandbox_user(want, binds)
     if bad:
         how, p = bad[0]
         return (f"runner code not {'executable' if how == 'x' else 'readable'} by the sandbox user (uid "
-                f"{SANDBOX_UID}): {p}: every directory above it needs o+x and the file o+r (a venv under /root or "
-                "in a `mktemp -d` dir is mode 0700: put it under /opt, or chmod o+rx the directories)")
+                f"{SANDBOX_UID}): {p}: every directory from what the sandbox is shown of it (the runner's workdir, its "
+                "venv) down needs o+x and the file o+r (a `mktemp -d` dir is mode 0700: chmod o+rx it, or put the "
+                "runner under /opt)")
     return None
 
 
-_CAN = ('for p; do k=${p%%:*}; f=${p#*:}; '
-        'case $k in x) [ -x "$f" ];; r) [ -r "$f" ];; d) [ -r "$f" ] && [ -x "$f" ];; esac '
-        '|| printf "%s\\n" "$p"; done')
+SYSTEM_ROOTS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 
 
-def unreadable_by_sandbox_user(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Which of the (how, path) pairs (`x` execute, `r` read, `d` list a directory) the sandbox user cannot use,
-    asked as that user (uid and gid 65534, no groups): the answer the kernel gives, ACLs and all."""
-    if not paths or os.geteuid() != 0:  # (only root can take the sandbox user's ids; a non-root host runs none)
-        return []
+def _allows(st: os.stat_result, bits: int) -> bool:
+    """Whether the sandbox user (uid and gid 65534, no other groups) has `bits` (4 read, 1 execute) on it."""
+    if st.st_uid == SANDBOX_UID:
+        m = (st.st_mode >> 6) & 7
+    elif st.st_gid == SANDBOX_UID:
+        m = (st.st_mode >> 3) & 7
+    else:
+        m = st.st_mode & 7
+    return m & bits == bits
+
+
+def unreadable_by_sandbox_user(paths: list[tuple[str, str]], binds: list[str] = ()) -> list[tuple[str, str]]:
+    """Which of the (how, path) pairs (`x` execute, `r` read, `d` list a directory) the sandbox user cannot use
+    inside the sandbox. A path shows there through its bind (`binds`, or a system dir): the directories above the
+    bind are made 0755 by the sandbox, so only the bind itself and what is below it count (a venv whose own dir is
+    a mode-0700 `mktemp -d` fails; one under /root does not, since /root is not bound). By mode bits (no ACLs)."""
+    roots = sorted({os.path.realpath(b) for b in binds} | set(SYSTEM_ROOTS), key=len, reverse=True)
+    bad = []
+    for how, path in paths:
+        real = os.path.realpath(path)
+        root = next((r for r in roots if real == r or real.startswith(r.rstrip("/") + "/")), "/")
+        parts = [root] + [p for p in os.path.relpath(real, root).split("/") if p not in ("", ".")]
+        cur, ok = "", True
+        for i, part in enumerate(parts):
+            cur = part if i == 0 else os.path.join(cur, part)
+            try:
+                st = os.stat(cur)
+            except OSError:
+                ok = False
+                break
+            last = i == len(parts) - 1
+            if not last:
+                ok = _allows(st, 1)
+            elif how == "d":
+                ok = _allows(st, 5)
+            elif how == "x":
+                ok = _allows(st, 1) and (not _is_script(cur) or _allows(st, 4))
+            else:
+                ok = _allows(st, 4)
+            if not ok:
+                break
+        if not ok:
+            bad.append((how, path))
+    return bad
+
+
+def _is_script(path: str) -> bool:
     try:
-        out = subprocess.run(["/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}",
-                              "--clear-groups", "/bin/sh", "-c", _CAN, "sh", *[f"{k}:{p}" for k, p in paths]],
-                             capture_output=True, text=True, timeout=10, cwd="/")
-    except (OSError, subprocess.TimeoutExpired):
-        return []  # the sandbox start will say what is wrong
-    return [tuple(line.split(":", 1)) for line in out.stdout.splitlines() if ":" in line]
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 _CHECKED: dict[tuple, str | None] = {}
@@ -450,9 +530,11 @@ class ProcessBackend(SandboxBackend):
         self._cgroups: dict[str, cgroups.SandboxCgroup] = {}
         self._logs: dict[str, tuple[int, object, list]] = {}
         self._nets: dict[str, SandboxNet] = {}
+        self._pipes: dict[str, tuple[int, int]] = {}  # sandbox id -> (report read end, hold write end)
 
     @staticmethod
-    def bwrap_args(spec: SandboxSpec) -> list[str]:
+    def bwrap_args(spec: SandboxSpec, pipes: tuple[int, int] | None = None) -> list[str]:
+        """`pipes`: (report write end, hold read end) for WRAP, which then runs the runner."""
         a = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup",
              "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
@@ -486,8 +568,10 @@ class ProcessBackend(SandboxBackend):
               "--cap-add", "CAP_SETUID,CAP_SETGID", "--",
               "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-              "/usr/bin/tini", "-s", "-g", "--", *spec.argv]
-        return a
+              "/usr/bin/tini", "-s", "-g", "--"]
+        if pipes is not None:
+            a += [BASH, "-c", WRAP, "sandfleet-wrap", str(pipes[0]), str(pipes[1])]  # (dash takes fds 0-9 only)
+        return a + list(spec.argv)
 
     def _prepare_workspace(self, spec: SandboxSpec) -> None:
         prepare_workspace(spec)
@@ -513,12 +597,22 @@ class ProcessBackend(SandboxBackend):
         )
         launch_env = dict(env, SF_NETNS=f"/proc/self/fd/{net.nsfd}")
         rfd, wfd = os.pipe()
+        rep_r, rep_w = os.pipe()  # the wrapper reports the runner's exit on it
+        hold_r, hold_w = os.pipe()  # the wrapper waits on it until the host has looked
         try:
             proc = await asyncio.to_thread(
-                subprocess.Popen, ["/bin/sh", "-c", LAUNCH, "sandfleet-launch", *self.bwrap_args(spec)],
-                env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/", pass_fds=(net.nsfd,))
+                subprocess.Popen, ["/bin/sh", "-c", LAUNCH, "sandfleet-launch",
+                                   *self.bwrap_args(spec, (rep_w, hold_r) if os.access(BASH, os.X_OK) else None)],
+                env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/",
+                pass_fds=(net.nsfd, rep_w, hold_r))
+        except BaseException:
+            for fd in (rep_r, hold_w):
+                os.close(fd)
+            raise
         finally:
-            os.close(wfd)
+            for fd in (wfd, rep_w, hold_r):
+                os.close(fd)
+        self._pipes[spec.sandbox_id] = (rep_r, hold_w)
         self._procs[spec.sandbox_id] = proc
         sb.pid = proc.pid
         self._pump_log(spec, rfd)
@@ -577,6 +671,13 @@ class ProcessBackend(SandboxBackend):
 
     async def _wait(self, sb: Sandbox) -> int:
         proc = self._procs[sb.spec.sandbox_id]
+        pipes = self._pipes.pop(sb.spec.sandbox_id, None)
+        if pipes is not None:
+            try:
+                sb.extra["outlived"] = await self._runner_ended(sb, *pipes)
+            finally:
+                for fd in pipes:  # closing the hold end lets the wrapper exit with the runner's code
+                    os.close(fd)
         if proc.poll() is None:
             fd = os.pidfd_open(proc.pid)
             try:
@@ -597,6 +698,38 @@ class ProcessBackend(SandboxBackend):
         if cg is not None and cg.pids():
             await asyncio.to_thread(cg.kill_all)
         return code
+
+    async def _runner_ended(self, sb: Sandbox, rep_r: int, hold_w: int) -> list[dict] | None:
+        """Wait for the wrapper's report of the runner's exit, then list the sandbox's processes that outlived the
+        runner (by the host's /proc: nothing a runner says); None when no report came (the sandbox was killed, or
+        the wrapper was)."""
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future = loop.create_future()
+        buf = bytearray()
+
+        def readable() -> None:
+            try:
+                chunk = os.read(rep_r, 256)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            buf.extend(chunk)
+            if (not chunk or b"\n" in buf or len(buf) > 200) and not got.done():
+                got.set_result(bytes(buf))
+
+        os.set_blocking(rep_r, False)
+        loop.add_reader(rep_r, readable)
+        try:
+            line = await got
+        finally:
+            loop.remove_reader(rep_r)
+        try:
+            wrapper = int(line.split()[0])
+        except (ValueError, IndexError):
+            return None
+        cg = self._cgroups.get(sb.spec.sandbox_id)
+        return outliving(cg.pids() if cg is not None else [], wrapper)
 
     def _init_pid(self, sb: Sandbox) -> int | None:
         """Host pid of the sandbox's tini (it forwards SIGTERM to the runner's process group)."""
@@ -643,6 +776,8 @@ class ProcessBackend(SandboxBackend):
 
     async def _cleanup(self, sb: Sandbox) -> None:
         sid = sb.spec.sandbox_id
+        for fd in self._pipes.pop(sid, ()):  # never waited on (a start that failed half way)
+            os.close(fd)
         cg = self._cgroups.pop(sid, None) or cgroups.SandboxCgroup(sb.spec.wave_id, sid)
         cg.thaw()
         await asyncio.to_thread(cg.kill_all)

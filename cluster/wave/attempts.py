@@ -293,7 +293,7 @@ class Attempts:
                       started_at=result.get("started_at"), ended_at=result.get("ended_at"),
                       error=result.get("error"), start_error=result.get("start_error"), artifact=captured,
                       cause=result.get("start_error") or result.get("cause") or result.get("error"),
-                      events=result.get("events"))
+                      events=result.get("events"), outlived=result.get("outlived"))
 
     def store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:
         """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""

@@ -50,10 +50,16 @@ def test_hostile_runners_are_contained_and_honest_tasks_pass(run_wave):
     escaped = {a: o for a, o in outcomes.items() if o[0] != "blocked"}
     assert not escaped, escaped
     # contained, killed, reaped: every task (attacked or honest) still passes, nothing is left behind; the one
-    # that tried to write into other tasks' prefixes fails as the writer (attributed by its attempt's key)
+    # that tried to write into other tasks' prefixes fails as the writer (attributed by its attempt's key), and the
+    # two that left a process running past their exit 0 fail `no_outliving_process`, which names it
     bad = {g["task_id"]: g["signature"] or g["verdict"] for g in result["tasks"] if g["verdict"] != "pass"}
     writer = next(t for t, a in plan.items() if a == "foreign_prefix")
-    assert bad == {writer: "no_foreign_writes"}, bad
+    outlivers = {t for t, a in plan.items() if a in ("setsid_daemon", "ignore_sigterm")}
+    assert bad == {writer: "no_foreign_writes", **{t: "no_outliving_process" for t in outlivers}}, bad
+    for g in result["tasks"]:
+        if g["task_id"] in outlivers:
+            c = g["checks"]["no_outliving_process"]
+            assert [p["name"] for o in c["outlived"] if o["exit_code"] == 0 for p in o["processes"]] == ["python"], c
     fw = next(g for g in result["tasks"] if g["task_id"] == writer)["checks"]["no_foreign_writes"]
     assert fw["writes"] and all(w["status"] == 403 for w in fw["writes"]), fw
     assert result["wave_checks"]["no_leaked_sandbox"] == "pass"

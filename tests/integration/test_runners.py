@@ -79,6 +79,21 @@ def test_a_runner_the_sandbox_user_cannot_read_is_named_before_it_runs(run_wave,
     assert exit_code(result) == 2
 
 
+def test_a_process_that_outlives_an_exit_0_is_named_and_fails_its_check(run_wave):
+    """A runner that leaves a detached process (its own session) running when it exits 0: the host lists it at the
+    attempt's end by its own /proc, the task fails `no_outliving_process` naming it, and it is killed with the
+    sandbox (nothing is left)."""
+    result, d = run_wave(runner=defective("daemon"), faults=[], **dict(QUICK, seed=135))
+    for g in result["tasks"] + result["references"]:
+        c = g["checks"]["no_outliving_process"]
+        assert c["verdict"] == "fail" and "sleep" in c["detail"], c
+        assert [p["name"] for o in c["outlived"] for p in o["processes"]] == ["sleep"], c["outlived"]
+        assert g["checks"]["completed"]["verdict"] == "pass", g["checks"]["completed"]
+    ends = [e for e in map(orjson.loads, (d / "timeline.jsonl").read_bytes().splitlines()) if e["event"] == "attempt_end"]
+    assert ends and all(e["outlived"] == [{"pid": e["outlived"][0]["pid"], "name": "sleep"}] for e in ends), ends
+    assert exit_code(result) == 1
+
+
 def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
     result, d = run_wave(runner={"command": ["/bin/true"], "name": "lazy"}, faults=[], tasks=1, concurrency=1,
                          seed=4)

@@ -56,6 +56,8 @@ def test_durable_runner_survives_pk1_and_st1(durable_wave):
            for g in result["tasks"] if g["verdict"] != "pass"}
     assert not bad, bad
     assert result["verdict"] == "pass" and exit_code(result) == 0
+    # the host looked for processes that outlived each exit (and found none: durable leaves none)
+    assert all(g["checks"]["no_outliving_process"]["verdict"] == "pass" for g in result["tasks"])
     receipts = orjson.loads((d / "faults.json").read_bytes())
     assert len(receipts) == 6 and {r["fault_id"] for r in receipts} == {"PK1", "ST1"}
     assert all(r["status"] == "applied" for r in receipts), receipts

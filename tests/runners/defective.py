@@ -21,6 +21,8 @@ on every run, not by the luck of a kill's timing:
 - stale_creds: never resolves credentials again after a 403 (keeps its first client), so a key rotated
   at the store (CR1) leaves it retrying a dead key until its deadline.
 - notice: the durable pattern, plus a SIGTERM handler that reads `$SANDFLEET_NOTICE` (PK2) and logs it.
+- daemon: the durable pattern, but it first starts a detached process (its own session) that is still
+  running when it exits 0 (`no_outliving_process`).
 - storm: the durable pattern, but a failed store call is retried at once, with no backoff: an outage (ST1)
   turns into hundreds of identical failing requests a second (`retry_loop`'s retry storm).
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
@@ -64,6 +66,11 @@ def run() -> None:
         import time
 
         time.sleep(2.0)
+    if DEFECT == "daemon":
+        import subprocess
+
+        subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if DEFECT == "storm":
         import tenacity
 

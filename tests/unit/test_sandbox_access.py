@@ -1,0 +1,28 @@
+"""What the sandbox user can reach inside the sandbox: a path shows through its bind, so only the bind itself and
+what is below it count (bwrap makes the directories above a bind 0755)."""
+from __future__ import annotations
+
+import os
+
+from fleet.sandbox import command_problem, unreadable_by_sandbox_user
+
+
+def test_only_the_bind_and_below_count(tmp_path):
+    hidden = tmp_path / "home"  # like /root: mode 0700, not bound
+    hidden.mkdir(mode=0o700)
+    venv = hidden / "venv"
+    (venv / "bin").mkdir(parents=True)
+    exe = venv / "bin" / "agent"
+    exe.write_text("#!/bin/sh\necho hi\n")
+    os.chmod(hidden, 0o700)
+    for mode, ok in ((0o755, True), (0o711, False), (0o700, False)):  # a script needs r as well as x
+        exe.chmod(mode)
+        assert (unreadable_by_sandbox_user([("x", str(exe))], [str(venv)]) == []) is ok, oct(mode)
+    exe.chmod(0o755)
+    os.chmod(venv, 0o700)  # the bind itself is 0700 (a venv made in `mktemp -d`)
+    assert unreadable_by_sandbox_user([("x", str(exe))], [str(venv)]) == [("x", str(exe))]
+    assert "not executable by the sandbox user (uid 65534)" in command_problem([str(exe)], "/usr/bin", [str(venv)])
+    os.chmod(venv, 0o755)
+    assert command_problem([str(exe)], "/usr/bin", [str(venv)]) is None
+    assert unreadable_by_sandbox_user([("d", str(venv)), ("r", "/etc/hostname"), ("x", "/bin/sh")], [str(venv)]) == []
+    assert unreadable_by_sandbox_user([("r", str(venv / "missing"))], [str(venv)]) == [("r", str(venv / "missing"))]
