@@ -283,10 +283,17 @@ def league_cmd(
     except HarnessError as exc:
         _err(f"error: {exc}")
         return EXIT_HARNESS
-    out.joinpath(results.LEAGUE_MD)
-    print((out / results.LEAGUE_MD).read_text())
+    import orjson
+
+    from cluster.league import manifest_warnings
+    from cluster.results import LEAGUE_JSON, LEAGUE_MD  # (`results` here is the --results dir)
+
+    rows = orjson.loads((out / LEAGUE_JSON).read_bytes())["rows"]
+    for line in manifest_warnings(rows)[3:]:
+        _err(f"warning: {line[2:]}")
+    print((out / LEAGUE_MD).read_text())
     out_console = Console()
-    out_console.print(f"LEAGUE: {out / results.LEAGUE_MD}", highlight=False, soft_wrap=True)
+    out_console.print(f"LEAGUE: {out / LEAGUE_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -347,8 +354,10 @@ def campaign_storage(
     except CampaignInterrupted as exc:
         _err(f"interrupted by {exc}: the finished waves are written (CAMPAIGN.md says the bracket is partial)")
         return 143 if "TERM" in str(exc) else 130
-    print((d / results.CAMPAIGN_MD).read_text())
-    Console().print(f"CAMPAIGN: {d / results.CAMPAIGN_MD}", highlight=False, soft_wrap=True)
+    from cluster.results import CAMPAIGN_MD  # (`results` here is the --results dir)
+
+    print((d / CAMPAIGN_MD).read_text())
+    Console().print(f"CAMPAIGN: {d / CAMPAIGN_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

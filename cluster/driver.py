@@ -141,6 +141,13 @@ class WaveRun:
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         preflight(self.cfg)
+        if "manifest" not in self.plan:  # what the wave runs on (a resumed wave keeps what it started on)
+            from cluster import manifest
+            from cluster.artifacts import reference_key
+
+            runner = self.plan["runner"]
+            self.plan["manifest"] = manifest.build(self.cfg, runner, reference_key(runner, "", 0, 0))
+            self._write_json(results.PLAN, self.plan)
         from fleet import cgroups
 
         # the driver (services, relays of the model and effects calls) runs beside the sandboxes, not above

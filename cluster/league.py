@@ -136,7 +136,7 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
             result = wave.run()
             m = wave_metrics(result, wave.dir)
             m.update(runner=name, faults=fs, wall_s=round(time.perf_counter() - t, 1),
-                     harness_errors=result.get("harness_errors", []))
+                     harness_errors=result.get("harness_errors", []), manifest=wave.plan.get("manifest"))
             rows.append(m)
             (out / results.LEAGUE_JSON).write_bytes(
                 orjson.dumps({"config": league.model_dump(mode="json"), "rows": rows}, option=orjson.OPT_INDENT_2))
@@ -145,6 +145,22 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
             fleet.stop()
     write_league(out, league, rows)
     return out
+
+
+def manifest_warnings(rows: list[dict]) -> list[str]:
+    """Waves of the league that ran on something else than its first wave (anything but the runner, which a league
+    varies on purpose, and the seed): their figures are not comparable as they stand."""
+    from cluster.manifest import differences
+
+    if not rows:
+        return []
+    out = []
+    for r in rows[1:]:
+        diff = differences(rows[0].get("manifest"), r.get("manifest"))
+        if diff:
+            out.append(f"- `{r['wave_id']}` ({r['runner']}) differs from `{rows[0]['wave_id']}`: "
+                       + "; ".join(diff[:6]))
+    return ["", "**Warning: these waves ran on different things; compare them with care:**", ""] + out if out else []
 
 
 def _med(xs: list[float]) -> str:
@@ -183,6 +199,7 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
         lines.append(f"| {name} | {tot['pass']}/{tot['tasks']} | {rsr} | {tot['double_apply']}/{tot['tasks']} | "
                      f"{tot['recalls']} | {per} | {_med([x for r in mine for x in r['resume_s']])} | "
                      f"{_med([x for r in mine for x in r['per_step_overhead_s']])} |")
+    lines += manifest_warnings(rows)
     lines += ["", "Time to resume: from the end of an interrupted attempt to the next attempt's first model call "
               "for a step never asked before. Runner time per step: an uninterrupted reference run's wall time per "
               "model call, minus the model's think time: what the runner itself spends per step (its start-up "

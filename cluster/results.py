@@ -61,7 +61,8 @@ LEDGER_DB = "ledger.db"
 
 # every file of a wave's results directory and what it holds (docs/architecture.md renders this table)
 LAYOUT: list[tuple[str, str]] = [
-    (PLAN, "the plan: config, every task with its seed and faults, references, placement, the runner's digest"),
+    (PLAN, "the plan: config, every task with its seed and faults, references, placement, the runner's digest, "
+           "and the manifest (what the wave ran on: cluster/manifest.py)"),
     (TIMELINE, "what happened, one event a line (wave, parts, attempts, faults, nodes, harness faults)"),
     (FAULTS, "one receipt per planned fault: applied / not_applied / unknown, with what it hit"),
     (MODEL_CALLS, "every model call the endpoint answered (task, step, attempt)"),

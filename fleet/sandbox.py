@@ -398,7 +398,10 @@ def command_problem(argv: list[str], path: str, binds: list[str] = ()) -> str | 
         found = shutil.which(exe, path=path)
         if found is None:
             return f"runner command not found: {exe} (not on the sandbox PATH {path})"
-        exe = found
+        # the sandbox looks it up on its PATH among what it is shown: the first it can see and run
+        seen = [c for c in (os.path.join(d, exe) for d in path.split(os.pathsep) if d)
+                if os.path.isfile(c) and _visible(c, binds)]
+        exe = next((c for c in seen if not unreadable_by_sandbox_user([("x", c)], binds)), seen[0] if seen else found)
     for a in argv[1:]:  # a script named by a relative path would be looked up in the fresh workspace
         if not os.path.isabs(a) and a.endswith((".py", ".sh", ".js", ".mjs", ".ts", ".rb")) and not a.startswith("-"):
             return (f"runner script not found: {a} (a relative path is taken from the workspace; give an absolute "
@@ -429,12 +432,22 @@ def _allows(st: os.stat_result, bits: int) -> bool:
     return m & bits == bits
 
 
+def _roots(binds) -> list[str]:
+    return sorted({os.path.realpath(b) for b in binds} | set(SYSTEM_ROOTS), key=len, reverse=True)
+
+
+def _visible(path: str, binds) -> bool:
+    """Whether the sandbox is shown `path` at all (under a bind or a system dir)."""
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip("/") + "/") for r in _roots(binds))
+
+
 def unreadable_by_sandbox_user(paths: list[tuple[str, str]], binds: list[str] = ()) -> list[tuple[str, str]]:
     """Which of the (how, path) pairs (`x` execute, `r` read, `d` list a directory) the sandbox user cannot use
     inside the sandbox. A path shows there through its bind (`binds`, or a system dir): the directories above the
     bind are made 0755 by the sandbox, so only the bind itself and what is below it count (a venv whose own dir is
     a mode-0700 `mktemp -d` fails; one under /root does not, since /root is not bound). By mode bits (no ACLs)."""
-    roots = sorted({os.path.realpath(b) for b in binds} | set(SYSTEM_ROOTS), key=len, reverse=True)
+    roots = _roots(binds)
     bad = []
     for how, path in paths:
         real = os.path.realpath(path)

@@ -2,6 +2,7 @@
 only from what the harness recorded (captured workspace, model/effects/proxy logs)."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,14 +108,21 @@ def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
 
 
 def test_league_writes_its_table_and_picture(fleet, tmp_path):
-    """`sandfleet league` on real parts (the session's fleet): two runners, one fault set, one task each."""
-    from cluster.league import load_league, run_league
+    """`sandfleet league` through the CLI, on the session's Ray (its own actors and store): two runners, one fault
+    set, one task each; every wave's plan carries the manifest the league compares (no warning: one machine)."""
+    import ray
 
     cfg = tmp_path / "league.yaml"
     cfg.write_text("name: tiny\nrunners: [durable, naive]\nfault_sets: [[PK1]]\n"
                    "wave: {tasks: 1, concurrency: 1, seed: 5, workload: {steps: 6, think_ms: 20},\n"
+                   f"       address: '{ray.get_runtime_context().gcs_address}',\n"
                    "       fault_timing: {PK1: {after_model_calls: [3, 3]}}}\n")
-    out = run_league(load_league(cfg), tmp_path / "r", progress=False, fleet=fleet)
+    p = subprocess.run([sys.executable, "-m", "cluster.cli", "league", str(cfg), "--results", str(tmp_path / "r"),
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "warning:" not in p.stderr, p.stderr[-2000:]
+    out = next((tmp_path / "r").glob("league-tiny-*"))
+    assert f"LEAGUE: {out / 'LEAGUE.md'}" in p.stdout
     table = (out / "LEAGUE.md").read_text()
     assert (out / "league.png").stat().st_size > 1000
     rows = [line for line in table.splitlines() if line.startswith("| durable | PK1 |")]
@@ -122,6 +130,10 @@ def test_league_writes_its_table_and_picture(fleet, tmp_path):
     data = orjson.loads((out / "league.json").read_bytes())
     assert [(r["runner"], r["faults"]) for r in data["rows"]] == [("durable", ["PK1"]), ("naive", ["PK1"])]
     assert all(r["interrupted"] == 1 for r in data["rows"])  # the boundary trigger landed mid-run
+    for r in data["rows"]:
+        m = orjson.loads(next((out / "waves").glob(f"{r['wave_id']}/plan.json")).read_bytes())["manifest"]
+        assert m == r["manifest"] and m["runner"]["name"] == r["runner"] and m["harness"]["ray"], m
+        assert m["sandbox"]["backend"] == "process" and m["machine"]["kernel"] and m["workload"]["code_digest"]
 
 
 @pytest.mark.parametrize("code, sandbox, cause", [

@@ -26,3 +26,16 @@ def test_only_the_bind_and_below_count(tmp_path):
     assert command_problem([str(exe)], "/usr/bin", [str(venv)]) is None
     assert unreadable_by_sandbox_user([("d", str(venv)), ("r", "/etc/hostname"), ("x", "/bin/sh")], [str(venv)]) == []
     assert unreadable_by_sandbox_user([("r", str(venv / "missing"))], [str(venv)]) == [("r", str(venv / "missing"))]
+
+
+def test_a_bare_command_is_looked_up_as_the_sandbox_would(tmp_path):
+    """A PATH entry the sandbox is not shown (like /root/.pyenv/shims on the driver's PATH) is skipped, as the
+    sandbox's own lookup skips it; a command found only where the sandbox user cannot reach is named."""
+    shims = tmp_path / "shims"
+    shims.mkdir(mode=0o700)
+    for name in ("python3", "agent-x"):
+        (shims / name).write_text("#!/bin/sh\n")
+        (shims / name).chmod(0o755)
+    os.chmod(shims, 0o700)
+    assert command_problem(["python3", "-c", "pass"], f"{shims}:/usr/bin:/bin", []) is None
+    assert "not executable by the sandbox user" in command_problem(["agent-x"], f"{shims}:/usr/bin", [str(shims)])
