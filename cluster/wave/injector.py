@@ -10,6 +10,20 @@ from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import drawn
 
 
+def node_taken(spec: FaultSpec, ctx, exc: BaseException) -> str | None:
+    """Why a fault could not act when a node loss (PK3) took its task's node, and with it the host the fault
+    called; None for any other failure (which stays a crashed injection, `unknown`)."""
+    from ray.exceptions import RayActorError
+
+    nodes = getattr(ctx, "nodes", None)
+    run = (getattr(ctx, "runs", None) or {}).get(spec.task_id)
+    node = getattr(run, "node", None)
+    if not isinstance(exc, RayActorError) or nodes is None or node is None or node not in nodes.lost:
+        return None
+    return (f"its node {node} went with {nodes.faults.get(node) or 'a node loss'} before this fault could act "
+            f"(the host it called was lost with the node)")
+
+
 class Injector:
     def __init__(self, timeline, stopping: Callable[[], str | None]):
         """`stopping()`: why the wave is stopping (a signal, a harness fault), or None while it runs."""
@@ -42,7 +56,9 @@ class Injector:
                 why = "the task ended" if stop is None else f"the wave stopped ({stop})"
                 injected = {"applied": False, "why": f"{why} before the planned time"}
         except Exception as exc:  # noqa: BLE001 - a crashed injection is `unknown`, never a pass
-            injected = dict(injected, error=f"{type(exc).__name__}: {exc}")
+            gone = node_taken(spec, ctx, exc)
+            injected = {"applied": False, "why": gone} if gone and not injected.get("applied") else \
+                dict(injected, error=f"{type(exc).__name__}: {exc}")
         finally:
             try:
                 cleared = await fault.clear(spec, ctx, injected)
