@@ -91,13 +91,7 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
 
     done = []
     for w, e in found["waves"].items():
-        for p in e["processes"]:
-            if _cmdline(str(p["pid"]))[:160] == p["cmd"]:  # still the same process
-                try:
-                    os.kill(p["pid"], signal.SIGKILL)
-                    done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
-                except ProcessLookupError:
-                    pass
+        done += _kill_listed(e["processes"])
         for sid in e["cgroups"]:
             r = reap_leftover(w, sid)
             done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
@@ -130,13 +124,7 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             shutil.rmtree(e["private_dir"], ignore_errors=True)
             done.append(f"removed {e['private_dir']}")
     for d, procs in found.get("fleets", {}).items():
-        for p in procs:
-            if _cmdline(str(p["pid"]))[:160] == p["cmd"]:
-                try:
-                    os.kill(p["pid"], signal.SIGKILL)
-                    done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
-                except ProcessLookupError:
-                    pass
+        done += _kill_listed(procs)
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
     # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now
@@ -154,6 +142,19 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         if not busy or time.monotonic() > deadline:
             return done
         time.sleep(0.1)
+
+
+def _kill_listed(procs: list[dict]) -> list[str]:
+    """SIGKILL each listed process that is still the same one (its command line unchanged)."""
+    done = []
+    for p in procs:
+        if _cmdline(str(p["pid"]))[:160] == p["cmd"]:
+            try:
+                os.kill(p["pid"], signal.SIGKILL)
+                done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
+            except ProcessLookupError:
+                pass
+    return done
 
 
 def summary(found: dict) -> list[str]:

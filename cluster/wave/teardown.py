@@ -170,9 +170,43 @@ class Teardown:
         self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def stop_parts(self) -> None:
-        import ray
+        """Keep what the parts know (Ray's node losses, fenced calls, host load, the ledger, renewals, service
+        counts), then stop them in order: services, the wave's keys at a lent store, proxy and own store, an own
+        fleet; the private dir goes last. A step that fails is named in `teardown_errors`; the others still run."""
+        errors: list[str] = []
+        self._keep_records()
+        self._dump_ledger(errors)
+        self._record_counts()
+        for svc in (self.parts.model, self.parts.effects):
+            if svc is not None:
+                self._try(errors, f"stop {type(svc).__name__}", svc.stop)
+        if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):
+            self._try(errors, "revoke keys", self._revoke_lent_keys)
+        for name, part in (("fault proxy", self.parts.proxy),
+                           ("store", None if self.parts.store_lent else self.parts.store)):
+            if part is not None:
+                # a lost part gets no grace, and neither does the wave's own store: the audit has read it back,
+                # its data dir goes with the private dir below, and weed's graceful stop took 1.2-5 s per wave
+                # (a SIGKILLed weed keeps its committed objects anyway: DESIGN.md, "Real parts")
+                grace = {"grace_s": 0.0} if self.health.lost(name) or name == "store" else {}
+                self._try(errors, f"stop {type(part).__name__}", lambda part=part, grace=grace: part.stop(**grace))
+        if self.own_fleet and self.parts.fleet is not None:
+            self._try(errors, "fleet stop", self.parts.fleet.stop)
+        shutil.rmtree(self.private, ignore_errors=True)
+        from fleet import cgroups
 
-        errors = []
+        cgroups.leave_harness(self.harness_cg)
+        if errors:
+            self.timeline("teardown_errors", errors=errors)
+
+    @staticmethod
+    def _try(errors: list[str], what: str, fn) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - named, and the teardown goes on
+            errors.append(f"{what}: {exc}")
+
+    def _keep_records(self) -> None:
         elog = getattr(getattr(self.parts.fleet, "ray_session", None), "error_log", None)
         if elog and os.path.exists(elog):  # what Ray said about the nodes it lost (PK3)
             shutil.copyfile(elog, self.out.ray_errors)
@@ -180,28 +214,35 @@ class Teardown:
             self.parts.fenced_log.close()
         with open(self.out.host_load, "ab") as f:  # appended: a resumed wave keeps the first part
             f.write(b"".join(orjson.dumps(x) + b"\n" for x in self.health.load_samples))
-        if self.parts.ledger is not None:
-            try:
-                try:
-                    if self.health.lost("lease ledger"):
-                        raise RuntimeError("the lease ledger actor is lost")
-                    dump = ray.get(self.parts.ledger.dump.remote(), timeout=60)
-                except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
-                    from fleet.ledger import LeaseLedger
 
-                    led = LeaseLedger(os.path.join(self.parts.fleet.state_dir, results.LEDGER_DB))
-                    dump = led.dump()
-                    led.close()
-                with open(self.out.ledger, "wb") as f:
-                    mine = self.wave_id + "/"
-                    for row in dump["leases"]:
-                        if row["task_id"].startswith(mine):
-                            f.write(orjson.dumps({"kind": "lease", **row}) + b"\n")
-                    for row in dump["history"]:
-                        if row["task_id"].startswith(mine):
-                            f.write(orjson.dumps({"kind": "event", **row}) + b"\n")
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"ledger dump: {exc}")
+    def _dump_ledger(self, errors: list[str]) -> None:
+        """The wave's leases and their history, from the ledger actor or (lost) its SQLite file."""
+        import ray
+
+        if self.parts.ledger is None:
+            return
+        try:
+            try:
+                if self.health.lost("lease ledger"):
+                    raise RuntimeError("the lease ledger actor is lost")
+                dump = ray.get(self.parts.ledger.dump.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
+                from fleet.ledger import LeaseLedger
+
+                led = LeaseLedger(os.path.join(self.parts.fleet.state_dir, results.LEDGER_DB))
+                dump = led.dump()
+                led.close()
+            mine = self.wave_id + "/"
+            with open(self.out.ledger, "wb") as f:
+                for kind, rows in (("lease", dump["leases"]), ("event", dump["history"])):
+                    f.write(b"".join(orjson.dumps({"kind": kind, **row}) + b"\n" for row in rows
+                                     if row["task_id"].startswith(mine)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"ledger dump: {exc}")
+
+    def _record_counts(self) -> None:
+        import ray
+
         try:  # how the hosts' lease renewals went (cumulative over a lent fleet's life)
             self.timeline("lease_renewals", hosts=ray.get([h.renewals.remote() for h in self.parts.hosts], timeout=10))
         except Exception:  # noqa: BLE001 - a lost host has no figures
@@ -215,40 +256,12 @@ class Teardown:
                 counts[key] = per
         if counts:
             self.timeline("service_counts", **counts)
-        for svc in (self.parts.model, self.parts.effects):
-            if svc is not None:
-                try:
-                    svc.stop()
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(f"stop {type(svc).__name__}: {exc}")
-        if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):
-            try:  # keys of attempts that did not end in order (a lost host's): the lent store outlives the wave
-                left = self.parts.keys.revoke_all(prefix=f"{self.wave_id}/")
-                if left:
-                    self.timeline("keys_revoked_at_end", owners=left)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"revoke keys: {exc}")
-        for name, part in (("fault proxy", self.parts.proxy),
-                           ("store", None if self.parts.store_lent else self.parts.store)):
-            if part is not None:
-                # a lost part gets no grace, and neither does the wave's own store: the audit has read it back,
-                # its data dir goes with the private dir below, and weed's graceful stop took 1.2-5 s per wave
-                # (a SIGKILLed weed keeps its committed objects anyway: DESIGN.md, "Real parts")
-                try:
-                    part.stop(grace_s=0.0) if self.health.lost(name) or name == "store" else part.stop()
-                except Exception as exc:  # noqa: BLE001
-                    errors.append(f"stop {type(part).__name__}: {exc}")
-        if self.own_fleet and self.parts.fleet is not None:
-            try:
-                self.parts.fleet.stop()
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"fleet stop: {exc}")
-        shutil.rmtree(self.private, ignore_errors=True)
-        from fleet import cgroups
 
-        cgroups.leave_harness(self.harness_cg)
-        if errors:
-            self.timeline("teardown_errors", errors=errors)
+    def _revoke_lent_keys(self) -> None:
+        """Keys of attempts that did not end in order (a lost host's): a lent store outlives the wave."""
+        left = self.parts.keys.revoke_all(prefix=f"{self.wave_id}/")
+        if left:
+            self.timeline("keys_revoked_at_end", owners=left)
 
     def stop_at_once(self, name: str) -> None:
         """A second signal: kill what the wave started, by PID and by its markers, and exit now."""
