@@ -403,37 +403,52 @@ class WaveConfig(Strict):
         for fid, t in v.items():
             boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "at_request")
                         if getattr(t, k)]
-            if fid == "PK5" and (boundary or t.at_s):
-                raise ValueError(f"PK5: {(boundary or ['at_s'])[0]} is not its trigger: PK5 fires at a named window: "
-                                 "give after_checkpoints (and window)")
-            if t.after_checkpoints and fid != "PK5":
-                raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
-            if t.strength is not None:
-                if fid not in STRENGTH_FAULTS:
-                    raise ValueError(f"{fid}: strength is a campaign knob of {', '.join(STRENGTH_FAULTS)} only")
-                if fid == "ST3" and t.strength > 1:
-                    raise ValueError(f"ST3: strength {t.strength} is a share of requests, at most 1")
-            if t.hits and not fid.startswith("ST"):
-                raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
-            armed_only = fid in ("CR1", "DF1") or fid.startswith("ST")  # armed at a clock time or a model answer
-            wrong = [k for k in ("after_effects", "after_store_writes", "at_request") if getattr(t, k)]
-            if armed_only and (wrong or (t.kills and fid in ("CR1", "DF1"))):
-                raise ValueError(f"{fid}: {(wrong or ['kills'])[0]} is not one of its triggers: give at_s or "
-                                 "after_model_calls (when it is armed), and window_s")
-            if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6") and not armed_only:
-                raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, "
-                                 "DF1 and the storage faults ST*) only")
-            if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
-                raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
-            if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):
-                raise ValueError(f"{fid}: kills {t.kills}: several kills in one task need a boundary "
-                                 "(after_model_calls, after_effects, after_store_writes or after_checkpoints): a clock "
-                                 "time after launch would land while the next attempt starts")
+            for rule in (_pk5_trigger, _strength_and_hits, _trigger_of_its_kind, _kills):
+                rule(fid, t, boundary)
         return v
 
     def fault_params(self) -> dict[str, dict]:
         return {k: {kk: vv for kk, vv in t.model_dump().items() if vv is not None}
                 for k, t in self.fault_timing.items()}
+
+
+# fault_timing's rules across fields, one family each; each raises ValueError("<fault id>: ...") naming the field
+def _pk5_trigger(fid: str, t, boundary: list[str]) -> None:
+    if fid == "PK5" and (boundary or t.at_s):
+        raise ValueError(f"PK5: {(boundary or ['at_s'])[0]} is not its trigger: PK5 fires at a named window: "
+                         "give after_checkpoints (and window)")
+    if t.after_checkpoints and fid != "PK5":
+        raise ValueError(f"{fid}: after_checkpoints is PK5's trigger (named windows)")
+
+
+def _strength_and_hits(fid: str, t, boundary: list[str]) -> None:
+    if t.strength is not None:
+        if fid not in STRENGTH_FAULTS:
+            raise ValueError(f"{fid}: strength is a campaign knob of {', '.join(STRENGTH_FAULTS)} only")
+        if fid == "ST3" and t.strength > 1:
+            raise ValueError(f"ST3: strength {t.strength} is a share of requests, at most 1")
+    if t.hits and not fid.startswith("ST"):
+        raise ValueError(f"{fid}: hits applies to the storage faults (ST*) only")
+
+
+def _trigger_of_its_kind(fid: str, t, boundary: list[str]) -> None:
+    armed_only = fid in ("CR1", "DF1") or fid.startswith("ST")  # armed at a clock time or a model answer
+    wrong = [k for k in ("after_effects", "after_store_writes", "at_request") if getattr(t, k)]
+    if armed_only and (wrong or (t.kills and fid in ("CR1", "DF1"))):
+        raise ValueError(f"{fid}: {(wrong or ['kills'])[0]} is not one of its triggers: give at_s or "
+                         "after_model_calls (when it is armed), and window_s")
+    if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6") and not armed_only:
+        raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, "
+                         "DF1 and the storage faults ST*) only")
+
+
+def _kills(fid: str, t, boundary: list[str]) -> None:
+    if t.kills and fid not in ("PK1", "PK2", "PK4", "PK5"):
+        raise ValueError(f"{fid}: kills applies to PK1, PK2, PK4 and PK5 only")
+    if t.kills and t.kills > 1 and fid in ("PK1", "PK2", "PK5") and not (boundary or t.after_checkpoints):
+        raise ValueError(f"{fid}: kills {t.kills}: several kills in one task need a boundary "
+                         "(after_model_calls, after_effects, after_store_writes or after_checkpoints): a clock "
+                         "time after launch would land while the next attempt starts")
 
 
 def _format(err: ValidationError, source: str) -> str:

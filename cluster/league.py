@@ -76,45 +76,51 @@ def wave_metrics(result: dict, d: Path) -> dict:
     """The league's figures for one graded wave, from its stored files."""
     grades = result["tasks"]
     timeline = results.read_jsonl(d / results.TIMELINE)
-    calls = results.read_jsonl(d / results.MODEL_CALLS)
     interrupted = [g for g in grades if g["interrupted"]]
-    survived = [g for g in interrupted if g["verdict"] == "pass"]
-    interruptions = sum(max(0, g["attempts"] - 1) for g in grades)
-    wasted = sum(g.get("wasted_calls") or 0 for g in grades)
-    wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
-    # time to resume: from an interrupted attempt's end to the next attempt's first call for a step never asked
-    resume = []
+    workload = result["plan"]["config"]["workload"]
+
+    def count(pred) -> int:
+        return sum(1 for g in grades if pred(g))
+
+    return {
+        "wave_id": result["wave_id"], "verdict": result["verdict"], "tasks": len(grades),
+        "pass": count(lambda g: g["verdict"] == "pass"),
+        "interrupted": len(interrupted), "survived": sum(1 for g in interrupted if g["verdict"] == "pass"),
+        "double_apply": count(lambda g: g["checks"]["no_double_apply"]["verdict"] == "fail"),
+        "recalls": sum(g.get("model_recalls") or 0 for g in grades),
+        "interruptions": sum(max(0, g["attempts"] - 1) for g in grades),
+        "wasted_calls": sum(g.get("wasted_calls") or 0 for g in grades),
+        "wasted_tokens": sum(g.get("wasted_tokens") or 0 for g in grades),
+        "resume_s": _resume_times(interrupted, timeline, results.read_jsonl(d / results.MODEL_CALLS)),
+        "per_step_overhead_s": _per_step(timeline, workload["steps"], workload["think_ms"] / 1000),
+        "not_applied": count(lambda g: g["verdict"] == "not_applied"),
+        "unknown": count(lambda g: g["verdict"] == "unknown"),
+    }
+
+
+def _resume_times(interrupted: list[dict], timeline: list[dict], calls: list[dict]) -> list[float]:
+    """From each interrupted attempt's end to the next attempt's first call for a step never asked before."""
+    out = []
     for g in interrupted:
         tid = g["task_id"]
-        ends = [e for e in timeline if e.get("task") == tid and e["event"] == "attempt_end" and e.get("exit_code") != 0]
         mine = sorted((c for c in calls if c["task"] == tid), key=lambda c: c["t"])
-        for e in ends:
-            t_end = e.get("ended_at")
-            if t_end is None:
+        for e in timeline:
+            if e.get("task") != tid or e["event"] != "attempt_end" or e.get("exit_code") == 0 \
+                    or e.get("ended_at") is None:
                 continue
+            t_end = e["ended_at"]
             asked = {c["step"] for c in mine if c["t"] <= t_end}
             nxt = next((c for c in mine if c["t"] > t_end and c["step"] not in asked), None)
             if nxt is not None:
-                resume.append(nxt["t"] - t_end)
-    # per-step time of the uninterrupted reference runs (includes the model's think time)
-    think = result["plan"]["config"]["workload"]["think_ms"] / 1000
-    steps = result["plan"]["config"]["workload"]["steps"]
-    per_step = []
-    for e in timeline:
-        if e["event"] == "attempt_end" and e.get("task", "").startswith("ref-") and e.get("exit_code") == 0 \
-                and e.get("started_at") and e.get("ended_at"):
-            per_step.append((e["ended_at"] - e["started_at"]) / (steps + 1) - think)
-    return {
-        "wave_id": result["wave_id"], "verdict": result["verdict"], "tasks": len(grades),
-        "pass": sum(1 for g in grades if g["verdict"] == "pass"),
-        "interrupted": len(interrupted), "survived": len(survived),
-        "double_apply": sum(1 for g in grades if g["checks"]["no_double_apply"]["verdict"] == "fail"),
-        "recalls": sum(g.get("model_recalls") or 0 for g in grades),
-        "interruptions": interruptions, "wasted_calls": wasted, "wasted_tokens": wasted_tokens,
-        "resume_s": resume, "per_step_overhead_s": per_step,
-        "not_applied": sum(1 for g in grades if g["verdict"] == "not_applied"),
-        "unknown": sum(1 for g in grades if g["verdict"] == "unknown"),
-    }
+                out.append(nxt["t"] - t_end)
+    return out
+
+
+def _per_step(timeline: list[dict], steps: int, think_s: float) -> list[float]:
+    """Per-step time of the uninterrupted reference runs, less the model's think time."""
+    return [(e["ended_at"] - e["started_at"]) / (steps + 1) - think_s for e in timeline
+            if e["event"] == "attempt_end" and e.get("task", "").startswith("ref-") and e.get("exit_code") == 0
+            and e.get("started_at") and e.get("ended_at")]
 
 
 def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, fleet=None) -> Path:
