@@ -82,68 +82,89 @@ class Teardown:
         gone does not stop the sweep: the driver then reaps the wave's sandboxes by their markers itself."""
         import ray
 
-        from fleet import cgroups
-        from fleet.backends import reap_leftover
-
         fault = self.health.harness_fault
         stopping = self.interrupted() or (fault and f"harness fault ({fault['part']})")
-        problems = []
+        problems: list[str] = []
+        self._end_lost_actors(problems)
+        active = self._active_leases(problems)
+        live = [l["sandbox_id"] for l in active or []]
+        if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
+            self._stop_everything(stopping, active, problems)
+            live = []
+        reports = []
+        for n, h in self._live_hosts():
+            try:
+                reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"sweep on {n}: {type(exc).__name__}: {str(exc)[:200]}")
+        out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
+               "leaked": [r for rep in reports for r in rep["reaped"]], "problems": problems,
+               "reaped_by_driver": self._reap_by_marker() if problems else []}
+        self.out.sandbox_sweep.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+        if problems and not self.health.harness_fault:
+            raise HarnessError("; ".join(problems))
+        return out
+
+    def _live_hosts(self) -> list[tuple]:
+        """(node, host) of each sandbox node whose host is neither lost nor on a node PK3 took."""
+        return [(n, h) for n, h in zip(self.parts.fleet.node_ids, self.parts.hosts)
+                if not self.health.lost(f"sandbox host {n}") and n not in self.parts.fleet.down]
+
+    def _end_lost_actors(self, problems: list[str]) -> None:
+        """A hung or dead ledger or host is ended now rather than waited on for each call's timeout."""
+        import ray
+
         for part, actor in [("lease ledger", self.parts.ledger)] + [(f"sandbox host {n}", h) for n, h in
                                                                zip(self.parts.fleet.node_ids, self.parts.hosts)
                                                                if n not in self.parts.fleet.down]:
-            if self.health.lost(part):  # hung or dead: end it now rather than wait for each call's timeout
+            if self.health.lost(part):
                 problems.append(f"{part} lost (harness fault)")
                 try:
                     ray.kill(actor)
                 except Exception:  # noqa: BLE001
                     pass
+
+    def _active_leases(self, problems: list[str]) -> list[dict] | None:
+        import ray
+
         try:
             if self.health.lost("lease ledger"):
                 raise RuntimeError("the lease ledger is lost")
-            active = [l for l in ray.get(self.parts.ledger.active.remote(), timeout=30)
-                      if l["task_id"].startswith(self.wave_id + "/")]
+            return [l for l in ray.get(self.parts.ledger.active.remote(), timeout=30)
+                    if l["task_id"].startswith(self.wave_id + "/")]
         except Exception as exc:  # noqa: BLE001
             problems.append(f"ledger: {type(exc).__name__}: {str(exc)[:200]}")
-            active = None
-        live = [l["sandbox_id"] for l in active or []]
-        if stopping:  # the wave is being stopped: every sandbox of it goes and its leases end
-            for n, h in zip(self.parts.fleet.node_ids, self.parts.hosts):
-                if self.health.lost(f"sandbox host {n}") or n in self.parts.fleet.down:
-                    continue
-                engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
-                try:
-                    ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
-                except Exception as exc:  # noqa: BLE001
-                    problems.append(f"cancel on host: {type(exc).__name__}")
-            for lease in active or []:
-                try:
-                    ray.get(self.parts.ledger.release.remote(lease["task_id"], lease["fence"], None,
-                                                       f"wave stopped: {stopping}"), timeout=10)
-                except Exception as exc:  # noqa: BLE001
-                    problems.append(f"release {lease['task_id']}: {type(exc).__name__}")
-                    break
-            live = []
-        reports = []
-        for n, h in zip(self.parts.fleet.node_ids, self.parts.hosts):
-            if self.health.lost(f"sandbox host {n}") or n in self.parts.fleet.down:
-                continue
+            return None
+
+    def _stop_everything(self, stopping: str, active: list[dict] | None, problems: list[str]) -> None:
+        """Every host cancels the wave's sandboxes; every active lease of the wave is released."""
+        import ray
+
+        for _, h in self._live_hosts():
+            engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
             try:
-                reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
+                ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
             except Exception as exc:  # noqa: BLE001
-                problems.append(f"sweep on {n}: {type(exc).__name__}: {str(exc)[:200]}")
-        by_driver = []
-        if problems:  # a part is gone: reap the wave's sandboxes here, by marker (same machine)
-            for wid, sid in cgroups.list_sandboxes(self.wave_id):
-                try:
-                    by_driver.append(reap_leftover(wid, sid))
-                except Exception as exc:  # noqa: BLE001
-                    by_driver.append({"sandbox_id": sid, "error": str(exc)})
-        out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
-               "leaked": [r for rep in reports for r in rep["reaped"]], "problems": problems,
-               "reaped_by_driver": by_driver}
-        self.out.sandbox_sweep.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
-        if problems and not self.health.harness_fault:
-            raise HarnessError("; ".join(problems))
+                problems.append(f"cancel on host: {type(exc).__name__}")
+        for lease in active or []:
+            try:
+                ray.get(self.parts.ledger.release.remote(lease["task_id"], lease["fence"], None,
+                                                         f"wave stopped: {stopping}"), timeout=10)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"release {lease['task_id']}: {type(exc).__name__}")
+                break
+
+    def _reap_by_marker(self) -> list[dict]:
+        """A part is gone: reap the wave's sandboxes here, by marker (same machine)."""
+        from fleet import cgroups
+        from fleet.backends import reap_leftover
+
+        out = []
+        for wid, sid in cgroups.list_sandboxes(self.wave_id):
+            try:
+                out.append(reap_leftover(wid, sid))
+            except Exception as exc:  # noqa: BLE001
+                out.append({"sandbox_id": sid, "error": str(exc)})
         return out
 
     def audit_store(self) -> None:
