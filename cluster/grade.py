@@ -470,16 +470,18 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
 def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
     """A failed reference that is the runner's own doing, with no fault and nothing of the harness in its way: every
     attempt ended by the runner's own exit (not killed, no start or host error) and every check it did not pass
-    failed (none unknown). Then its failures are the runner's defect, shown by the fault-free run itself (a leaked
-    upload, a write outside its prefix, an exit before its steps were done), not a baseline the harness broke.
-    Returns `check: detail` per failure, or None."""
+    failed (none unknown), or `completed` failed (a runner that never finishes leaves no artifact, so checks of the
+    artifact are unknown because of it). Then its failures are the runner's defect, shown by the fault-free run
+    itself (a leaked upload, a write outside its prefix, an exit before its steps were done), not a baseline the
+    harness broke. Returns `check: detail` per failure, or None."""
     ends = [e for e in w.timeline if e["event"] == "attempt_end" and e.get("task") == g["task_id"]]
     by_itself = bool(ends) and all(e.get("exit_code") is not None and not e.get("killed_by") and not e.get("error")
                                    and not e.get("start_error") for e in ends)
     bad = {k: c for k, c in g["checks"].items() if c["verdict"] != PASS}
-    if not by_itself or not bad or any(c["verdict"] != FAIL for c in bad.values()):
+    unfinished = bad.get("completed", {}).get("verdict") == FAIL
+    if not by_itself or not bad or (not unfinished and any(c["verdict"] != FAIL for c in bad.values())):
         return None
-    return [f"{k}: {c['detail']}" for k, c in bad.items()]
+    return [f"{k}: {c['detail']}" for k, c in bad.items() if c["verdict"] == FAIL]
 
 
 def runner_failures(w: WaveRecord, ref_grades: list[dict]) -> list[str]:

@@ -57,6 +57,9 @@ def python_env(argv0: str) -> dict | None:
             k, _, v = line.partition("=")
             if k.strip() in ("version", "version_info"):
                 version = v.strip()
+    if version is None:  # not a venv: the interpreter's own name says its version (python3.12)
+        name = exe.resolve().name
+        version = name[len("python"):] if name.startswith("python") and name[len("python"):] else None
     dists = sorted(p.name.removesuffix(".dist-info") for p in prefix.glob("lib/python*/site-packages/*.dist-info"))
     return {"interpreter": str(exe), "version": version, "packages": len(dists),
             "packages_digest": hashlib.sha256("\n".join(dists).encode()).hexdigest()[:16]}

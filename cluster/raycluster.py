@@ -214,6 +214,11 @@ class FleetSession:
         if self.want_store:  # it comes up while Ray does
             self._launch_store()
         ray = self.ray_session.start()
+        if self._own_state_dir and self.ray_session.tmpdir:  # the sweep ends a dead owner's Ray by it
+            import orjson
+
+            with open(os.path.join(self.state_dir, results.RAY_RECORD), "wb") as f:
+                f.write(orjson.dumps({"tmpdir": self.ray_session.tmpdir}))
         self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB), resources=self._pin("node-0"),
                                          strategy=self._affinity())
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,

@@ -102,7 +102,8 @@ def _durability(d: Path, result: dict) -> list[str]:
 def _outlived(grades: list[dict]) -> str:
     looked = [g for g in grades if "no_outliving_process" in g["checks"]]
     if not looked:
-        return "not looked at (the docker backend has no wrapper to report them)"
+        return ("not looked at (the docker backend has no wrapper to report them, or no attempt's wrapper reported: "
+                "a runner that killed it)")
     rows = [o for g in looked for o in g["checks"]["no_outliving_process"].get("outlived") or []]
     if not rows:
         return f"none ({len(looked)} task(s) looked at)"

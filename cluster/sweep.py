@@ -67,19 +67,28 @@ FLEET_GLOB = "sandfleet-fleet-*"
 
 
 def dead_fleets() -> dict:
-    """{state dir: [its processes]} of lent fleets whose owner is gone (a dir with no owner record is not
-    touched: it may be a fleet still starting)."""
+    """{state dir: {"processes", "ray_tmpdir"}} of lent fleets whose owner is gone (a dir with no owner record is
+    not touched: it may be a fleet still starting): its store (the dir is on its command line) and its private
+    Ray's processes (their temp dir, recorded in the state dir, is on their command line, or held open by the
+    agents that retitle themselves)."""
+    from fleet.markers import _holds
+
     out = {}
     for d in Path("/tmp").glob(FLEET_GLOB):
         if not d.is_dir() or not (d / results.DRIVER_RECORD).exists() or driver_alive(d):
             continue
-        mark = f"{d}/"
+        try:
+            tmp = orjson.loads((d / results.RAY_RECORD).read_bytes())["tmpdir"]
+        except (OSError, ValueError, KeyError, TypeError):
+            tmp = None
+        tmp = tmp if tmp and tmp.startswith("/tmp/sfray-") else None
         procs = []
         for pid in os.listdir("/proc"):
             cmd = _cmdline(pid) if pid.isdigit() else ""
-            if mark in cmd:
+            if f"{d}/" in cmd or (tmp and (tmp + "/" in cmd or cmd.rstrip().endswith(tmp)
+                                           or (cmd.startswith("ray::") and _holds(pid, tmp)))):
                 procs.append({"pid": int(pid), "cmd": cmd[:160]})
-        out[str(d)] = procs
+        out[str(d)] = {"processes": procs, "ray_tmpdir": tmp}
     return out
 
 
@@ -123,8 +132,11 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
         elif e["private_dir"]:
             shutil.rmtree(e["private_dir"], ignore_errors=True)
             done.append(f"removed {e['private_dir']}")
-    for d, procs in found.get("fleets", {}).items():
-        done += _kill_listed(procs)
+    for d, e in found.get("fleets", {}).items():
+        done += _kill_listed(e["processes"])
+        if e.get("ray_tmpdir") and Path(e["ray_tmpdir"]).is_dir():
+            shutil.rmtree(e["ray_tmpdir"], ignore_errors=True)
+            done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
     # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now
@@ -163,8 +175,9 @@ def summary(found: dict) -> list[str]:
         lines.append(f"{w}: {len(e['processes'])} process(es), {len(e['cgroups'])} sandbox cgroup(s), "
                      f"{len(e.get('containers', []))} container(s), "
                      f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}")
-    for d, procs in sorted(found.get("fleets", {}).items()):
-        lines.append(f"fleet {d} (its owner is gone): {len(procs)} process(es)")
+    for d, e in sorted(found.get("fleets", {}).items()):
+        lines.append(f"fleet {d} (its owner is gone): {len(e['processes'])} process(es)"
+                     + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
     return lines

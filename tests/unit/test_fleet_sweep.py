@@ -25,6 +25,7 @@ def _proc(*args: str) -> subprocess.Popen:
 def test_a_dead_owners_fleet_is_swept_and_a_live_one_is_not():
     dead_dir = Path(f"/tmp/sandfleet-fleet-unit{os.getpid()}d")
     live_dir = Path(f"/tmp/sandfleet-fleet-unit{os.getpid()}l")
+    ray_tmp = Path(f"/tmp/sfray-unit{os.getpid()}f")
     owner = subprocess.Popen(["true"])
     owner.wait()
     procs = []
@@ -33,20 +34,24 @@ def test_a_dead_owners_fleet_is_swept_and_a_live_one_is_not():
                        (live_dir, {"pid": os.getpid(), "start": _start_time(os.getpid())})):
             d.mkdir()
             (d / results.DRIVER_RECORD).write_bytes(orjson.dumps(rec))
+        ray_tmp.mkdir()
+        (dead_dir / results.RAY_RECORD).write_bytes(orjson.dumps({"tmpdir": str(ray_tmp)}))
         store = _proc(f"-dir={dead_dir}/store-x/data")  # like weed's command line
+        raylet = _proc(f"--temp-dir={ray_tmp}/session_x")  # like a raylet's
         live_store = _proc(f"-dir={live_dir}/store-y/data")
         stranger = _proc(f"-dir={dead_dir}-other/data")  # a name that only starts like the dir
-        procs = [store, live_store, stranger]
+        procs = [store, raylet, live_store, stranger]
         found = sweep.find()
-        assert [p["pid"] for p in found["fleets"].get(str(dead_dir), [])] == [store.pid], found["fleets"]
-        assert str(live_dir) not in found["fleets"]
-        assert any(str(dead_dir) in line for line in sweep.summary(found))
-        done = sweep.remove({"waves": {}, "harness_cgroups": [], "fleets": {str(dead_dir): found["fleets"][str(dead_dir)]}})
-        assert store.wait(10) == -9 and not dead_dir.exists(), done
+        mine = found["fleets"].get(str(dead_dir), {})
+        assert sorted(p["pid"] for p in mine["processes"]) == sorted([store.pid, raylet.pid]), found["fleets"]
+        assert mine["ray_tmpdir"] == str(ray_tmp) and str(live_dir) not in found["fleets"]
+        assert any(str(dead_dir) in line and str(ray_tmp) in line for line in sweep.summary(found))
+        done = sweep.remove({"waves": {}, "harness_cgroups": [], "fleets": {str(dead_dir): mine}})
+        assert store.wait(10) == -9 and raylet.wait(10) == -9 and not dead_dir.exists() and not ray_tmp.exists(), done
         assert live_store.poll() is None and stranger.poll() is None and live_dir.is_dir()
     finally:
         for p in procs:
             p.kill()
             p.wait(10)
-        for d in (dead_dir, live_dir):
+        for d in (dead_dir, live_dir, ray_tmp):
             shutil.rmtree(d, ignore_errors=True)

@@ -37,6 +37,16 @@ def test_an_exit_1_before_the_steps_on_every_attempt_is_its_own_failure():
     assert runner_own_failure(w, g) and _control_errors(w, [g]) == []
 
 
+def test_a_runner_that_never_finishes_is_its_own_failure_though_artifact_checks_are_unknown():
+    """A silent exit 1 on every attempt: no artifact, so `no_double_apply` is unknown ("no artifact to inspect");
+    `completed` failing by the runner's own exits is enough."""
+    w = _wave({"exit_code": 1}, {"exit_code": 1})
+    g = _ref(completed={"verdict": "fail", "detail": "state=failed (max_attempts 2 reached)"},
+             no_double_apply={"verdict": "unknown", "detail": "no artifact to inspect"})
+    assert runner_own_failure(w, g) == ["completed: state=failed (max_attempts 2 reached)"]
+    assert _control_errors(w, [g]) == []
+
+
 def test_what_the_harness_did_keeps_it_a_broken_positive_control():
     cases = [
         (_wave({"exit_code": None, "killed_by": "deadline"}), _ref(completed={"verdict": "fail", "detail": "x"})),
