@@ -71,7 +71,7 @@ def dead_fleets() -> dict:
     not touched: it may be a fleet still starting): its store (the dir is on its command line) and its private
     Ray's processes (their temp dir, recorded in the state dir, is on their command line, or held open by the
     agents that retitle themselves)."""
-    from fleet.markers import _holds
+    from fleet.markers import of_ray
 
     out = {}
     for d in Path("/tmp").glob(FLEET_GLOB):
@@ -85,8 +85,7 @@ def dead_fleets() -> dict:
         procs = []
         for pid in os.listdir("/proc"):
             cmd = _cmdline(pid) if pid.isdigit() else ""
-            if f"{d}/" in cmd or (tmp and (tmp + "/" in cmd or cmd.rstrip().endswith(tmp)
-                                           or (cmd.startswith("ray::") and _holds(pid, tmp)))):
+            if f"{d}/" in cmd or (tmp and cmd and of_ray(pid, cmd, tmp)):
                 procs.append({"pid": int(pid), "cmd": cmd[:160]})
         out[str(d)] = {"processes": procs, "ray_tmpdir": tmp}
     return out

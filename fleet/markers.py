@@ -56,6 +56,12 @@ def _holds(pid: str, tmp: str) -> bool:
     return False
 
 
+def of_ray(pid: str, cmd: str, tmp: str) -> bool:
+    """Is the process one of the private Ray whose temp dir is `tmp`: its command line names the dir, or (an agent
+    that retitled itself) it holds a file open under it."""
+    return tmp + "/" in cmd or cmd.rstrip().endswith(tmp) or (cmd.startswith("ray::") and _holds(pid, tmp))
+
+
 def _environ(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes()
@@ -105,7 +111,7 @@ def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple
                 entry(m2.group(0))["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
                 continue
         for w, tmp in ray_tmp.items():  # Ray's processes name their temp dir on their command lines
-            if tmp + "/" in cmd or cmd.rstrip().endswith(tmp) or (cmd.startswith("ray::") and _holds(pid, tmp)):
+            if of_ray(pid, cmd, tmp):
                 entry(w)["processes"].append({"pid": int(pid), "cmd": cmd[:160]})
                 entry(w).setdefault("ray_tmpdir", tmp)
                 break

@@ -551,8 +551,7 @@ class ProcessBackend(SandboxBackend):
         a = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup",
              "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-        for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
-            host = "/" + top
+        for host in SYSTEM_ROOTS[2:]:  # (/usr and /etc are bound above)
             if os.path.islink(host):
                 a += ["--symlink", os.readlink(host), host]
             elif os.path.isdir(host):
