@@ -108,3 +108,27 @@ class ReferenceCache:
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.root / key).exists():
             write_artifact(self.root / key, files, meta)
+
+
+def seed_cached_references(cache: ReferenceCache, plan: dict, out) -> None:
+    """Each cached reference the plan reuses, written as its task's artifact in `out` (a ResultsDir)."""
+    for t in plan["tasks"]:
+        ref = t["reference"]
+        if ref["cached"]:
+            files, manifest = cache.get(ref["key"])
+            write_artifact(out.artifact(ref["task_id"]), files,
+                           {"task_id": ref["task_id"], "attempt": manifest.get("attempt"), "skipped": [],
+                            "from_cache": ref["key"]})
+
+
+def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: dict) -> None:
+    """Every reference that completed goes into the cache, for later waves of the same runner, workload and seed."""
+    from cluster.grade.verdicts import PASS  # lazily: the grader reads artifacts through this module
+
+    for g in result.get("references", []):
+        if g["checks"]["completed"]["verdict"] != PASS:
+            continue
+        got = read_artifact(out.artifact(g["task_id"]))
+        if got is not None:
+            cache.put(g["reference_key"], got[0], {"task_id": g["task_id"], "wave_id": wave_id,
+                                                   "attempt": got[1].get("attempt")})

@@ -18,9 +18,9 @@ from pathlib import Path
 import orjson
 
 from cluster import grade, report, results
-from cluster.artifacts import ReferenceCache, write_artifact
+from cluster.artifacts import ReferenceCache, cache_passed_references, seed_cached_references
 from cluster.config import WaveConfig
-from cluster.evidence import redact_runner_logs
+from cluster.grade.evidence import redact_runner_logs
 from cluster.raycluster import FleetSession
 from cluster.wave.access import (CONTRACT_VERSION, CREDS_IN, PORT_EFFECTS, PORT_MODEL, PORT_S3,  # noqa: F401
                                  RUNNERS_DIR, Access, runtime_binds)
@@ -31,13 +31,14 @@ from cluster.wave.health import Health
 from cluster.wave.injector import Injector
 from cluster.wave.nodes import Nodes
 from cluster.wave.parts import Parts, check_ray_address, preflight  # noqa: F401
+from cluster.wave.progress import NARROW_COLUMNS, WaveProgress, progress_bar, progress_info  # noqa: F401
 from cluster.wave.plan import (REF, build_plan, enumerate_tasks, new_wave_id, placement,  # noqa: F401
                                replay_plan)
 from cluster.wave.resume import prepare_resume
 from cluster.wave.signals import Signals
 from cluster.wave.teardown import Teardown
 from cluster.wave.timeline import TaskRun, Timeline
-from faults.base import APPLIED, CATALOG
+from faults.base import CATALOG
 from fleet.lifecycle import TASK_ENDED, TaskState
 from fleet.effects import EffectsService
 from fleet.model_endpoint import ModelEndpoint
@@ -46,27 +47,6 @@ from storage.credentials import Credentials
 from storage.keys import ScopedKeys
 from storage.proxy import ProxyProcess
 from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
-
-
-NARROW_COLUMNS = 110  # below this the progress line takes its short form (every count kept)
-
-
-def progress_bar(console=None):
-    """A rich progress bar that fits the terminal: (Progress, narrow)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = console or Console(stderr=False)
-    narrow = console.width < NARROW_COLUMNS
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=12 if narrow else 40),
-                    MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                    console=console, transient=False), narrow
-
-
-def progress_info(narrow: bool, running: int, attempts: int, applied: int, ended: int) -> str:
-    if narrow:
-        return f"run {running} att {attempts} faults {applied}/{ended}"
-    return f"running {running}  attempts {attempts}  faults applied {applied} of {ended} ended"
 
 
 class WaveRun:
@@ -238,26 +218,6 @@ class WaveRun:
         return all(r.finished_before or r.life.state in TASK_ENDED
                    for r in self.runs.values())
 
-    def _seed_cached_references(self) -> None:
-        for t in self.plan["tasks"]:
-            ref = t["reference"]
-            if ref["cached"]:
-                files, manifest = self.cache.get(ref["key"])
-                write_artifact(self.out.artifact(ref["task_id"]), files,
-                               {"task_id": ref["task_id"], "attempt": manifest.get("attempt"), "skipped": [],
-                                "from_cache": ref["key"]})
-
-    def _cache_references(self, result: dict) -> None:
-        from cluster.artifacts import read_artifact
-
-        for g in result.get("references", []):
-            if g["checks"]["completed"]["verdict"] != grade.PASS:
-                continue
-            got = read_artifact(self.out.artifact(g["task_id"]))
-            if got is not None:
-                self.cache.put(g["reference_key"], got[0], {"task_id": g["task_id"], "wave_id": self.wave_id,
-                                                            "attempt": got[1].get("attempt")})
-
     async def _run_all(self) -> None:
         # `concurrency` tasks at once; a reference run (a seed's uninterrupted positive control, when the cache
         # has none) takes a slot of its own beside them, so it runs alongside its task rather than before it
@@ -273,23 +233,8 @@ class WaveRun:
             if self.resumed is not None:
                 run.finished_before = tid in self.resumed["finished"]
                 run.attempts = self.resumed["attempts"].get(tid, 0)
-        progress = None
-        if self.show_progress:
-            progress, narrow = progress_bar()
-            progress.start()
-            bar = progress.add_task(f"wave …{self.wave_id[-4:]}" if narrow else f"wave {self.wave_id}",
-                                    total=len(self.runs), info="")
-
-        def on_change():
-            if progress is None:
-                return
-            done = sum(1 for r in self.runs.values() if r.life.state in TASK_ENDED)
-            running = sum(1 for r in self.runs.values() if r.current is not None)
-            attempts = sum(r.attempts for r in self.runs.values())
-            applied = sum(1 for r in self.injector.receipts if r.status == APPLIED)
-            progress.update(bar, completed=done, info=progress_info(narrow, running, attempts, applied,
-                                                                    len(self.injector.receipts)))
-
+        bar = WaveProgress(self.wave_id, self.runs, self.injector, self.show_progress)
+        on_change = bar.on_change
         context = WaveContext(self.wave_id, self.runs, self.parts, self.access, self.nodes, self.health, self.out)
         self.attempts = Attempts(self.cfg, self.plan, self.wave_id, self.out, self.private, self.parts, self.access,
                                  self.nodes, self.health, self.injector, self.timeline, self.launch, self._stop_why,
@@ -306,8 +251,7 @@ class WaveRun:
                 self._plan_boundaries()
                 for t in self.plan["tasks"]:
                     self.runs[t["task_id"]] = TaskRun(plan=t)
-                if progress is not None:
-                    progress.update(bar, total=len(self.runs))
+                bar.retotal()
             await asyncio.gather(*(run_task(r, slots[r.plan.get("role", "task")], on_change)
                                    for r in self.runs.values() if r.life.state == TaskState.PENDING))
         finally:
@@ -321,8 +265,7 @@ class WaveRun:
                 await asyncio.wait(self.nodes.tasks, timeout=120)
             if self.attempts.zombies:  # abandoned attempts end with their fault (bounded: the sweep ends any left)
                 await asyncio.wait(self.attempts.zombies, timeout=30)
-            if progress is not None:
-                progress.stop()
+            bar.stop()
 
     def _plan_boundaries(self) -> None:
         """Phase 2 of an enumerated wave: count the reference run's boundaries from what the harness logged."""
@@ -411,7 +354,7 @@ class WaveRun:
         result = grade.grade_wave(self.dir, secrets=secrets)
         report.write_summary(self.dir, result)
         try:
-            self._cache_references(result)
+            cache_passed_references(self.cache, self.wave_id, self.out, result)
         except OSError as exc:
             result.setdefault("notes", []).append(f"reference cache not written: {exc}")
         if harness_error:
@@ -428,7 +371,7 @@ class WaveRun:
         self.plan = (replay_plan(self.replay[0], self.replay[1], self.wave_id, self.cache) if self.replay
                      else build_plan(self.cfg, self.wave_id, self.cache))
         self._write_json(results.PLAN, self.plan)
-        self._seed_cached_references()
+        seed_cached_references(self.cache, self.plan, self.out)
         self.timeline = Timeline(self.out.timeline)
 
     def _end(self, harness_error: str | None, t_wave: float) -> str | None:

@@ -41,7 +41,7 @@ class SigkillSandbox:
 
     id = "PK1"
     family = "preemption"
-    # what the grader asks the catalog (cluster/checks.py), never a fault id: one kill of the running attempt at a
+    # what the grader asks the catalog (cluster/grade/facts.py), never a fault id: one kill of the running attempt at a
     # moment of the runner (a kill that landed before the attempt did anything durable tested nothing)
     kills_attempt = True
     # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);

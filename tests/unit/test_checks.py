@@ -1,8 +1,8 @@
-"""Single checks of the grader's registry (cluster/checks.py), called directly on synthetic histories."""
+"""Single checks of the grader's registry (cluster/grade/checks.py), called directly on synthetic histories."""
 from __future__ import annotations
 
-from cluster import checks
-from cluster.verdicts import FAIL, NOT_APPLIED, PASS
+from cluster.grade import checks
+from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS
 from tests.unit.test_grade import EFFECTS, TASK, hist
 
 

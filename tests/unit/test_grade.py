@@ -356,7 +356,7 @@ def test_encoded_forms_of_an_issued_secret_are_redacted_too():
     import base64
     from urllib.parse import quote
 
-    from cluster.evidence import redact
+    from cluster.grade.evidence import redact
 
     key = "sf-" + "Ab3_x9" * 5 + "Zq"
     store = "Qw7-Er8_Ty9" * 3 + "Uio7890"
@@ -373,7 +373,7 @@ def test_raw_runner_logs_lose_the_issued_secrets_and_nothing_else(tmp_path):
     import base64
 
     from cluster import results
-    from cluster.evidence import redact_runner_logs
+    from cluster.grade.evidence import redact_runner_logs
 
     key = "sf-" + "Ab3_x9" * 5 + "Zq"
     log = tmp_path / results.SANDBOXES / "t000-a1" / results.RUNNER_LOG

@@ -67,7 +67,7 @@ def test_a_stored_wave_round_trips_through_its_typed_records_byte_for_byte():
 def test_the_progress_line_fits_the_terminal_with_every_count(width):
     from rich.console import Console
 
-    from cluster.driver import progress_bar, progress_info
+    from cluster.wave.progress import progress_bar, progress_info
 
     console = Console(width=width, record=True, force_terminal=True, color_system=None)
     progress, narrow = progress_bar(console)

@@ -1,0 +1,266 @@
+"""The parts of a wave config (the workload, the runner, the sandbox, the store, the health watch, a fault's
+timing), each a strict pydantic model: an unknown field is an error. `cluster/config.py` composes them into
+`WaveConfig`."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleet.runners import BUILTIN, builtin_command
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadConfig(Strict):
+    name: str = Field("patch-repo", description="the workload the model endpoint scripts")
+    steps: int = Field(8, strict=True, ge=1, le=500, description="patch steps per task")
+    think_ms: int = Field(150, strict=True, ge=0, le=60000, description="model endpoint think time per call")
+
+
+class RunnerSpec(Strict):
+    """A runner is any command: it follows docs/runner-contract.md and never imports sandfleet."""
+
+    name: str | None = Field(None, description="shown in reports; defaults to the command's file name")
+    command: list[str] | str = Field(..., description="argv list, or one shell-quoted string")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    workdir: str | None = Field(None, description="directory of the runner's code (read-only for the runner)")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if isinstance(v, str):
+            try:
+                v = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"command is not a valid shell-quoted string: {exc}") from None
+        if not v or not all(isinstance(a, str) and a for a in v):
+            raise ValueError("command must be a non-empty list of non-empty strings, or one shell-quoted string")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict):
+        bad = [k for k in v if k.startswith("SANDFLEET_") or k in CONTRACT_VARS or not k or "=" in k]
+        if bad:
+            raise ValueError(f"env may not set {bad[0]!r}: the harness sets the contract's variables "
+                             f"(SANDFLEET_*, {', '.join(sorted(CONTRACT_VARS))})")
+        for k, val in v.items():
+            ctl = next((c for c in k + val if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F), None)
+            if ctl is not None:
+                raise ValueError(f"env {k!r}: {'the name' if ctl in k else 'the value'} holds the control character "
+                                 f"{ctl!r} (U+{ord(ctl):04X}); names and values are text without control characters "
+                                 "(a NUL cannot reach a process's environment at all)")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v):
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"workdir {v!r} is not a directory")
+        return None if v is None else str(Path(v).resolve())
+
+    def resolved(self) -> dict:
+        """The spec as the plan records it: relative paths of files in workdir made absolute."""
+        argv = list(self.command)
+        if self.workdir:
+            argv = [str(Path(self.workdir) / a) if not os.path.isabs(a) and (Path(self.workdir) / a).exists()
+                    else a for a in argv]
+        name = self.name or os.path.basename(self.workdir or "") or os.path.basename(argv[-1])
+        return {"name": name, "command": argv, "env": dict(self.env), "workdir": self.workdir, "builtin": None}
+
+
+CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HOME",
+                 "TMPDIR", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
+                 "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+
+def resolve_runner(runner: "str | RunnerSpec") -> dict:
+    if isinstance(runner, str):
+        return {"name": runner, "command": builtin_command(runner), "env": {}, "workdir": None, "builtin": runner}
+    return runner.resolved()
+
+
+def parse_runner(v):
+    """A built-in runner name, or a runner mapping validated into a RunnerSpec (one clear message)."""
+    if isinstance(v, str) and v not in BUILTIN:
+        raise ValueError(f"unknown runner {v!r}; valid built-in runners: {', '.join(sorted(BUILTIN))} "
+                         "(or a mapping with `command`, or --runner-cmd)")
+    if isinstance(v, dict):
+        try:
+            return RunnerSpec.model_validate(v)
+        except ValidationError as err:
+            msgs = []
+            for e in err.errors():
+                where = ".".join(str(p) for p in e["loc"])
+                if e["type"] == "extra_forbidden":
+                    msg = f"unknown field; allowed fields: {', '.join(sorted(RunnerSpec.model_fields))}"
+                else:
+                    msg = e["msg"].removeprefix("Value error, ")
+                msgs.append(f"runner.{where} (value {e.get('input')!r}): {msg}")
+            raise ValueError("; ".join(msgs)) from None
+    if not isinstance(v, (str, RunnerSpec)):
+        raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
+    return v
+
+
+class SandboxConfig(Strict):
+    backend: Literal["process", "docker"] = Field(
+        "process", description="process: namespaces + cgroups (bubblewrap); docker: containers of a local image")
+    image: str | None = Field(None, min_length=1, max_length=300, pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$",
+                              description="docker: a local image to run in (never pulled); default: the base image "
+                                          "built from Debian's python3 packages")
+    workspace_mb: int = Field(64, ge=1, le=4096)
+    memory_mb: int = Field(512, ge=64, le=65536)
+    pids_max: int = Field(256, ge=16, le=65536)
+    cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
+    cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
+                                                                 "the kernel's smallest quota is 1 ms per 100 ms)")
+
+    @model_validator(mode="after")
+    def _image(self):
+        if self.image and self.backend != "docker":
+            raise ValueError(f"sandbox.image {self.image!r} is for backend docker, not {self.backend!r}")
+        return self
+
+
+REDACTED = "<redacted>"
+STORE_SECRET_ENV = "SANDFLEET_STORE_SECRET_KEY"
+
+
+class StoreConfig(Strict):
+    url: str | None = Field(None, description="existing S3 endpoint; empty = embedded SeaweedFS")
+    access_key: str | None = None
+    secret_key: str | None = None
+
+    @model_validator(mode="after")
+    def _keys(self):
+        if self.secret_key == REDACTED:
+            raise ValueError(f"store.secret_key is {REDACTED} (a wave's plan.json never holds it): give it again in "
+                             f"${STORE_SECRET_ENV}")
+        if self.url and not (self.access_key and self.secret_key):
+            raise ValueError(f"store.url {self.url!r} needs store.access_key and store.secret_key "
+                             "(or leave store.url empty for the embedded SeaweedFS)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"store.url {self.url!r} must start with http:// or https://")
+        return self
+
+
+class HealthConfig(Strict):
+    """How long the wave waits on a silent part of the harness before it ends as a harness fault (exit 2): a part
+    that died is seen at once; one that stopped answering after `strikes` probes in a row that each got no answer
+    within `answer_s` (services: store, proxy, model endpoint, effects service, docker engine) or `actor_timeout_s`
+    (Ray actors: the ledger, the sandbox hosts). Larger values wait longer on a loaded machine before calling a part
+    hung; smaller ones end a hung wave sooner."""
+
+    answer_s: float = Field(3.0, gt=0, le=600, description="a service's answer to one probe (HTTP or docker ping)")
+    strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered service probes in a row")
+    actor_timeout_s: float = Field(5.0, gt=0, le=600, description="an actor's answer to one ping")
+    actor_strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered actor pings in a row")
+
+
+S3_OPS = ("PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipartUpload", "AbortMultipartUpload",
+          "DeleteObject", "DeleteObjects", "GetObject", "HeadObject", "ListParts", "ListObjectsV2", "ListObjects",
+          "ListMultipartUploads", "PostObject")
+
+
+class RequestTrigger(Strict):
+    ops: list[str] | None = Field(None, description="S3 operation names, e.g. [UploadPart]")
+    key_prefix: str = Field("", max_length=500, description="under the task's prefix, e.g. snapshots/")
+    methods: list[Literal["GET", "PUT", "POST", "DELETE", "HEAD"]] | None = None
+
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, v):
+        bad = [o for o in v or [] if o not in S3_OPS]
+        if bad:
+            raise ValueError(f"unknown S3 operation {bad[0]!r}; valid: {', '.join(S3_OPS)}")
+        return v
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, v):
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"key_prefix {v!r} must stay under the task's prefix (no leading '/', no '..')")
+        return v
+
+
+STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
+
+
+class FaultTiming(Strict):
+    at_s: tuple[float, float] | None = None
+    window_s: tuple[float, float] | None = None
+    after_model_calls: tuple[int, int] | None = Field(
+        None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
+    after_effects: tuple[int, int] | None = Field(
+        None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
+    after_store_writes: tuple[int, int] | None = Field(
+        None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
+    after_checkpoints: tuple[int, int] | None = Field(
+        None, description="PK5: kill right after the runner's Nth named window announced through "
+                          "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
+    window: str | None = Field(None, min_length=1, max_length=200,
+                               description="PK5: count only announcements whose name starts with this")
+    at_request: RequestTrigger | None = Field(
+        None, description="PK1: kill at the task's next store request matching this (held by the proxy, never "
+                          "forwarded, while the sandbox is killed)")
+    kills: int | None = Field(None, ge=1, le=50, strict=True,
+                              description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
+                                          "[lo, hi], one after the other")
+    strength: float | None = Field(None, gt=0, le=1e6, description=(
+        "one knob per fault, for campaigns: ST1/ST5 window seconds, ST2 added latency ms, ST3 error share "
+        "(0-1), ST7 lag seconds, ST8 PUTs throttled, CR1 seconds the old key is still served"))
+    hits: int | None = Field(None, ge=1, le=100000, strict=True,
+                             description="storage faults: end the window after this many hit requests "
+                                         "(1 = once); default: the whole window")
+    mode: Literal["abrupt", "drain"] | None = Field(
+        None, description="PK3: 'abrupt' = the node's raylet and host die at once; 'drain' = a Ray drain with reason "
+                          "PREEMPTION and a deadline (window_s), a notice to every sandbox there, then the loss; "
+                          "default: seeded per task")
+    down_s: tuple[float, float] | None = Field(
+        None, description="PK3: the lost node comes back (a new Ray node with the same name) a seeded [lo, hi] s "
+                          "later; default [2, 6]")
+    variant: Literal["after", "ambiguous"] | None = Field(
+        None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
+                          "applied the write but the proxy holds its answer")
+
+    @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes",
+                     "after_checkpoints", "down_s")
+    @classmethod
+    def _range(cls, v, info):
+        if v is not None and not (0 <= v[0] <= v[1] < 1e6):
+            raise ValueError(f"must be [lo, hi] with 0 <= lo <= hi < 1e6 (finite), got {list(v)}")
+        if v is not None and info.field_name.startswith("after_") and v[0] < 1:
+            raise ValueError(f"counts boundaries from the 1st: [lo, hi] with 1 <= lo <= hi, got {list(v)} (a 0th "
+                             "boundary never comes)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_boundary(self):
+        kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "after_checkpoints",
+                             "at_request") if getattr(self, k)]
+        if len(kinds) > 1:
+            raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
+        if self.at_request is not None and self.kills and self.kills > 1:
+            raise ValueError("at_request fires once (the next matching request); kills applies to the N-th triggers")
+        if self.kills and self.kills > 1 and kinds and kinds[0] != "at_request":
+            lo, hi = getattr(self, kinds[0])
+            if hi - lo + 1 < self.kills:
+                raise ValueError(f"kills {self.kills} needs that many distinct N in {kinds[0]} {[lo, hi]}")
+        if self.window and not self.after_checkpoints:
+            raise ValueError("window applies to after_checkpoints only")
+        if self.variant and not self.after_store_writes:
+            raise ValueError("variant applies to after_store_writes only")
+        return self
+
+

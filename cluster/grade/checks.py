@@ -1,0 +1,65 @@
+"""The checks of a task's grade: one function per check, `(history, facts) -> result`, and the registry that says
+which apply to a task.
+
+`Facts` holds what every check derives once from the task's history (its attempts, its end, the key ids each
+attempt held, ...). A check returns a dict with `verdict` (pass / fail / unknown / not_applied) and `detail`, plus
+its own evidence; `cluster/grade/task.py` runs each through a check-safe wrapper (a crashed check is `unknown`).
+Which checks apply is decided by the task (a reference has no resume or fault check), the workload (multi-file
+applies), the wave's inputs (the store audit, per-attempt keys) and the fault catalog's attributes
+(`kills_attempt`, `takes_node`, `adds_checks`), never by a fault id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from cluster.grade.history import TaskHistory
+from cluster.grade.facts import Facts, adds_check, kills_attempt, takes_node  # noqa: F401 (the registry's vocabulary)
+from cluster.grade.runs import attempt_budget, fault_applied, liveness, no_outliving_process
+from cluster.grade.store import diagnosable, fenced_writes_rejected, no_foreign_writes, no_leaked_upload, retry_loop
+from cluster.grade.work import completed, no_double_apply, no_model_recall, no_torn_apply, resume_equivalent
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Callable[["TaskHistory", Facts], dict]
+    applies: Callable[["TaskHistory", Facts], bool]
+
+
+def _always(h, facts) -> bool:
+    return True
+
+
+def _not_reference(h, facts) -> bool:
+    return not facts.is_ref
+
+
+# in the order a grade lists them
+REGISTRY: list[Check] = [
+    Check("completed", completed, _always),
+    Check("resume_equivalent", resume_equivalent, _not_reference),
+    Check("no_double_apply", no_double_apply, _always),
+    Check("no_model_recall", no_model_recall, _always),
+    Check("no_torn_apply", no_torn_apply, lambda h, f: any(s.files for s in f.script)),  # multi-file applies
+    Check("fault_applied", fault_applied, _not_reference),
+    Check("diagnosable", diagnosable, _always),
+    Check("retry_loop", retry_loop, _always),
+    Check("liveness", liveness, _always),
+    Check("attempt_budget", attempt_budget, _always),
+    # the host looked at what outlived each attempt's runner (the process backend's wrapper)
+    Check("no_outliving_process", no_outliving_process,
+          lambda h, f: any(a.get("outlived") is not None for a in f.attempts)),
+    # the store audit ran: a leaked upload fails the task that started it
+    Check("no_leaked_upload", no_leaked_upload, lambda h, f: h.leaked_uploads is not None),
+    # attributable (per-attempt keys): the writer answers for its writes
+    Check("no_foreign_writes", no_foreign_writes, lambda h, f: h.foreign_writes is not None),
+    # a fault that brings a check of its own (PK6: the thawed zombie's writes are refused)
+    Check("fenced_writes_rejected", fenced_writes_rejected,
+          lambda h, f: any(adds_check(x.get("fault_id"), "fenced_writes_rejected")
+                           for x in f.task.get("faults") or [])),
+]
+
+
+def applicable(h: "TaskHistory", facts: Facts) -> list[Check]:
+    return [c for c in REGISTRY if c.applies(h, facts)]

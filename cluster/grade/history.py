@@ -1,0 +1,199 @@
+"""A task's history as the grader sees it (`TaskHistory`): its events, its attempts' store requests (attributed by
+the key that signed them, `attribute`), its model calls and effects, its artifact and its reference; and which
+repeated model calls were recalls (`recall_analysis`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster import results
+from cluster.artifacts import read_artifact
+from cluster.grade.inputs import WaveRecord
+from cluster.grade.verdicts import PASS, WRITE_METHODS
+
+
+@dataclass
+class TaskHistory:
+    """Everything stored about one task, as the grader sees it."""
+
+    task: dict
+    events: list[dict] = field(default_factory=list)
+    receipts: list[dict] = field(default_factory=list)
+    calls: list[dict] | None = None
+    effects: list[dict] | None = None
+    writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
+    artifact: dict[str, bytes] | None = None
+    artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
+    reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
+    harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
+    foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
+    leaked_uploads: list[dict] | None = None  # multipart uploads under its prefix left incomplete; None = no audit
+    damaged_by: list[dict] = field(default_factory=list)  # other tasks' applied writes into its prefix
+    requests: list[dict] | None = None  # every proxy request of its attempts (by key id) or under its prefix
+    log_tails: dict[int, str] = field(default_factory=dict)  # attempt -> last lines of its runner.log
+    limits: dict = field(default_factory=dict)  # max_attempts, liveness_s, retry_loop_n from the plan
+    fenced: list[dict] = field(default_factory=list)  # its calls the services refused (revoked attempt keys)
+    host_load: list[dict] = field(default_factory=list)  # {"t", "running", "cores"}: runnable tasks on the host
+
+
+def _attempt_windows(events: list[dict]) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for e in events:
+        if e["event"] == "attempt_start":
+            out.setdefault(e["attempt"], {})["start"] = e.get("wall")
+        elif e["event"] == "attempt_end":
+            w = out.setdefault(e["attempt"], {})
+            w["end"] = e.get("ended_at") or e.get("wall")
+            w["exit_code"] = e.get("exit_code")
+    return out
+
+
+def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], events: list[dict]) -> dict:
+    """Which repeated model calls were recalls of recorded steps, and which were forgiven in-flight answers."""
+    windows = _attempt_windows(events)
+    calls = sorted(calls, key=lambda c: c["t"])
+    by_step: dict[int, list[dict]] = {}
+    recalls, forgiven = [], []
+    for c in calls:
+        prev = by_step.setdefault(c["step"], [])
+        if prev:
+            p = prev[-1]
+            reasons = []
+            if p.get("delivered", True):
+                if p.get("attempt") == c.get("attempt"):
+                    reasons.append("the same attempt asked again after the answer was delivered")
+                later = [x for x in calls if x.get("attempt") == p.get("attempt") and p["t"] < x["t"] < c["t"]
+                         and x is not p]
+                if later:
+                    reasons.append(f"attempt {p.get('attempt')} had already moved on to step {later[0]['step']}")
+                fx = [e for e in effects if e.get("step") == c["step"] and e["t"] < c["t"]]
+                if fx:
+                    reasons.append(f"the step's effect {fx[0]['effect_id']} was recorded at {fx[0]['t']:.3f}")
+                end = (windows.get(p.get("attempt")) or {}).get("end") or c["t"]
+                # a write the attempt sent after the answer and before it ended, that the store had COMMITTED
+                # (answered 2xx) before the step was asked again: a resuming runner could have seen it. A write
+                # still in flight when the new attempt looked (a slow store) could not have been seen.
+                # (a DELETE records nothing: it cannot be where the answer was made durable)
+                w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])
+                     and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"] and x.get("method") != "DELETE"]
+                if w:
+                    reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
+                if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:
+                    reasons.append(f"attempt {p.get('attempt')} exited 0")
+            entry = {"step": c["step"], "t": c["t"], "attempt": c.get("attempt"), "tokens": c.get("tokens", 0),
+                     "previous_attempt": p.get("attempt")}
+            (recalls if reasons else forgiven).append({**entry, "why": "; ".join(reasons) or
+                                                       "the previous answer was in flight when its attempt ended"})
+        prev.append(c)
+    return {"recalls": recalls, "forgiven": forgiven}
+
+
+def _read_artifact_safe(adir: Path):
+    try:
+        got = read_artifact(adir)
+    except Exception as exc:  # noqa: BLE001 - a damaged capture is unreadable, not a runner's fault
+        return None, f"unreadable: {exc}"
+    return (got[0], None) if got else (None, "no artifact captured")
+
+
+@dataclass
+class Attribution:
+    """Every store request signed by an attempt's own key belongs to that attempt's task."""
+
+    owner: dict  # key id -> task id
+    foreign: dict  # task id -> its writes outside its own prefix
+    damaged: dict  # task id -> other tasks' applied writes into its prefix
+    cut_keys: set  # keys whose PUT an injected ST6 cut
+
+
+def attribute(w: WaveRecord) -> Attribution:
+    wave_id = w.plan["wave_id"]
+    # keys whose PUT an injected ST6 cut: the store may hold an empty object there whatever was written
+    # later, so no write to them counts as a record a resuming runner could have read
+    cut_keys = {r.get("key") for r in w.proxy or [] if r.get("cut")}
+    owner = {e["akid"]: e["task"] for e in w.timeline if e["event"] in ("attempt_start", "key_rotated")
+             and e.get("akid")}
+    ready = next((e for e in w.timeline if e["event"] == "parts_ready"), {})
+    bucket = (w.audit or {}).get("bucket") or ready.get("bucket") or results.bucket_name(wave_id)
+    foreign: dict[str, list] = {}
+    damaged: dict[str, list] = {}
+    if owner and w.proxy is not None:
+        for r in w.proxy:
+            tid_w = owner.get(r.get("akid"))
+            if tid_w is None or r.get("method") not in WRITE_METHODS:
+                continue
+            own = f"{wave_id}/{tid_w}/"
+            if r.get("bucket") == bucket and (r.get("key") or "").startswith(own):
+                continue
+            rec = {"t": r["t"], "method": r["method"], "key": r.get("key"), "status": r.get("status"), "by": tid_w}
+            foreign.setdefault(tid_w, []).append(rec)
+            parts = (r.get("key") or "").split("/")
+            if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
+                damaged.setdefault(parts[1], []).append(rec)
+    return Attribution(owner, foreign, damaged, cut_keys)
+
+
+def _of_task(recs: list[dict] | None, tid: str) -> list[dict] | None:
+    return None if recs is None else [r for r in recs if r["task"] == tid]
+
+
+def _requests_of(w: WaveRecord, at: Attribution, tid: str, prefix: str) -> list[dict] | None:
+    """Every proxy request of the task's attempts (by the key id that signed it) or under its prefix."""
+    if w.proxy is None:
+        return None
+    return [r for r in w.proxy if at.owner.get(r.get("akid")) == tid or (r.get("key") or "").startswith(prefix)]
+
+
+def _writes_of(w: WaveRecord, at: Attribution, prefix: str) -> list[dict] | None:
+    """2xx store writes under the task's prefix (a PUT that ST6 cut is not a record a resume could read)."""
+    if w.proxy is None:
+        return None
+    return [r for r in w.proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+            and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys]
+
+
+def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
+    tid = task["task_id"]
+    prefix = f"{w.plan['wave_id']}/{tid}/"
+    cfg = w.plan.get("config") or {}
+    limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
+              "retry_loop_n": cfg.get("retry_loop_n")}
+    art, why = _read_artifact_safe(w.out.artifact(tid))
+    leaked = None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
+                                           if u["key"].startswith(prefix)]
+    return TaskHistory(
+        requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
+        fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
+        task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
+        calls=_of_task(w.calls, tid), effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),
+        artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
+        harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if at.owner else None,
+        leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))
+
+
+def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
+    """What the task's artifact is compared with: its reference run's digest, or why there is none."""
+    from fleet.workloads.base import tree_digest
+
+    rtid = (task.get("reference") or {}).get("task_id")
+    rart, why = _read_artifact_safe(w.out.artifact(rtid)) if rtid else (None, "no reference planned")
+    rg = ref_verdict.get(rtid)
+    if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:
+        return {"why": f"the reference run {rtid} did not complete: {rg['checks']['completed']['detail']}"}
+    if rart is None:
+        return {"why": f"reference {rtid}: {why}"}
+    return {"digest": tree_digest(rart)}
+
+
+def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
+    out = {}
+    for p in results.ResultsDir(d).runner_logs(tid):
+        try:
+            n = results.attempt_of(p.parent.name)[1]
+            with open(p, "rb") as f:
+                f.seek(max(0, p.stat().st_size - 4096))
+                out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except (ValueError, OSError):
+            continue
+    return out
+

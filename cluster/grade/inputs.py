@@ -1,0 +1,137 @@
+"""What a wave stored, read once (`read_wave` -> `WaveRecord`): every input file through `Inputs`, which keeps a
+digest of each and names any it could not read (what depends on it is then unknown)."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from cluster import results
+
+
+class Unreadable(Exception):
+    """An input file exists but cannot be read or parsed: whatever depends on it is unknown."""
+
+
+class Inputs:
+    """Reads the wave's files, and remembers a digest of every input it read (stored with each grade)."""
+
+    def __init__(self, d: Path):
+        self.d = d
+        self.digests: dict[str, str] = {}
+        self.unreadable: dict[str, str] = {}
+
+    def _bytes(self, name: str) -> bytes | None:
+        try:
+            data = (self.d / name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.unreadable[name] = str(exc)
+            raise Unreadable(f"{name}: {exc}") from None
+        self.digests[name] = hashlib.sha256(data).hexdigest()
+        return data
+
+    def json(self, name: str, default=None):
+        data = self._bytes(name)
+        if data is None:
+            return default
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            self.unreadable[name] = f"not valid JSON: {exc}"
+            raise Unreadable(f"{name}: not valid JSON: {exc}") from None
+
+    REQUIRED = {results.TIMELINE: ("event",), results.MODEL_CALLS: ("task", "step", "t"),
+                results.EFFECTS: ("task", "effect_id", "t"), results.PROXY_REQUESTS: ("t", "method")}
+
+    def lines(self, name: str) -> list[dict] | None:
+        """JSON lines; None when the file is missing. Only a torn last line is tolerated; a line of the
+        wrong shape makes the file unreadable (never a traceback, never a silent pass)."""
+        data = self._bytes(name)
+        if data is None:
+            return None
+        need = self.REQUIRED.get(name, ())
+        try:
+            return results.parse_jsonl(data, need)
+        except results.JsonlError as exc:
+            self.unreadable[name] = str(exc)
+            why = exc.why if need or not exc.why.startswith("not a record") else "not a record with fields"
+            raise Unreadable(f"{name} line {exc.line}: {why}") from None
+
+    def lines_or_none(self, name: str) -> list[dict] | None:
+        try:
+            return self.lines(name)
+        except Unreadable:
+            return None
+
+
+
+
+@dataclass
+class WaveRecord:
+    """What a wave stored, read once: the plan and the timeline (its spine), the receipts, the services' and the
+    proxy's logs (None: missing or unreadable), the sweeps' and the store audit's reports."""
+
+    d: Path
+    inp: Inputs
+    plan: dict
+    timeline: list[dict]
+    receipts: list[dict]
+    calls: list[dict] | None
+    effects: list[dict] | None
+    proxy: list[dict] | None
+    sweep: dict | None
+    audit: dict | None
+    sweeper: dict | None
+    fenced: list[dict]
+    host_load: list[dict]
+    hfault: dict | None
+
+    @property
+    def out(self) -> results.ResultsDir:
+        return results.ResultsDir(self.d)
+
+
+def _json_or_none(inp: Inputs, name: str, default=...):
+    try:
+        return inp.json(name) if default is ... else inp.json(name, default)
+    except Unreadable:
+        return None
+
+
+def read_wave(d: Path) -> WaveRecord:
+    inp = Inputs(d)
+    plan = inp.json(results.PLAN)  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
+    if plan is None:
+        raise FileNotFoundError(f"{d / results.PLAN} not found: not a wave results directory")
+    timeline = inp.lines(results.TIMELINE) or []
+    try:
+        receipts = inp.json(results.FAULTS, []) or []
+    except Unreadable:
+        receipts = []  # every planned fault then has no receipt: unknown
+    calls = inp.lines_or_none(results.MODEL_CALLS)
+    effects = inp.lines_or_none(results.EFFECTS)
+    # the driver records how many calls and effects each service logged: a log that lost lines is unreadable
+    counts = next((e for e in reversed(timeline) if e["event"] == "service_counts"), None)
+    for name, recs, key in ((results.MODEL_CALLS, calls, "model"), (results.EFFECTS, effects, "effects")):
+        if counts is None or recs is None:
+            continue
+        got: dict = {}
+        for r in recs:
+            got[r["task"]] = got.get(r["task"], 0) + 1
+        if got != (counts.get(key) or {}):
+            inp.unreadable[name] = "its lines do not add up to the counts the driver recorded (lines lost)"
+            if key == "model":
+                calls = None
+            else:
+                effects = None
+    proxy = inp.lines_or_none(results.PROXY_REQUESTS)
+    sweep, audit = _json_or_none(inp, results.SANDBOX_SWEEP), _json_or_none(inp, results.STORE_AUDIT)
+    sweeper = _json_or_none(inp, results.SWEEPER, None)  # the sweep actor's report (none: a wave before it existed)
+    hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
+    return WaveRecord(d, inp, plan, timeline, receipts, calls, effects, proxy, sweep, audit, sweeper,
+                      inp.lines_or_none(results.FENCED) or [], inp.lines_or_none(results.HOST_LOAD) or [], hfault)
+

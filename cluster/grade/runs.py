@@ -1,0 +1,151 @@
+"""Checks of how the attempts ran: liveness (no silence that the host's load does not explain), no process
+outliving an exit 0, the attempt budget, and every planned fault applied and exercised."""
+from __future__ import annotations
+
+from cluster.grade.history import TaskHistory
+from cluster.grade.verdicts import FAIL, NOT_APPLIED, OVERLOAD_PER_CORE, PASS, UNKNOWN, merge
+from cluster.grade.facts import Facts, kills_attempt, takes_node
+
+
+def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
+    """(the longest stretch inside an attempt with nothing observable: (s, attempt, from, to)), and the longest gap
+    between one attempt's end and the next one's start: (s, attempt))."""
+    worst, gap = (0.0, None), (0.0, None)
+    prev_end = None
+    for a in facts.attempts:
+        start = facts.by_attempt.get(a["attempt"]) or {}
+        t0, t1 = start.get("wall"), a.get("ended_at") or a.get("wall")
+        if t0 is None or t1 is None:
+            continue
+        if prev_end is not None and t0 - prev_end > gap[0]:
+            gap = (t0 - prev_end, a["attempt"])
+        prev_end = t1
+        ts = sorted([t0, t1] + [x for c in h.calls if c.get("attempt") == a["attempt"]
+                                for x in (c["t"], c.get("t_done", c["t"]))]
+                    + [e["t"] for e in h.effects or [] if e.get("attempt") == a["attempt"]]
+                    + [r["t"] for r in h.requests if facts.mine(r, a["attempt"], t0, t1)])
+        ts = [t for t in ts if t0 <= t <= t1]
+        for x, y in zip(ts, ts[1:]):
+            if y - x > worst[0]:
+                worst = (y - x, a["attempt"], x, y)
+    return worst, gap
+
+
+def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:
+    """A runner starved of CPU looks like a hung one: when the host had far more runnable tasks than cores through
+    the silence (the harness ran too many sandboxes at once), it cannot be told apart (unknown)."""
+    load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3]]
+    if not load:
+        return None
+    cores = load[0].get("cores") or 1
+    mean = sum(x["running"] for x in load) / len(load)
+    if mean < OVERLOAD_PER_CORE * cores:
+        return None
+    return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
+            "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store "
+                      f"request (bound {bound:g} s) while the host was overloaded ({mean:.0f} runnable "
+                      f"tasks on {cores} cores on average): starved or hung, it cannot be told; "
+                      "run fewer at once"}
+
+
+def liveness(h: TaskHistory, facts: Facts) -> dict:
+    """No stretch inside an attempt with nothing observable (a model call, an effect, a store request)
+    longer than the bound; a gap between attempts longer than it is the harness's (unknown)."""
+    bound = float(h.limits.get("liveness_s") or 30.0)
+    if h.calls is None or h.requests is None:
+        return {"verdict": UNKNOWN, "detail": "no readable model call or proxy log"}
+    worst, gap = _silences(h, facts)
+    if worst[0] > bound:
+        return _starved(h, worst, bound) or {
+            "verdict": FAIL, "longest_silence_s": round(worst[0], 2),
+            "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
+                      f"(bound {bound:g} s): hung"}
+    if gap[0] > bound:
+        return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
+                "detail": f"{gap[0]:.1f} s with no live attempt before attempt {gap[1]} (bound {bound:g} s): the "
+                          "harness was slow to start it"}
+    return {"verdict": PASS, "longest_silence_s": round(worst[0], 2),
+            "detail": f"longest silence inside an attempt {worst[0]:.1f} s, between attempts {gap[0]:.1f} s "
+                      f"(bound {bound:g} s)"}
+
+
+def no_outliving_process(h: TaskHistory, facts: Facts) -> dict:
+    """No process the runner started is still running when it exits 0 (a daemon going on writing and calling the
+    model after the work is reported done). The host lists them, by its own /proc, at each attempt's end; after
+    an exit that is not 0 they are reported, not failed."""
+    looked = [a for a in facts.attempts if a.get("outlived") is not None]
+    left = [(a["attempt"], a.get("exit_code"), a["outlived"]) for a in looked if a["outlived"]]
+    bad = [(n, procs) for n, code, procs in left if code == 0]
+    names = sorted({p.get("name", "?") for _, _, procs in left for p in procs})
+    figures = {"outlived": [{"attempt": n, "exit_code": code, "processes": procs} for n, code, procs in left]}
+    if bad:
+        n, procs = bad[0]
+        return {"verdict": FAIL, **figures,
+                "detail": f"attempt {n} exited 0 while {len(procs)} process(es) it started still ran "
+                          f"({', '.join(sorted({p.get('name', '?') for p in procs})[:5])}): work reported done "
+                          "while something of it went on; they were killed with the sandbox"}
+    return {"verdict": PASS, **figures,
+            "detail": f"no process outlived an exit 0 ({len(looked)} attempt(s) looked at)" +
+                      (f"; after a failed exit {sum(len(p) for _, _, p in left)} process(es) were killed with the "
+                       f"sandbox ({', '.join(names[:5])})" if left else "")}
+
+
+def attempt_budget(h: TaskHistory, facts: Facts) -> dict:
+    attempts, end = facts.attempts, facts.end
+    budget = int(h.limits.get("max_attempts") or 0)
+    used = len(attempts)
+    if end is not None and end.get("state") != "done" and budget and used >= budget:
+        return {"verdict": FAIL, "detail": f"all {budget} attempts used without finishing ({end.get('why', '')})"}
+    return {"verdict": PASS, "detail": f"{used} of {budget or '?'} attempts"}
+
+
+def exercised(h: TaskHistory, facts: Facts, r: dict) -> str | None:
+    """Why an applied kill tested something (the killed attempt had done something durable before it:
+    a model answer delivered, an effect, a store write answered 2xx), or None when it tested nothing."""
+    starts = facts.starts
+    sid = (r.get("target") or {}).get("sandbox_id")
+    start, at = starts.get(sid), r.get("fired_at")
+    if start is None or at is None or h.calls is None:
+        return "unknown attempt or time: counted as exercised"
+    attempt, t0 = start["attempt"], start["wall"]
+    if any(c.get("attempt") == attempt and c.get("delivered", True) and c.get("t_done", c["t"]) <= at
+           for c in h.calls):
+        return "a model answer had been delivered to the killed attempt"
+    if any(e.get("attempt") == attempt and e["t"] <= at for e in h.effects or []):
+        return "the killed attempt had sent an external effect"
+    if any(t0 <= w["t"] <= at for w in h.writes or []):
+        return "the killed attempt had a store write answered"
+    return None
+
+
+def fault_applied(h: TaskHistory, facts: Facts) -> dict:
+    task, tid = facts.task, facts.tid
+    if not task["faults"]:
+        return {"verdict": PASS, "detail": "no fault planned"}
+    mine = {r["instance"]: r for r in h.receipts if r["task_id"] == tid}
+    verdicts, details, idle = [], [], []
+    for f in task["faults"]:
+        r = mine.get(f["instance"])
+        if r is None:
+            verdicts.append(UNKNOWN)
+            details.append(f"{f['instance']}: no receipt")
+            continue
+        if kills_attempt(r.get("fault_id")) and r["status"] == "applied" and exercised(h, facts, r) is None:
+            idle.append(f["instance"])
+            verdicts.append(NOT_APPLIED)
+            details.append(f"{f['instance']}: not_exercised (the kill landed before the attempt had a model "
+                           f"answer, an effect or a store write: it tested nothing; {r['detail']})")
+            continue
+        verdicts.append({"applied": PASS, "not_applied": NOT_APPLIED}.get(r["status"], UNKNOWN))
+        details.append(f"{f['instance']}: {r['status']} ({r['detail']})")
+    # a node loss (PK3) takes every sandbox on the node: a task whose own fault did not apply but whose
+    # attempt died with another task's node is an interrupted task all the same
+    hit = [(r["instance"], sid) for r in h.receipts if takes_node(r.get("fault_id")) and r["status"] == "applied"
+           and r["task_id"] != tid for sid in (r.get("target") or {}).get("sandboxes") or []
+           if sid.startswith(tid + "-a")]
+    if hit and NOT_APPLIED in verdicts and UNKNOWN not in verdicts:
+        verdicts = [PASS if v == NOT_APPLIED else v for v in verdicts]
+        details.append("; ".join(f"hit by {i} (its node was lost with attempt {sid} on it)" for i, sid in hit))
+    return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle}
+
+

@@ -1,0 +1,195 @@
+"""Checks of the task's store traffic: an exit the store explains, retry hygiene (no loop, no storm), no write
+outside its prefix, no leaked upload, and a fenced zombie's writes refused."""
+from __future__ import annotations
+
+from cluster import results
+from cluster.grade.history import TaskHistory
+from cluster.grade.verdicts import ERROR_WORDS, FAIL, NOT_APPLIED, PASS, UNKNOWN, WRITE_METHODS
+from cluster.grade.facts import Facts, _cause, adds_check
+
+
+# a store answer that can end an attempt: refused (403: a dead or rotated key), the store failing (5xx), or no
+# answer at all (a reset, a cut, a held request: status None); a 404 is how a journal says "nothing yet", a 409 or
+# 412 a lost race a runner handles
+def _can_end_an_attempt(r: dict) -> bool:
+    s = r.get("status")
+    return s is None or s == 403 or s >= 500
+
+
+DIAGNOSABLE_NEAR_S = 15.0  # an answer explains an attempt's exit when it came in its last 15 s (retries included)
+
+
+def diagnosable(h: TaskHistory, facts: Facts) -> dict:
+    """Every failed attempt has a specific cause: a fault, a signal, OOM, ENOSPC, a start error, a store
+    answer that can end an attempt (403, 5xx, no answer) in its last seconds, or an error line of its own."""
+    interrupted, by_attempt = facts.interrupted, facts.by_attempt
+    mine = facts.mine
+    silent = []
+    for a in interrupted:
+        cause, code = _cause(a), a.get("exit_code")
+        if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
+            continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
+        start = by_attempt.get(a["attempt"]) or {}
+        end_t = a.get("ended_at") or a.get("wall") or 0
+        errs = [r for r in h.requests or [] if _can_end_an_attempt(r) and r["t"] >= end_t - DIAGNOSABLE_NEAR_S
+                and mine(r, a["attempt"], start.get("wall", 0), end_t)]
+        said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
+        if errs or said:
+            continue
+        silent.append(a["attempt"])
+    if silent:
+        return {"verdict": FAIL, "silent_attempts": silent,
+                "detail": f"attempt(s) {silent} failed with only an exit code: no fault, no signal, no OOM, no "
+                          "ENOSPC, no store answer that could end it (403, 5xx, a reset) in its last "
+                          f"{DIAGNOSABLE_NEAR_S:.0f} s, no line of output saying why"}
+    return {"verdict": PASS, "detail": f"every failed attempt ({len(interrupted)}) has a cause: " +
+            ("; ".join(sorted({_cause(a) for a in interrupted})[:4]) or "none failed")}
+
+
+def retry_loop(h: TaskHistory, facts: Facts) -> dict:
+    """The same failure more than N times in a row: attempts ending alike (faults excluded), or one
+    request answered with the same error over and over outside any fault window."""
+    interrupted, fault_kills = facts.interrupted, facts.fault_kills
+    rotated_out = facts.rotated_out
+    n = int(h.limits.get("retry_loop_n") or 3)
+    run, worst, prev = 0, (0, ""), None
+    for a in interrupted:
+        c = _cause(a)
+        if a.get("sandbox") in fault_kills or c.startswith("killed:"):
+            run, prev = 0, None
+            continue
+        run = run + 1 if c == prev else 1
+        prev = c
+        worst = max(worst, (run, c))
+    if worst[0] > n:
+        return {"verdict": FAIL, "detail": f"{worst[0]} attempts in a row ended the same way ({worst[1]}): a "
+                                           f"crash loop (more than {n})"}
+    m = int(h.limits.get("retry_requests_n") or 50)
+    run, worst_r, prev = 0, (0, ""), None
+    for r in sorted(h.requests or [], key=lambda r: r["t"]):
+        sig = (r.get("method"), r.get("key"), r.get("status")) if (r.get("status") or 0) >= 400 \
+            and not r.get("fault") and not rotated_out(r) else None
+        run = run + 1 if sig is not None and sig == prev else (1 if sig else 0)
+        prev = sig
+        if sig:
+            worst_r = max(worst_r, (run, f"{sig[0]} {sig[1]} -> {sig[2]}"))
+    if worst_r[0] > m:
+        return {"verdict": FAIL, "detail": f"the same store request failed {worst_r[0]} times in a row with no "
+                                           f"fault injected ({worst_r[1]}): a retry loop (more than {m})"}
+    storm = _retry_storm(h, facts)
+    if storm is not None:
+        return storm
+    return {"verdict": PASS, "detail": f"longest run of one failure: {worst[0]} attempt(s), {worst_r[0]} "
+                                       "request(s)"}
+
+
+# A retry storm: within one attempt, at least STORM_N identical failing store requests in a row (fault windows
+# included: a fault is what starts one) at more than STORM_PER_S a second with three gaps in four under
+# STORM_GAP_MS, i.e. retried with no backoff. durable under ST1 sends 10-14 in a row at most at about 10/s; a
+# runner that retried at once sent 59-910 at up to 317/s with median gaps of 2-5 ms. The gaps matter as well as
+# the rate: the proxy can log more requests than the runner made calls (a boto3 call answered 503 mid-body was
+# logged about twice), so a runner sleeping 60 ms between calls showed 21/s, but most of its gaps were 63 ms.
+STORM_N = 20
+STORM_PER_S = 20.0
+STORM_GAP_MS = 20.0
+
+
+def _retry_storm(h: TaskHistory, facts: Facts) -> dict | None:
+    worst = None  # (n, per_s, span_s, median gap ms, what, attempt)
+    for a in facts.attempts:
+        start = facts.by_attempt.get(a["attempt"]) or {}
+        t0, t1 = start.get("wall", 0), a.get("ended_at") or a.get("wall") or float("inf")
+        rows = sorted((r for r in h.requests or [] if facts.mine(r, a["attempt"], t0, t1)), key=lambda r: r["t"])
+        run, prev = [], None
+        for r in rows + [None]:
+            st = None if r is None else r.get("status")
+            sig = None if r is None or (st is not None and st < 400) else (r.get("method"), r.get("key"), st)
+            if sig is not None and sig == prev:
+                run.append(r["t"])
+                continue
+            if len(run) >= STORM_N:
+                span = run[-1] - run[0]
+                per_s = (len(run) - 1) / span if span > 0 else float("inf")
+                gaps = sorted(b - x for x, b in zip(run, run[1:]))
+                gap_ms, p75_ms = gaps[len(gaps) // 2] * 1000, gaps[(3 * len(gaps)) // 4] * 1000
+                if per_s > STORM_PER_S and p75_ms < STORM_GAP_MS and (worst is None or len(run) > worst[0]):
+                    worst = (len(run), per_s, span, gap_ms, f"{prev[0]} {prev[1]} -> {prev[2] or 'no answer'}",
+                             a["attempt"])
+            run, prev = ([r["t"]] if sig is not None else []), sig
+    if worst is None:
+        return None
+    n, per_s, span, gap_ms, what, attempt = worst
+    return {"verdict": FAIL, "storm": {"requests": n, "per_s": round(per_s, 1), "span_s": round(span, 3),
+                                       "median_gap_ms": round(gap_ms, 1), "request": what, "attempt": attempt},
+            "detail": f"a retry storm: attempt {attempt} sent the same failing request {n} times in a row in "
+                      f"{span:.2f} s ({per_s:.0f}/s, median gap {gap_ms:.1f} ms; {what}): retried with no backoff "
+                      f"(at least {STORM_N} at more than {STORM_PER_S:g}/s, three gaps in four under "
+                      f"{STORM_GAP_MS:g} ms)"}
+
+
+
+def no_foreign_writes(h: TaskHistory, facts: Facts) -> dict:
+    fw = h.foreign_writes or []
+    if not fw:
+        return {"verdict": PASS, "detail": "every write of its attempts stayed under its own prefix"}
+    landed = [w for w in fw if 200 <= (w["status"] or 0) < 300]
+    w = fw[0]
+    return {"verdict": FAIL, "writes": fw[:20],
+            "detail": f"{len(fw)} write(s) outside its own prefix ({len(landed)} applied, {len(fw) - len(landed)} "
+                      f"refused by the store); first: {w['method']} {w['key']} -> {w['status']}"}
+
+
+def no_leaked_upload(h: TaskHistory, facts: Facts) -> dict:
+    ups = h.leaked_uploads or []
+    if not ups:
+        return {"verdict": PASS, "detail": "no multipart upload of this task was left incomplete"}
+    return {"verdict": FAIL, "uploads": ups[:20],
+            "detail": f"{len(ups)} multipart upload(s) started under its prefix and never completed or aborted; "
+                      f"first: {ups[0]['key']} (upload {ups[0]['upload_id'][:16]})"}
+
+
+def _zombie_activity(h: TaskHistory, facts: Facts, sid: str, t0: float) -> tuple[list[str], int, int]:
+    """What the zombie attempt `sid` did from its thaw `t0`: (what took effect, requests seen, refused)."""
+    att = (results.attempt_of(sid) or (sid, 0))[1]
+    ids = facts.akids.get(att) or set()
+    store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
+    landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
+    calls = [c for c in h.calls or [] if c.get("attempt") == att and c["t"] >= t0]
+    fx = [e for e in h.effects or [] if e.get("attempt") == att and e["t"] >= t0]
+    mine_refused = [f for f in h.fenced if f.get("attempt") == att and f["t"] >= t0]
+    seen = len(store) + len(calls) + len(fx) + len(mine_refused)
+    refused = sum(1 for q in store if (q.get("status") or 0) >= 400) + len(mine_refused)
+    bad = [f"store {q['method']} {q.get('key')} -> {q.get('status')}" for q in landed]
+    bad += [f"model call answered at {c['t']:.3f}" for c in calls] + [f"effect {e['effect_id']} applied" for e in fx]
+    return bad, seen, refused
+
+
+def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
+    """PK6: after the zombie was thawed, nothing it did may count: no store write of its key landed, no model
+    call or effect of its attempt was answered. Every request it made must have been refused."""
+    found, bad, refused, seen = [], [], 0, 0
+    for r in h.receipts:
+        if (r["task_id"] != facts.tid or not adds_check(r.get("fault_id"), "fenced_writes_rejected")
+                or r.get("status") != "applied"):
+            continue
+        tgt = r.get("target") or {}
+        sid, t0 = tgt.get("zombie"), tgt.get("thawed_at")
+        if not sid or t0 is None:
+            return {"verdict": UNKNOWN, "detail": f"{r['instance']}: its receipt names no zombie or thaw time"}
+        b, n, k = _zombie_activity(h, facts, sid, t0)
+        bad, seen, refused = bad + b, seen + n, refused + k
+        found.append(f"{r['instance']} (zombie {sid})")
+    if not found:
+        return {"verdict": NOT_APPLIED, "detail": "no PK6 of this task froze an attempt: no zombie to follow"}
+    if h.requests is None or h.calls is None:
+        return {"verdict": UNKNOWN, "detail": "the proxy or model log is missing: the zombie cannot be followed"}
+    if bad:
+        return {"verdict": FAIL, "landed": bad[:20],
+                "detail": f"{len(bad)} thing(s) a fenced zombie did took effect: {'; '.join(bad[:3])}"}
+    if not seen:
+        return {"verdict": NOT_APPLIED, "detail": f"{', '.join(found)}: the zombie made no request after it was "
+                                                  "thawed, so the fencing was not exercised"}
+    return {"verdict": PASS, "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw were "
+                                       "refused (revoked key / stale fence); none took effect"}
+
+

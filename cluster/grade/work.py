@@ -1,0 +1,198 @@
+"""Checks of the work itself: the task completed, its artifact equals an uninterrupted run's, nothing was applied
+twice, no recorded step was asked of the model again, no multi-file apply is torn."""
+from __future__ import annotations
+
+from cluster.grade.history import TaskHistory, recall_analysis
+from cluster.grade.verdicts import FAIL, PASS, UNKNOWN
+from cluster.grade.facts import Facts
+
+
+def _ended_with_an_artifact(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when the task ended done with a whole, readable artifact; else `completed`'s answer."""
+    attempts, end = facts.attempts, facts.end
+    if end is None:
+        return {"verdict": UNKNOWN, "detail": "no task_end in the timeline"}
+    start_error = next((a["start_error"] for a in attempts if a.get("start_error")), None)
+    if start_error:
+        return {"verdict": FAIL, "detail": start_error}
+    if end["state"] != "done":
+        return {"verdict": FAIL, "detail": f"state={end['state']} ({end.get('why', '')})"}
+    last = attempts[-1] if attempts else {}
+    if h.artifact_error:
+        return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
+    if h.artifact is None:
+        why = (last.get("artifact") or {}).get("why", "no artifact was captured")
+        return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
+    capped = (last.get("artifact") or {}).get("capped")
+    if capped:  # the workspace was past a cap of the read-back (depth, files, bytes): not what a task leaves
+        return {"verdict": FAIL, "detail": f"the runner exited 0 but {'; '.join(capped)}"}
+    return None
+
+
+def _every_step_done(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when every workspace step's marker and every effect of the script is there."""
+    task, wl, script = facts.task, facts.wl, facts.script
+    counts = wl.step_counts(h.artifact)
+    multi = wl.done_steps(task["seed"], task["steps"], h.artifact) if hasattr(wl, "done_steps") else set()
+    missing = [s.step for s in script if s.kind == "workspace" and s.step not in counts
+               and not (s.files and s.step in multi)]
+    # an effect counts when it was applied, or deduplicated against ITSELF (a key reused for another
+    # effect swallows that effect: the service answered with the first one's receipt)
+    applied_fx = {e["effect_id"] for e in (h.effects or [])
+                  if not e.get("deduped") or e.get("same_effect_as_key")}
+    swallowed = sorted({e["effect_id"] for e in (h.effects or []) if e.get("deduped")
+                        and not e.get("same_effect_as_key")} - applied_fx)
+    missing_fx = [s.step for s in script if s.kind == "effect" and s.arguments["effect_id"] not in applied_fx]
+    if not (missing or missing_fx):
+        return None
+    extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
+             if swallowed else "")
+    return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
+            "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
+                      f"effects missing for steps {missing_fx}{extra}"}
+
+
+def _work_came_from_the_model(h: TaskHistory, facts: Facts) -> dict | None:
+    """None when every step's answer was delivered to the task before its effect."""
+    if h.calls is None:
+        return {"verdict": UNKNOWN, "detail": "no readable model call log to check the steps came from the model"}
+    given = {}
+    for c in h.calls:
+        if c.get("delivered", True) and c["step"] not in given:
+            given[c["step"]] = c.get("t_done", c["t"])
+    unasked = [s.step for s in facts.script if s.kind in ("workspace", "effect") and s.step not in given]
+    early = sorted({e["step"] for e in (h.effects or []) if e.get("step") is not None
+                    and (e["step"] not in given or e["t"] < given[e["step"]] - 0.05)})
+    if not (unasked or early):
+        return None
+    return {"verdict": FAIL, "steps_never_answered": unasked, "effects_before_their_answer": early,
+            "detail": f"the work did not come from the model: steps {unasked} were never answered to this "
+                      f"task, effects of steps {early} came before their answer"}
+
+
+def completed(h: TaskHistory, facts: Facts) -> dict:
+    """The task ended done, its whole artifact has every step's marker and every effect is applied, and the work
+    came from the model (each step answered to this task before its effect)."""
+    for part in (_ended_with_an_artifact, _every_step_done, _work_came_from_the_model):
+        got = part(h, facts)
+        if got is not None:
+            return got
+    return {"verdict": PASS, "detail": "exited 0; every step was answered by the model and its change and "
+                                       "effect are there"}
+
+
+def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
+    interrupted = facts.interrupted
+    if h.artifact_error:
+        return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
+    if h.artifact is None:
+        return {"verdict": FAIL, "detail": "no artifact was captured"}
+    ref = h.reference or {}
+    if "digest" not in ref:
+        return {"verdict": UNKNOWN, "detail": f"no reference to compare with: {ref.get('why', 'none')}"}
+    from fleet.workloads.base import tree_digest
+
+    got = tree_digest(h.artifact)
+    uninterrupted = set(ref.get("uninterrupted_digests", ())) | {ref["digest"]}
+    if not interrupted:
+        uninterrupted.add(got)
+    if len(uninterrupted) > 1:
+        return {"verdict": UNKNOWN, "expected": ref["digest"], "got": got,
+                "detail": "the runner is not deterministic under a fixed model: two uninterrupted runs of "
+                          "this seed left different artifacts"}
+    same = got == ref["digest"]
+    return {"verdict": PASS if same else FAIL, "expected": ref["digest"], "got": got,
+            "detail": "same artifact as an uninterrupted run" if same else
+            "artifact differs from an uninterrupted run of the same runner and seed"}
+
+
+def no_double_apply(h: TaskHistory, facts: Facts) -> dict:
+    wl = facts.wl
+    twice, fx_twice = [], []
+    if h.artifact is not None:
+        counts = wl.step_counts(h.artifact)
+        twice = sorted(s for s, n in counts.items() if n > 1)
+    if h.effects is None:
+        return {"verdict": UNKNOWN, "detail": "no readable effects log"}
+    applied: dict[str, list] = {}
+    for e in h.effects:
+        if not e.get("deduped"):
+            applied.setdefault(e["effect_id"], []).append(e)
+    fx_twice = sorted(eid for eid, recs in applied.items() if len(recs) > 1)
+    deduped = sum(1 for e in h.effects if e.get("deduped"))
+    if h.artifact is None and not fx_twice:
+        return {"verdict": UNKNOWN, "detail": "no artifact to inspect; no effect applied twice",
+                "effects_applied_twice": []}
+    bad = twice or fx_twice
+    parts = []
+    if twice:
+        parts.append(f"steps applied more than once in the workspace: {twice}")
+    if fx_twice:
+        steps = sorted({applied[e][0].get("step") for e in fx_twice}, key=lambda x: (x is None, x))
+        parts.append(f"external effects applied more than once: {fx_twice} (steps {steps})")
+    return {"verdict": FAIL if bad else PASS, "applied_twice": twice, "effects_applied_twice": fx_twice,
+            "deduplicated_retries": deduped,
+            "detail": "; ".join(parts) or f"every step and effect applied once ({deduped} deduplicated retries)"}
+
+
+def no_model_recall(h: TaskHistory, facts: Facts) -> dict:
+    if h.calls is None:
+        return {"verdict": UNKNOWN, "detail": "no readable model call log"}
+    if h.writes is None:
+        return {"verdict": UNKNOWN, "detail": "no readable proxy request log"}
+
+    a = recall_analysis(h.calls, h.effects or [], h.writes or [], h.events)
+    wasted = a["recalls"] + a["forgiven"]
+    out = {"model_recalls": len(a["recalls"]), "forgiven_in_flight": len(a["forgiven"]),
+           "wasted_calls": len(wasted), "wasted_tokens": sum(w["tokens"] for w in wasted),
+           "calls": len(h.calls), "recalls": a["recalls"][:20]}
+    if a["recalls"]:
+        r = a["recalls"][0]
+        return {"verdict": FAIL, **out, "detail": f"{len(a['recalls'])} recall(s) of recorded steps; first: step "
+                                                 f"{r['step']} asked again by attempt {r['attempt']}: {r['why']}"}
+    return {"verdict": PASS, **out, "detail": f"no recorded step asked again; {len(a['forgiven'])} in-flight "
+                                             "answer(s) lost to interruptions"}
+
+
+def no_torn_apply(h: TaskHistory, facts: Facts) -> dict:
+    """Every multi-file apply is all there or not there at all, and the workload's tests agree."""
+    task, wl, script = facts.task, facts.wl, facts.script
+    if h.artifact_error:
+        return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
+    if h.artifact is None:
+        return {"verdict": UNKNOWN, "detail": "no artifact to inspect"}
+    torn = []
+    for s in script:
+        if not s.files:
+            continue
+        per = wl.applied_files(task["seed"], task["steps"], s.step, h.artifact)
+        if len({v for v in per.values()}) > 1 or None in per.values():
+            torn.append({"step": s.step, "tool": s.tool,
+                         "applied": sorted(p for p, v in per.items() if v),
+                         "not_applied": sorted(p for p, v in per.items() if v is False),
+                         "neither": sorted(p for p, v in per.items() if v is None)})
+    tests = {k: {"passed": ok, "why": why} for k, (ok, why) in wl.tests(task["seed"], h.artifact).items()} \
+        if hasattr(wl, "tests") else {}
+    failing = sorted(k for k, t in tests.items() if not t["passed"])
+    if torn:
+        t = torn[0]
+        return {"verdict": FAIL, "torn": torn, "tests": tests,
+                "detail": f"step {t['step']} ({t['tool']}) is torn: applied to {t['applied']}, not to "
+                          f"{t['not_applied'] + t['neither']}; tests: " +
+                          ", ".join(f"{k} {'passes' if v['passed'] else 'FAILS (' + v['why'] + ')'}"
+                                    for k, v in sorted(tests.items()))}
+    exp = wl.expected_files(task["seed"], task["steps"]) if hasattr(wl, "expected_files") else {}
+    differ = sorted(p for p in exp if h.artifact.get(p) != exp[p])
+    if differ:  # code the script never asked for: names alone no longer tell what the tests do
+        return {"verdict": UNKNOWN, "torn": [], "tests": tests, "differ": differ,
+                "detail": f"every multi-file apply is whole, but {differ} differ from what the script's steps "
+                          "produce, so the static reading of the tests cannot vouch for them"}
+    if failing:
+        return {"verdict": FAIL, "torn": [], "tests": tests,
+                "detail": f"every multi-file apply is whole but the tests fail: "
+                          f"{failing[0]}: {tests[failing[0]]['why']}"}
+    return {"verdict": PASS, "torn": [], "tests": tests,
+            "detail": "every multi-file apply is all there" + (f"; tests pass ({', '.join(sorted(tests))})"
+                                                              if tests else "")}
+
+
