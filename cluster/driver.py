@@ -40,6 +40,7 @@ from cluster.wave.teardown import Teardown
 from cluster.wave.timeline import TaskRun, Timeline
 from faults.base import CATALOG
 from fleet.lifecycle import TASK_ENDED, TaskState
+from fleet.records import HarnessFault, PlannedTask
 from fleet.effects import EffectsService
 from fleet.model_endpoint import ModelEndpoint
 from fleet.services import CallLog
@@ -101,7 +102,7 @@ class WaveRun:
                                  else self._stop_why())
 
     @property
-    def harness_fault(self) -> dict | None:
+    def harness_fault(self) -> HarnessFault | None:
         return self.health.harness_fault if self.health is not None else None
 
     def lost(self, part: str) -> bool:
@@ -211,7 +212,7 @@ class WaveRun:
         if self.interrupted:
             return f"interrupted by {self.interrupted}"
         if self.harness_fault is not None:
-            return f"harness fault: {self.harness_fault['part']}"
+            return f"harness fault: {self.harness_fault.part}"
         return "stopped"
 
     def _all_tasks_ended(self) -> bool:
@@ -228,7 +229,8 @@ class WaveRun:
                          for t in self.plan["tasks"] for f in t["faults"])
         slots = {"task": sem, "reference": asyncio.Semaphore(self.cfg.concurrency) if beside else sem}
         self.runs.clear()
-        self.runs.update({t["task_id"]: TaskRun(plan=t) for t in self.plan["references"] + self.plan["tasks"]})
+        self.runs.update({t["task_id"]: TaskRun(plan=PlannedTask.of(t))
+                          for t in self.plan["references"] + self.plan["tasks"]})
         for tid, run in self.runs.items():
             if self.resumed is not None:
                 run.finished_before = tid in self.resumed["finished"]
@@ -246,13 +248,13 @@ class WaveRun:
         watch = asyncio.create_task(self.health.watch_parts())
         try:
             if (self.plan.get("enumerate") or {}).get("pending"):
-                await asyncio.gather(*(run_task(r, slots[r.plan.get("role", "task")], on_change)
+                await asyncio.gather(*(run_task(r, slots[r.plan.role], on_change)
                                        for r in self.runs.values()))
                 self._plan_boundaries()
                 for t in self.plan["tasks"]:
-                    self.runs[t["task_id"]] = TaskRun(plan=t)
+                    self.runs[t["task_id"]] = TaskRun(plan=PlannedTask.of(t))
                 bar.retotal()
-            await asyncio.gather(*(run_task(r, slots[r.plan.get("role", "task")], on_change)
+            await asyncio.gather(*(run_task(r, slots[r.plan.role], on_change)
                                    for r in self.runs.values() if r.life.state == TaskState.PENDING))
         finally:
             watch.cancel()

@@ -94,43 +94,9 @@ def dead_fleets() -> dict:
 def remove(found: dict, keep_data: bool = False) -> list[str]:
     """Remove what `find` listed; returns what was done, one line each. `keep_data` (for `wave resume`) keeps
     the private dir's store data and ledger, removing only its keys, workspaces and driver record."""
-    from fleet.backends import reap_leftover
-    from fleet.sandbox import unmount_workspace
-
     done = []
     for w, e in found["waves"].items():
-        done += _kill_listed(e["processes"])
-        for sid in e["cgroups"]:
-            r = reap_leftover(w, sid)
-            done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
-        for c in e.get("containers", []):
-            from fleet.dockerapi import remove_container
-
-            if remove_container(c["id"]):
-                done.append(f"removed container {c['name']}")
-        for m in e["mounts"]:
-            unmount_workspace(m)
-            done.append(f"unmounted {m}")
-        tmp = e.get("ray_tmpdir")
-        if tmp is None and e["private_dir"]:
-            try:
-                tmp = orjson.loads(Path(e["private_dir"], results.RAY_RECORD).read_bytes())["tmpdir"]
-            except (OSError, ValueError, KeyError, TypeError):
-                tmp = None
-        if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-            done.append(f"removed the dead wave's Ray temp dir {tmp}")
-        if e["private_dir"] and keep_data:
-            for sub in ("creds", "ws", results.DRIVER_RECORD):
-                p = Path(e["private_dir"], sub)
-                if p.is_dir():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
-            done.append(f"removed the keys and workspaces of {e['private_dir']} (kept its store and ledger)")
-        elif e["private_dir"]:
-            shutil.rmtree(e["private_dir"], ignore_errors=True)
-            done.append(f"removed {e['private_dir']}")
+        done += _remove_wave(w, e, keep_data)
     for d, e in found.get("fleets", {}).items():
         done += _kill_listed(e["processes"])
         if e.get("ray_tmpdir") and Path(e["ray_tmpdir"]).is_dir():
@@ -138,7 +104,52 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
-    # a dead driver's harness cgroup holds its store and proxy until they are gone: look again now
+    return done + _remove_harness_cgroups(found)
+
+
+def _remove_wave(w: str, e: dict, keep_data: bool) -> list[str]:
+    """One dead wave's processes, sandboxes, containers, mounts, Ray temp dir and private dir."""
+    from fleet.backends import reap_leftover
+    from fleet.dockerapi import remove_container
+    from fleet.sandbox import unmount_workspace
+
+    done = _kill_listed(e["processes"])
+    for sid in e["cgroups"]:
+        r = reap_leftover(w, sid)
+        done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
+    done += [f"removed container {c['name']}" for c in e.get("containers", []) if remove_container(c["id"])]
+    for m in e["mounts"]:
+        unmount_workspace(m)
+        done.append(f"unmounted {m}")
+    tmp = e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)
+    if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed the dead wave's Ray temp dir {tmp}")
+    if e["private_dir"] and keep_data:
+        for sub in ("creds", "ws", results.DRIVER_RECORD):
+            p = Path(e["private_dir"], sub)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        done.append(f"removed the keys and workspaces of {e['private_dir']} (kept its store and ledger)")
+    elif e["private_dir"]:
+        shutil.rmtree(e["private_dir"], ignore_errors=True)
+        done.append(f"removed {e['private_dir']}")
+    return done
+
+
+def _recorded_ray_tmpdir(private_dir: str) -> str | None:
+    try:
+        return orjson.loads(Path(private_dir, results.RAY_RECORD).read_bytes())["tmpdir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remove_harness_cgroups(found: dict) -> list[str]:
+    """A dead driver's harness cgroup holds its store and proxy until they are gone: look again until it is empty
+    (bounded, 5 s)."""
+    done = []
     deadline = time.monotonic() + 5
     while True:
         empty = find(None)["harness_cgroups"] if found["waves"] else found["harness_cgroups"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from fleet import cgroups
 from fleet.backends import Backends, reap_leftover
+from fleet.records import AttemptResult, Lease
 from fleet.sandbox import SandboxBackend, SandboxError, SandboxSpec
 
 
@@ -81,8 +82,8 @@ class SandboxHost:
                     asyncio.create_task(self.backend.kill(h["sb"], 0.0, reason="fenced: lease renewal refused"))
         self._renewer = None
 
-    def _hold(self, sandbox_id: str, lease: dict, ttl_s: float) -> dict:
-        h = {"task_id": lease["task_id"], "fence": lease["fence"], "version": lease["version"], "ttl": ttl_s,
+    def _hold(self, sandbox_id: str, lease: Lease, ttl_s: float) -> dict:
+        h = {"task_id": lease.task_id, "fence": lease.fence, "version": lease.version, "ttl": ttl_s,
              "sb": None, "refused": False}
         self.held[sandbox_id] = h
         if self._renewer is None:
@@ -92,8 +93,8 @@ class SandboxHost:
     async def renewals(self) -> dict:
         return dict(self.renew_stats, held=len(self.held))
 
-    async def run_attempt(self, spec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None = None,
-                          arms: list | None = None) -> dict:
+    async def run_attempt(self, spec: SandboxSpec, lease: Lease | None, ttl_s: float, capture: str | None = None,
+                          arms: list | None = None) -> AttemptResult:
         """Run one attempt to its end; returns the sandbox's description (exit code, timings, history).
 
         When the runner exits 0 and `capture` names a workspace directory, its files are read back
@@ -104,21 +105,22 @@ class SandboxHost:
         sspec = spec if isinstance(spec, SandboxSpec) else SandboxSpec(**spec)  # (or its fields as a dict)
         try:
             if sspec.wave_id in self.cancelled_waves:
-                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled",
-                        "node": self.node_id}
+                return AttemptResult.of({"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled",
+                                         "node": self.node_id})
             missing = self.backend.command_problem(sspec)
             if missing:
-                return {"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing,
-                        "node": self.node_id}
+                return AttemptResult.of({"sandbox_id": sspec.sandbox_id, "exit_code": None, "start_error": missing,
+                                         "node": self.node_id})
             self.in_flight += 1
             try:
-                return await self._run(sspec, lease, ttl_s, capture, arms or [])
+                return AttemptResult.of(await self._run(sspec, lease, ttl_s, capture, arms or []))
             finally:
                 self.in_flight -= 1
         finally:
             self.ended.add(sspec.sandbox_id)
 
-    async def _run(self, sspec: SandboxSpec, lease: dict, ttl_s: float, capture: str | None, arms: list) -> dict:
+    async def _run(self, sspec: SandboxSpec, lease: Lease | None, ttl_s: float, capture: str | None,
+                   arms: list) -> dict:
         # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
         held = self._hold(sspec.sandbox_id, lease, ttl_s) if self.ledger is not None and lease else None
         artifact = None

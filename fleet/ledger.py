@@ -14,6 +14,7 @@ import time
 from typing import Callable
 
 from fleet.lifecycle import LEASE_TRANSITIONS, LeaseState
+from fleet.records import Lease
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -68,7 +69,7 @@ class LeaseLedger:
             self._log(task_id, fence, "expired")
         return len(rows)
 
-    def acquire(self, task_id: str, holder: str, sandbox_id: str, ttl_s: float) -> dict | None:
+    def acquire(self, task_id: str, holder: str, sandbox_id: str, ttl_s: float) -> Lease | None:
         """A new lease with the next fence, or None while an unexpired lease of the task is active."""
         if ttl_s <= 0:
             raise ValueError(f"ttl_s={ttl_s!r} must be > 0")
@@ -86,7 +87,7 @@ class LeaseLedger:
                             (task_id, fence, attempts + 1, sandbox_id, holder, "active", 1, now, now + ttl_s,
                              None, None))
             self._log(task_id, fence, "acquired", f"{holder} {sandbox_id}")
-        return self.get(task_id, fence)
+        return Lease.of(self.get(task_id, fence))
 
     def get(self, task_id: str, fence: int) -> dict | None:
         cur = self.db.execute("SELECT * FROM leases WHERE task_id=? AND fence=?", (task_id, fence))

@@ -86,6 +86,8 @@ class WaveSweep:
             return await self._scan(waves, reap)
 
     async def _scan(self, waves: dict | None, reap: bool) -> dict:
+        """One pass: what is alive against the leases (leaks, expired but running), leases with nothing alive
+        (dangling), and the reap of leaks past the settle window."""
         from fleet import markers as finder
 
         t0 = time.perf_counter()
@@ -96,9 +98,20 @@ class WaveSweep:
         alive = _alive_parts(waves.get(self.wave_id, {}))
         active, latest = await self._leases()
         now = self.clock()
-        leaked, expired_running, dangling, reaped = [], [], [], []
         for sid in [x for x in self.first_seen if x not in alive]:  # gone by itself: it was not a leak
             del self.first_seen[sid]
+        leaked, expired_running = self._unleased(alive, active, latest, now)
+        dangling = self._dangling(alive, active, now)
+        reaped = await self._reap_due(leaked, now) if reap else []
+        self.scans += 1
+        self.scan_ms.append(round((time.perf_counter() - t0) * 1000, 3))
+        return {"at": now, "leaked": leaked, "expired_but_running": expired_running, "dangling_leases": dangling,
+                "reaped": reaped, "scan_ms": self.scan_ms[-1]}
+
+    def _unleased(self, alive: dict, active: dict, latest: dict, now: float) -> tuple[list, list]:
+        """Sandboxes alive with no active lease (leaks), and those of them whose lease ended while their processes
+        run on."""
+        leaked, expired_running = [], []
         for sid, parts in sorted(alive.items()):
             if sid in active:
                 self.first_seen.pop(sid, None)
@@ -118,38 +131,44 @@ class WaveSweep:
             leaked.append({"sandbox_id": sid, "leaked_for_s": round(now - since, 3), **parts})
             if held:
                 self._note("leaked", sid, leaked[-1])
+        return leaked, expired_running
+
+    def _dangling(self, alive: dict, active: dict, now: float) -> list:
+        """Active leases with nothing alive: dangling once the sandbox, seen alive before, stays gone for a pass
+        (an attempt's end is followed by its release in ms), or none ever came within the settle window (a lease
+        is taken just before its sandbox starts)."""
+        dangling = []
         for sid, row in sorted(active.items()):
             if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"] or alive[sid]["container"]):
                 self.dangling_since.pop(sid, None)
                 continue
-            # active lease, nothing alive: dangling once its sandbox, seen alive before, stays gone for a pass
-            # (an attempt's end is followed by its release in ms), or none ever came within the settle window
-            # (a lease is taken just before its sandbox starts)
             since = self.dangling_since.setdefault(sid, now)
             if (sid in self.seen_alive and now - since >= 0.9 * self.period_s) or now - since >= self.settle_s:
                 dangling.append({"sandbox_id": sid, "task_id": row["task_id"], "fence": row["fence"],
                                  "holder": row["holder"], "expires_in_s": round(row["expires_at"] - now, 3),
                                  "sandbox_seen_before": sid in self.seen_alive})
                 self._note("dangling_lease", sid, dangling[-1])
-        if reap:
-            due = [x["sandbox_id"] for x in leaked if x["leaked_for_s"] >= self.settle_s]
-            if due:
-                active, _ = await self._leases()  # again, right before touching anything
-                for sid in due:
-                    if sid in active:
-                        continue
-                    try:
-                        r = await asyncio.to_thread(self._reap, sid)
-                    except Exception as exc:  # noqa: BLE001 - one sandbox's failed reap must not lose the others'
-                        self.errors.append(f"reap {sid}: {type(exc).__name__}: {exc}"[:300])
-                        continue
-                    r["leaked_for_s"] = round(self.clock() - self.first_seen.pop(sid, now), 3)
-                    reaped.append(r)
-                    self.reaped.append(r)  # recorded at once: a later failure in this pass cannot drop it
-        self.scans += 1
-        self.scan_ms.append(round((time.perf_counter() - t0) * 1000, 3))
-        return {"at": now, "leaked": leaked, "expired_but_running": expired_running, "dangling_leases": dangling,
-                "reaped": reaped, "scan_ms": self.scan_ms[-1]}
+        return dangling
+
+    async def _reap_due(self, leaked: list, now: float) -> list:
+        """Reap every leak past the settle window that still has no lease (read again right before)."""
+        reaped = []
+        due = [x["sandbox_id"] for x in leaked if x["leaked_for_s"] >= self.settle_s]
+        if not due:
+            return reaped
+        active, _ = await self._leases()  # again, right before touching anything
+        for sid in due:
+            if sid in active:
+                continue
+            try:
+                r = await asyncio.to_thread(self._reap, sid)
+            except Exception as exc:  # noqa: BLE001 - one sandbox's failed reap must not lose the others'
+                self.errors.append(f"reap {sid}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            r["leaked_for_s"] = round(self.clock() - self.first_seen.pop(sid, now), 3)
+            reaped.append(r)
+            self.reaped.append(r)  # recorded at once: a later failure in this pass cannot drop it
+        return reaped
 
     def _note(self, kind: str, sid: str, what: dict) -> None:
         self.findings.setdefault(f"{kind}:{sid}", {"kind": kind, "first_at": self.clock(), **what})

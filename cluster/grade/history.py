@@ -48,6 +48,35 @@ def _attempt_windows(events: list[dict]) -> dict[int, dict]:
     return out
 
 
+def _recall_reasons(p: dict, c: dict, calls: list[dict], effects: list[dict], writes: list[dict],
+                    windows: dict[int, dict]) -> list[str]:
+    """Why asking again for `c`'s step is a recall of `p`'s answer (none: the answer was in flight when its attempt
+    ended, forgiven)."""
+    if not p.get("delivered", True):
+        return []
+    reasons = []
+    if p.get("attempt") == c.get("attempt"):
+        reasons.append("the same attempt asked again after the answer was delivered")
+    later = [x for x in calls if x.get("attempt") == p.get("attempt") and p["t"] < x["t"] < c["t"] and x is not p]
+    if later:
+        reasons.append(f"attempt {p.get('attempt')} had already moved on to step {later[0]['step']}")
+    fx = [e for e in effects if e.get("step") == c["step"] and e["t"] < c["t"]]
+    if fx:
+        reasons.append(f"the step's effect {fx[0]['effect_id']} was recorded at {fx[0]['t']:.3f}")
+    end = (windows.get(p.get("attempt")) or {}).get("end") or c["t"]
+    # a write the attempt sent after the answer and before it ended, that the store had COMMITTED (answered 2xx)
+    # before the step was asked again: a resuming runner could have seen it. A write still in flight when the new
+    # attempt looked (a slow store) could not have been seen. (a DELETE records nothing: it cannot be where the
+    # answer was made durable)
+    w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])
+         and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"] and x.get("method") != "DELETE"]
+    if w:
+        reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
+    if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:
+        reasons.append(f"attempt {p.get('attempt')} exited 0")
+    return reasons
+
+
 def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], events: list[dict]) -> dict:
     """Which repeated model calls were recalls of recorded steps, and which were forgiven in-flight answers."""
     windows = _attempt_windows(events)
@@ -58,28 +87,7 @@ def recall_analysis(calls: list[dict], effects: list[dict], writes: list[dict], 
         prev = by_step.setdefault(c["step"], [])
         if prev:
             p = prev[-1]
-            reasons = []
-            if p.get("delivered", True):
-                if p.get("attempt") == c.get("attempt"):
-                    reasons.append("the same attempt asked again after the answer was delivered")
-                later = [x for x in calls if x.get("attempt") == p.get("attempt") and p["t"] < x["t"] < c["t"]
-                         and x is not p]
-                if later:
-                    reasons.append(f"attempt {p.get('attempt')} had already moved on to step {later[0]['step']}")
-                fx = [e for e in effects if e.get("step") == c["step"] and e["t"] < c["t"]]
-                if fx:
-                    reasons.append(f"the step's effect {fx[0]['effect_id']} was recorded at {fx[0]['t']:.3f}")
-                end = (windows.get(p.get("attempt")) or {}).get("end") or c["t"]
-                # a write the attempt sent after the answer and before it ended, that the store had COMMITTED
-                # (answered 2xx) before the step was asked again: a resuming runner could have seen it. A write
-                # still in flight when the new attempt looked (a slow store) could not have been seen.
-                # (a DELETE records nothing: it cannot be where the answer was made durable)
-                w = [x for x in writes if p.get("t_done", p["t"]) <= x["t"] <= min(end, c["t"])
-                     and x["t"] + (x.get("ms") or 0) / 1000 <= c["t"] and x.get("method") != "DELETE"]
-                if w:
-                    reasons.append(f"attempt {p.get('attempt')} wrote {w[0]['key']} to the store after the answer")
-                if (windows.get(p.get("attempt")) or {}).get("exit_code") == 0:
-                    reasons.append(f"attempt {p.get('attempt')} exited 0")
+            reasons = _recall_reasons(p, c, calls, effects, writes, windows)
             entry = {"step": c["step"], "t": c["t"], "attempt": c.get("attempt"), "tokens": c.get("tokens", 0),
                      "previous_attempt": p.get("attempt")}
             (recalls if reasons else forgiven).append({**entry, "why": "; ".join(reasons) or

@@ -148,15 +148,18 @@ def no_leaked_upload(h: TaskHistory, facts: Facts) -> dict:
                       f"first: {ups[0]['key']} (upload {ups[0]['upload_id'][:16]})"}
 
 
+def _after(recs: list[dict] | None, att: int, t0: float) -> list[dict]:
+    """The records of attempt `att` from `t0` on."""
+    return [r for r in recs or [] if r.get("attempt") == att and r["t"] >= t0]
+
+
 def _zombie_activity(h: TaskHistory, facts: Facts, sid: str, t0: float) -> tuple[list[str], int, int]:
     """What the zombie attempt `sid` did from its thaw `t0`: (what took effect, requests seen, refused)."""
     att = (results.attempt_of(sid) or (sid, 0))[1]
     ids = facts.akids.get(att) or set()
     store = [q for q in h.requests or [] if q.get("akid") in ids and q["t"] >= t0]
     landed = [q for q in store if q.get("method") in WRITE_METHODS and 200 <= (q.get("status") or 0) < 300]
-    calls = [c for c in h.calls or [] if c.get("attempt") == att and c["t"] >= t0]
-    fx = [e for e in h.effects or [] if e.get("attempt") == att and e["t"] >= t0]
-    mine_refused = [f for f in h.fenced if f.get("attempt") == att and f["t"] >= t0]
+    calls, fx, mine_refused = _after(h.calls, att, t0), _after(h.effects, att, t0), _after(h.fenced, att, t0)
     seen = len(store) + len(calls) + len(fx) + len(mine_refused)
     refused = sum(1 for q in store if (q.get("status") or 0) >= 400) + len(mine_refused)
     bad = [f"store {q['method']} {q.get('key')} -> {q.get('status')}" for q in landed]

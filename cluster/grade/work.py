@@ -154,15 +154,10 @@ def no_model_recall(h: TaskHistory, facts: Facts) -> dict:
                                              "answer(s) lost to interruptions"}
 
 
-def no_torn_apply(h: TaskHistory, facts: Facts) -> dict:
-    """Every multi-file apply is all there or not there at all, and the workload's tests agree."""
-    task, wl, script = facts.task, facts.wl, facts.script
-    if h.artifact_error:
-        return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
-    if h.artifact is None:
-        return {"verdict": UNKNOWN, "detail": "no artifact to inspect"}
-    torn = []
-    for s in script:
+def _torn_steps(h: TaskHistory, facts: Facts) -> list[dict]:
+    """Each multi-file step of the script whose files are neither all applied nor all not applied."""
+    task, wl, torn = facts.task, facts.wl, []
+    for s in facts.script:
         if not s.files:
             continue
         per = wl.applied_files(task["seed"], task["steps"], s.step, h.artifact)
@@ -171,6 +166,17 @@ def no_torn_apply(h: TaskHistory, facts: Facts) -> dict:
                          "applied": sorted(p for p, v in per.items() if v),
                          "not_applied": sorted(p for p, v in per.items() if v is False),
                          "neither": sorted(p for p, v in per.items() if v is None)})
+    return torn
+
+
+def no_torn_apply(h: TaskHistory, facts: Facts) -> dict:
+    """Every multi-file apply is all there or not there at all, and the workload's tests agree."""
+    task, wl = facts.task, facts.wl
+    if h.artifact_error:
+        return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
+    if h.artifact is None:
+        return {"verdict": UNKNOWN, "detail": "no artifact to inspect"}
+    torn = _torn_steps(h, facts)
     tests = {k: {"passed": ok, "why": why} for k, (ok, why) in wl.tests(task["seed"], h.artifact).items()} \
         if hasattr(wl, "tests") else {}
     failing = sorted(k for k, t in tests.items() if not t["passed"])

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cluster import results
 from fleet.model_endpoint import MODEL_ID
+from fleet.records import PlannedTask
 from fleet.runners import HERE as BUILTIN_DIR
 from fleet.sandbox import RUN_IN, SANDBOX_UID, WORKSPACE_IN
 from storage.credentials import CredentialSource
@@ -139,11 +140,12 @@ class Access:
         if not keep_files:
             shutil.rmtree(self.creds_dir(sandbox_id), ignore_errors=True)
 
-    def runner_env(self, task: dict, attempt: int, fence: int, sandbox_id: str, workspace: str = WORKSPACE_IN) -> dict:
+    def runner_env(self, task: PlannedTask, attempt: int, fence: int, sandbox_id: str,
+                   workspace: str = WORKSPACE_IN) -> dict:
         """The runner contract's environment (docs/runner-contract.md), as seen inside the sandbox."""
         runner, registry = self.runner, self.parts.registry
-        registry.register(task["task_id"], task["seed"], task["steps"], task["workload"])
-        key = registry.attempt_key(task["task_id"], attempt, sandbox_id)  # dies with the attempt's lease
+        registry.register(task.task_id, task.seed, task.steps, task.workload)
+        key = registry.attempt_key(task.task_id, attempt, sandbox_id)  # dies with the attempt's lease
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **runner["env"]}
         s3 = f"http://127.0.0.1:{PORT_S3}"
@@ -159,13 +161,13 @@ class Access:
             "OPENAI_API_KEY": key,
             "OPENAI_MODEL": MODEL_ID,
             "SANDFLEET_CONTRACT": CONTRACT_VERSION,
-            "SANDFLEET_TASK_ID": task["task_id"],
+            "SANDFLEET_TASK_ID": task.task_id,
             "SANDFLEET_ATTEMPT": str(attempt),
             "SANDFLEET_FENCE": str(fence),
             "SANDFLEET_REPO": os.path.join(workspace, "repo"),
             "SANDFLEET_S3_ENDPOINT": s3,
             "SANDFLEET_S3_BUCKET": self.parts.bucket,
-            "SANDFLEET_S3_PREFIX": results.task_prefix(self.wave_id, task["task_id"]),
+            "SANDFLEET_S3_PREFIX": results.task_prefix(self.wave_id, task.task_id),
             "SANDFLEET_EFFECTS_URL": f"http://127.0.0.1:{PORT_EFFECTS}/v1",
             "SANDFLEET_EFFECTS_KEY": key,
             "SANDFLEET_GRACE_S": "1.0",

@@ -29,6 +29,7 @@ from faults.base import CATALOG, FaultSpec
 from faults.planner import drawn
 from fleet import workloads
 from fleet.lifecycle import TaskState
+from fleet.records import AttemptResult, PlannedTask
 from fleet.sandbox import SandboxSpec
 
 
@@ -76,13 +77,13 @@ class Attempts:
     async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
         if run.finished_before:
             return
-        task, tid, tl = run.plan, run.plan["task_id"], self.timeline
+        task, tid, tl = run.plan, run.plan.task_id, self.timeline
         async with sem:
             loop = asyncio.get_running_loop()
             launched = loop.time()
             deadline = launched + self.cfg.deadline_s
             run.life.to(TaskState.RUNNING, "launched")
-            tl("task_start", task=tid, seed=task["seed"], runner=task["runner"])
+            tl("task_start", task=tid, seed=task.seed, runner=task.runner)
             self._start_faults(run, loop)
             final, why = TaskState.FAILED, ""
             while True:
@@ -111,20 +112,20 @@ class Attempts:
     def _start_faults(self, run: TaskRun, loop) -> None:
         """The task's faults: each fired by the injector as its own task; a fault that watches attempts
         (`attempt_arm`) gets its watch armed with each attempt until it fires."""
-        tid = run.plan["task_id"]
-        for f in run.plan["faults"]:
+        tid = run.plan.task_id
+        for f in run.plan.faults:
             fspec, arm_of = FaultSpec(**f), getattr(CATALOG[f["fault_id"]], "attempt_arm", None)
             arm = arm_of(fspec) if arm_of and f["instance"] not in self.fired and drawn(fspec) else None
             if arm:
                 run.arms[f["instance"]] = {"arm": dict(arm), "future": loop.create_future()}
         self.fault_tasks[tid] = [asyncio.create_task(self.injector.fire(FaultSpec(**f), self.context))
-                                 for f in run.plan["faults"] if f["instance"] not in self.fired]
+                                 for f in run.plan.faults if f["instance"] not in self.fired]
 
     # ------------------------------------------------------------------ an attempt
     async def attempt(self, run: TaskRun, deadline: float, on_change) -> AttemptEnd:
         from ray.exceptions import RayActorError
 
-        tid, loop = run.plan["task_id"], asyncio.get_running_loop()
+        tid, loop = run.plan.task_id, asyncio.get_running_loop()
         sandbox_id = results.sandbox_id(tid, run.attempts + 1)
         node = self.nodes.place()
         if node is None:  # every sandbox node is lost or draining: wait for one to come back
@@ -145,16 +146,16 @@ class Attempts:
             await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
             return WAIT
         run.attempts += 1
-        attempt, fence = lease["attempt"], lease["fence"]
+        attempt, fence = lease.attempt, lease.fence
         spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
         self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
-                      lease_acquired_at=lease.get("acquired_at"), akid=self.access.akids.get(sandbox_id))
+                      lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id))
         run.current, run.node = (host, sandbox_id), node
         self.nodes.placed[sandbox_id] = node
         self.parts.registry.set_attempt(tid, attempt)
         arms = [a["arm"] for a in run.arms.values() if not a["future"].done()]
         ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo", arms)
-        result: dict = {}
+        result = AttemptResult()
         run.abandon, run.abandon_ev = None, asyncio.Event()
         try:
             result = await self._await(run, ref, sandbox_id, max(0.1, deadline - loop.time()))
@@ -167,26 +168,26 @@ class Attempts:
                 await host.kill.remote(sandbox_id, 1.0, "deadline")
                 result = await ref
             except RayActorError as exc:
-                result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
+                result = AttemptResult(error=f"sandbox host lost: {exc}", host_lost=True)
         except RayActorError as exc:
-            result = {"exit_code": None, "error": f"sandbox host lost: {exc}", "host_lost": True}
+            result = AttemptResult(error=f"sandbox host lost: {exc}", host_lost=True)
         finally:
             run.current = None
             self.nodes.load[node] -= 1
             self.parts.registry.set_attempt(tid, None)
-        if Injector.settle_arms(run, sandbox_id, result.get("watches") or {}):
+        if Injector.settle_arms(run, sandbox_id, result.watches or {}):
             await asyncio.sleep(0)  # the fired fault records its injection before this attempt's end
         return await self._ended(run, node, sandbox_id, attempt, fence, result, on_change)
 
-    async def _sandbox_spec(self, task: dict, sandbox_id: str, attempt: int, fence: int) -> SandboxSpec:
+    async def _sandbox_spec(self, task: PlannedTask, sandbox_id: str, attempt: int, fence: int) -> SandboxSpec:
         """What the host needs to start the attempt's sandbox (it crosses Ray as itself)."""
         sdir = self.out.sandbox(sandbox_id)
         sdir.mkdir(parents=True, exist_ok=True)
-        fixture = workloads.get(task["workload"]).fixture(task["seed"])
-        creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task["task_id"], sandbox_id)
+        fixture = workloads.get(task.workload).fixture(task.seed)
+        creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task.task_id, sandbox_id)
         sbc = self.cfg.sandbox
         return SandboxSpec(
-            wave_id=self.wave_id, sandbox_id=sandbox_id, task_id=task["task_id"], attempt=attempt,
+            wave_id=self.wave_id, sandbox_id=sandbox_id, task_id=task.task_id, attempt=attempt,
             argv=list(self.plan["runner"]["command"]), env=self.access.runner_env(task, attempt, fence, sandbox_id),
             state_dir=str(sdir), workspace_mb=sbc.workspace_mb, memory_mb=sbc.memory_mb, pids_max=sbc.pids_max,
             cpu_shares=sbc.cpu_shares, cpu_quota=sbc.cpu_cores, workspace_dir=str(self.private / "ws" / sandbox_id),
@@ -194,7 +195,7 @@ class Attempts:
             hide=list(self.launch["hide"]), ro_mounts={creds_dir: CREDS_IN}, relays=dict(self.launch["relays"]),
             backend=sbc.backend, image=sbc.image)
 
-    async def _await(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> dict:
+    async def _await(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> AttemptResult:
         """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on
         as a zombie: its end is recorded as `zombie_end` when it comes). Raises asyncio.TimeoutError at the
         deadline and what the host raised (RayActorError) as before."""
@@ -207,39 +208,39 @@ class Attempts:
         if fut in done:
             return fut.result()
         if run.abandon is not None:
-            def ended(f, sid=sandbox_id, task=run.plan["task_id"]):
+            def ended(f, sid=sandbox_id, task=run.plan.task_id):
                 shutil.rmtree(self.access.creds_dir(sid), ignore_errors=True)  # the zombie's dead key file
                 try:
                     r = f.result()
-                    self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.get("exit_code"),
-                                  killed_by=r.get("killed_by"), ended_at=r.get("ended_at"))
+                    self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.exit_code, killed_by=r.killed_by,
+                                  ended_at=r.ended_at)
                 except BaseException as exc:  # noqa: BLE001
                     self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
             fut.add_done_callback(ended)
             self.zombies.append(fut)
-            return {"exit_code": None, "abandoned": run.abandon}
+            return AttemptResult(abandoned=run.abandon)
         raise asyncio.TimeoutError
 
     def _retry(self, run: TaskRun, attempt: int, code, why: str) -> AttemptEnd:
         run.life.to(TaskState.RETRYING, why)
-        self.timeline("task_retry", task=run.plan["task_id"], after_attempt=attempt, exit_code=code)
+        self.timeline("task_retry", task=run.plan.task_id, after_attempt=attempt, exit_code=code)
         run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
         return RETRY
 
-    async def _ended(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int, result: dict,
-                     on_change) -> AttemptEnd:
+    async def _ended(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int,
+                     result: AttemptResult, on_change) -> AttemptEnd:
         """Record how the attempt ended and say what it means for its task."""
-        tid, tl = run.plan["task_id"], self.timeline
-        code = result.get("exit_code")
-        if result.get("abandoned"):  # PK6: frozen past its lease; its lease runs out, its keys die now
-            ab = result["abandoned"]
+        tid, tl = run.plan.task_id, self.timeline
+        code = result.exit_code
+        if result.abandoned:  # PK6: frozen past its lease; its lease runs out, its keys die now
+            ab = result.abandoned
             await asyncio.to_thread(self.access.revoke, sandbox_id, True)
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                killed_by=ab["instance"], ended_at=ab["at"], node=node,
                cause=f"killed: frozen, abandoned to run out its lease ({ab['instance']}); a zombie now")
             on_change()
             return self._retry(run, attempt, None, f"attempt {attempt} abandoned (frozen)")
-        if result.get("host_lost") and node in self.nodes.lost:
+        if result.host_lost and node in self.nodes.lost:
             # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it; a lost
             # machine cannot say it is done); its key dies now
             lost = self.nodes.lost[node]
@@ -249,51 +250,54 @@ class Attempts:
             await asyncio.to_thread(self.access.revoke, sandbox_id)
             on_change()
             return self._retry(run, attempt, None, f"attempt {attempt}: node {node} lost")
-        if result.get("host_lost"):
+        if result.host_lost:
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
-               error=result["error"][:300], cause="harness fault: the sandbox host was lost")
+               error=result.error[:300], cause="harness fault: the sandbox host was lost")
             self.health.part_lost(f"sandbox host {node}", f"the actor died while it ran attempt {sandbox_id} "
-                                  f"({first_line(result['error'])})")
+                                  f"({first_line(result.error)})")
             return PART_LOST
-        await self._close(run, node, sandbox_id, attempt, fence, result)
+        result = await self._close(run, node, sandbox_id, attempt, fence, result)
         on_change()
-        if result.get("harness_part"):  # the backend's engine failed under this attempt: the harness's fault
-            why = (result.get("start_error") or result.get("cause") or "")[:300]
-            self.health.part_lost(result["harness_part"], f"{why} (attempt {sandbox_id})",
-                                  since=self.health.last_ok.get(result["harness_part"]))
+        if result.harness_part:  # the backend's engine failed under this attempt: the harness's fault
+            why = (result.start_error or result.cause or "")[:300]
+            self.health.part_lost(result.harness_part, f"{why} (attempt {sandbox_id})",
+                                  since=self.health.last_ok.get(result.harness_part))
         if self.health.harness_fault is not None:
             return PART_LOST  # this attempt may have ended because of the fault: no verdict from it
-        if result.get("start_error"):
-            return AttemptEnd(Outcome.END, TaskState.FAILED, result["start_error"])
+        if result.start_error:
+            return AttemptEnd(Outcome.END, TaskState.FAILED, result.start_error)
         if code == 0:
             return AttemptEnd(Outcome.END, TaskState.DONE, "runner exited 0")
-        if result.get("killed_by") == "deadline":
+        if result.killed_by == "deadline":
             return AttemptEnd(Outcome.END, TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s")
         return self._retry(run, attempt, code, f"attempt {attempt} exit {code}")
 
-    async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int, result: dict) -> None:
-        """An attempt that ended on its host: its lease released, its keys revoked, its workspace stored."""
+    async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int,
+                     result: AttemptResult) -> AttemptResult:
+        """An attempt that ended on its host: its lease released, its keys revoked, its workspace stored; returns
+        the result as recorded (a draining node named in its cause)."""
         from ray.exceptions import RayActorError
 
-        tid = run.plan["task_id"]
-        code = result.get("exit_code")
-        if node in self.nodes.faults and not result.get("cause", "").startswith("killed"):
-            result["cause"] = (f"{result.get('cause') or f'exit {code}'} (node {node} draining for "
-                               f"preemption: {self.nodes.faults[node]})")
+        tid = run.plan.task_id
+        code = result.exit_code
+        if node in self.nodes.faults and not (result.cause or "").startswith("killed"):
+            result = result.but(cause=f"{result.cause or f'exit {code}'} (node {node} draining for "
+                                      f"preemption: {self.nodes.faults[node]})")
         try:
             await self.parts.ledger.release.remote(results.lease_key(self.wave_id, tid), fence, None, f"exit {code}")
         except RayActorError as exc:
             self.health.part_lost("lease ledger", f"the actor died ({first_line(exc)})")
         await asyncio.to_thread(self.access.revoke, sandbox_id)  # the lease ended: its key is dead
         captured = None
-        if "artifact" in result:
-            captured = self.store_artifact(tid, attempt, result["artifact"])
+        if result.artifact is not None:
+            captured = self.store_artifact(tid, attempt, result.artifact)
         self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
-                      exit_code=code, killed_by=result.get("killed_by"), start_ms=result.get("start_ms"),
-                      started_at=result.get("started_at"), ended_at=result.get("ended_at"),
-                      error=result.get("error"), start_error=result.get("start_error"), artifact=captured,
-                      cause=result.get("start_error") or result.get("cause") or result.get("error"),
-                      events=result.get("events"), outlived=result.get("outlived"))
+                      exit_code=code, killed_by=result.killed_by, start_ms=result.start_ms,
+                      started_at=result.started_at, ended_at=result.ended_at,
+                      error=result.error, start_error=result.start_error, artifact=captured,
+                      cause=result.start_error or result.cause or result.error,
+                      events=result.events, outlived=result.outlived)
+        return result
 
     def store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:
         """Write what the host read back from the workspace into a fresh `artifacts/<task>/`."""

@@ -16,6 +16,7 @@ from typing import Callable
 
 from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
+from fleet.records import HarnessFault
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
          "sweep actor": "the sweep actor failed, so leaks could no longer be seen: re-run the wave (check Ray's "
@@ -41,7 +42,7 @@ class Health:
         self.parts = parts
         self.nodes = nodes
         self.on_lost = on_lost
-        self.harness_fault: dict | None = None
+        self.harness_fault: HarnessFault | None = None
         self.last_ok: dict[str, float] = {}  # each watched part: when it last answered a probe
         self.load_samples: list[dict] = []  # host-load.jsonl
 
@@ -52,17 +53,16 @@ class Health:
         if self.harness_fault is not None:
             return
         hint = HINTS.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
-        self.harness_fault = {"part": part, "why": why, "since_wall": since or time.time(), "hint": hint}
-        self.timeline("harness_fault", **self.harness_fault)
+        self.harness_fault = HarnessFault(part, why, since or time.time(), hint)
+        self.timeline("harness_fault", **self.harness_fault.to_dict())
         self.on_lost()
 
     def lost(self, part: str) -> bool:
         """Is `part` the one a harness fault named (calls to it would only wait for their timeouts)?"""
-        return self.harness_fault is not None and self.harness_fault["part"].startswith(part)
+        return self.harness_fault is not None and self.harness_fault.part.startswith(part)
 
     def error_text(self) -> str:
-        f = self.harness_fault
-        return f"harness fault: {f['part']}: {f['why']}. {f['hint']}"
+        return self.harness_fault.text()
 
     @staticmethod
     async def answers_http(host: str, port: int, timeout: float, path: str = "/") -> str | None:

@@ -8,6 +8,7 @@ from typing import Callable
 
 from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import drawn
+from fleet.records import Injected
 
 
 def node_taken(spec: FaultSpec, ctx, exc: BaseException) -> str | None:
@@ -33,7 +34,7 @@ class Injector:
 
     async def fire(self, spec: FaultSpec, ctx) -> None:
         fault = CATALOG[spec.fault_id]
-        injected: dict = {}
+        injected = Injected(_keys=())  # nothing yet
         cleared: dict = {}
         tl = self.timeline
         try:
@@ -43,30 +44,30 @@ class Injector:
                 await ctx.runner_started(spec.task_id)
             await asyncio.sleep(spec.at_s)
             if not drawn(spec):
-                injected = {"applied": False, "why": f"probability draw ({spec.probability}) said no"}
+                injected = Injected(why=f"probability draw ({spec.probability}) said no")
                 return
-            injected = await fault.inject(spec, ctx)
+            injected = Injected.of(await fault.inject(spec, ctx))
             tl("fault_inject", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
-               applied=bool(injected.get("applied")), why=injected.get("why", ""))
-            if injected.get("applied"):
-                await fault.settle(spec, ctx, injected)
+               applied=injected.applied, why=injected.why)
+            if injected.applied:
+                await fault.settle(spec, ctx, injected.to_dict())
         except asyncio.CancelledError:
-            if not injected:
+            if not injected._keys:
                 stop = self.stopping()
                 why = "the task ended" if stop is None else f"the wave stopped ({stop})"
-                injected = {"applied": False, "why": f"{why} before the planned time"}
+                injected = Injected(why=f"{why} before the planned time")
         except Exception as exc:  # noqa: BLE001 - a crashed injection is `unknown`, never a pass
             gone = node_taken(spec, ctx, exc)
-            injected = {"applied": False, "why": gone} if gone and not injected.get("applied") else \
-                dict(injected, error=f"{type(exc).__name__}: {exc}")
+            injected = Injected(why=gone) if gone and not injected.applied else \
+                injected.crashed(f"{type(exc).__name__}: {exc}")
         finally:
             try:
-                cleared = await fault.clear(spec, ctx, injected)
+                cleared = await fault.clear(spec, ctx, injected.to_dict())
             except Exception as exc:  # noqa: BLE001
                 cleared = {"error": f"clear failed: {exc}"}
-            receipt = fault.receipt(spec, injected, cleared)
-            if "error" in injected:
-                receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected['error']}"
+            receipt = fault.receipt(spec, injected.to_dict(), cleared)
+            if injected.error is not None:
+                receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected.error}"
             self.receipts.append(receipt)
             tl("fault_clear", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
                status=receipt.status, detail=receipt.detail)

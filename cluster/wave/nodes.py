@@ -46,7 +46,7 @@ class Nodes:
         return self.parts.hosts[self.fleet.node_ids.index(node)]
 
     def _reference_on(self, node: str) -> bool:
-        return any(r.current is not None and r.node == node and r.plan["role"] == "reference"
+        return any(r.current is not None and r.node == node and r.plan.role == "reference"
                    for r in self.runs.values())
 
     async def lose(self, node: str, mode: str, grace_s: float, down_s: float, instance: str, task_id: str) -> dict:

@@ -13,6 +13,7 @@ from cluster.config import WaveConfig
 from cluster.wave.errors import HarnessError
 from faults.base import FaultSpec
 from faults.planner import derive, plan_faults, task_seed
+from fleet.records import Plan, PlannedTask
 
 
 def new_wave_id(seed: int) -> str:
@@ -34,10 +35,10 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         seed = task_seed(cfg.seed, 0)
         key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
         base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
-        return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.public_dump(),
-                "runner": runner, "tasks": [], "enumerate": {"pending": True},
-                "references": [{"task_id": REF + "t000", "role": "reference", "reference_of": "t000", **base,
-                                "faults": [], "reference": {"task_id": REF + "t000", "key": key, "cached": False}}]}
+        ref = PlannedTask(REF + "t000", "reference", reference_of="t000", **base,
+                          reference={"task_id": REF + "t000", "key": key, "cached": False})
+        return Plan(wave_id, cfg.seed, time.time(), cfg.public_dump(), runner, references=(ref,),
+                    extra={"enumerate": {"pending": True}}).to_dict()
     task_ids = [f"t{i:03d}" for i in range(cfg.tasks)]
     faults = plan_faults(cfg.seed, task_ids, cfg.faults, cfg.fault_params())
     tasks, refs = [], []
@@ -46,13 +47,13 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
         cached = cache.get(key) is not None if cache is not None else False
         base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
-        tasks.append({"task_id": tid, "role": "task", **base, "faults": [f.to_dict() for f in faults[tid]],
-                      "reference": {"task_id": REF + tid, "key": key, "cached": cached}})
+        tasks.append(PlannedTask(tid, "task", **base, faults=tuple(f.to_dict() for f in faults[tid]),
+                                 reference={"task_id": REF + tid, "key": key, "cached": cached}))
         if not cached:
-            refs.append({"task_id": REF + tid, "role": "reference", "reference_of": tid, **base, "faults": [],
-                         "reference": {"task_id": REF + tid, "key": key, "cached": False}})
-    return {"wave_id": wave_id, "seed": cfg.seed, "created_at": time.time(), "config": cfg.public_dump(),
-            "runner": runner, "tasks": tasks, "references": refs, "placement": placement(cfg)}
+            refs.append(PlannedTask(REF + tid, "reference", reference_of=tid, **base,
+                                    reference={"task_id": REF + tid, "key": key, "cached": False}))
+    return Plan(wave_id, cfg.seed, time.time(), cfg.public_dump(), runner, tuple(tasks), tuple(refs),
+                extra={"placement": placement(cfg)}).to_dict()
 
 
 def placement(cfg: WaveConfig) -> dict:
@@ -74,16 +75,14 @@ def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCach
     if task is None:
         raise HarnessError(f"wave {original['wave_id']} has no task {task_id!r}; its tasks: "
                            f"{', '.join(t['task_id'] for t in original['tasks'][:20])}")
-    task = orjson.loads(orjson.dumps(task))
-    ref = task["reference"]
-    ref["cached"] = cache is not None and cache.get(ref["key"]) is not None
-    refs = [] if ref["cached"] else [{
-        "task_id": ref["task_id"], "role": "reference", "reference_of": task_id, "seed": task["seed"],
-        "runner": task["runner"], "workload": task["workload"], "steps": task["steps"], "faults": [],
-        "reference": dict(ref)}]
-    return {"wave_id": wave_id, "seed": original["seed"], "created_at": time.time(), "config": original["config"],
-            "runner": original["runner"], "tasks": [task], "references": refs,
-            "replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}
+    task = PlannedTask.of(orjson.loads(orjson.dumps(task)))
+    ref = dict(task.reference, cached=cache is not None and cache.get(task.reference["key"]) is not None)
+    task = PlannedTask.of({**task.to_dict(), "reference": ref})
+    refs = () if ref["cached"] else (PlannedTask(ref["task_id"], "reference", task.seed, task.runner, task.workload,
+                                                 task.steps, reference_of=task_id, reference=dict(ref)),)
+    return Plan(wave_id, original["seed"], time.time(), original["config"],
+                original["runner"], (task,), refs,
+                extra={"replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}).to_dict()
 
 
 def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
@@ -102,8 +101,8 @@ def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
         params = {"after": n, "variant": variant or "after"}
         spec = FaultSpec(fault_id="PK1", instance=f"{tid}-PK1", task_id=tid, trigger=kind, at_s=0.0,
                          seed=derive(plan["seed"], tid, "PK1").randrange(2**31), params=params)
-        tasks.append({"task_id": tid, "role": "task", "seed": ref["seed"], "runner": ref["runner"],
-                      "workload": ref["workload"], "steps": ref["steps"], "faults": [spec.to_dict()],
-                      "boundary": {"kind": kind, "n": n, "variant": variant},
-                      "reference": {"task_id": ref["task_id"], "key": ref["reference"]["key"], "cached": False}})
+        tasks.append(PlannedTask(tid, "task", ref["seed"], ref["runner"], ref["workload"], ref["steps"],
+                                 faults=(spec.to_dict(),), boundary={"kind": kind, "n": n, "variant": variant},
+                                 reference={"task_id": ref["task_id"], "key": ref["reference"]["key"],
+                                            "cached": False}).to_dict())
     return tasks

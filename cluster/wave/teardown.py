@@ -58,12 +58,12 @@ class Teardown:
             except Exception:  # noqa: BLE001
                 pass
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor is lost (harness fault): "
-                                                       f"{self.health.harness_fault['why'][:200]}"],
+                                                       f"{self.health.harness_fault.why[:200]}"],
                    "unavailable": True}
             self._write_sweeper(rep)
             return
         try:
-            engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
+            engine = self.health.harness_fault.why[:200] if self.health.lost("docker engine") else None
             rep = ray.get(sweeper.final.remote(self.wave_id, engine), timeout=self.sweep_settle_s + 60)
         except Exception as exc:  # noqa: BLE001
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
@@ -83,7 +83,7 @@ class Teardown:
         import ray
 
         fault = self.health.harness_fault
-        stopping = self.interrupted() or (fault and f"harness fault ({fault['part']})")
+        stopping = self.interrupted() or (fault and f"harness fault ({fault.part})")
         problems: list[str] = []
         self._end_lost_actors(problems)
         active = self._active_leases(problems)
@@ -141,7 +141,7 @@ class Teardown:
         import ray
 
         for _, h in self._live_hosts():
-            engine = self.health.harness_fault["why"][:200] if self.health.lost("docker engine") else None
+            engine = self.health.harness_fault.why[:200] if self.health.lost("docker engine") else None
             try:
                 ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
             except Exception as exc:  # noqa: BLE001

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from fleet.lifecycle import TASK_TRANSITIONS, Lifecycle, TaskState
+from fleet.records import PlannedTask
 
 
 class Event(str, enum.Enum):
@@ -76,7 +77,7 @@ class Timeline:
 
 @dataclass
 class TaskRun:
-    plan: dict
+    plan: PlannedTask  # the task as planned (typed: fleet/records.py)
     life: Lifecycle = field(default_factory=lambda: Lifecycle(TASK_TRANSITIONS, TaskState.PENDING))
     current: tuple | None = None  # (host handle, sandbox_id) while an attempt runs
     node: str | None = None  # the node of the attempt that runs now

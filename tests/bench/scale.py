@@ -110,7 +110,7 @@ def bench_sweep(rows: list, live: int = 500, ledger_rows: int = 10000) -> None:
         t = time.perf_counter()
         for i in range(ledger_rows - live // 2):  # ended leases of earlier attempts
             lease = ray.get(ledger.acquire.remote(f"{wave}/t{i:05d}", "node-1", f"t{i:05d}-a1", 60.0))
-            ray.get(ledger.release.remote(lease["task_id"], lease["fence"], None, "exit 0"))
+            ray.get(ledger.release.remote(lease.task_id, lease.fence, None, "exit 0"))
         for i in range(live // 2):  # the live ones under an active lease
             ray.get(ledger.acquire.remote(f"{wave}/l{i:05d}", "node-1", f"l{i:05d}-a1", 600.0))
         fill_s = time.perf_counter() - t

@@ -31,11 +31,11 @@ def test_preempted_attempt_reports_the_kill_and_next_attempt_gets_next_fence(tmp
         await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
         be.preempt("s1")
         out = await run
-        assert out["exit_code"] == -9 and out["state"] == "removed"
-        assert [h[2] for h in out["history"]] == ["running", "removed"] or out["killed_by"] == "preempt"
-        led.release("w/t0", lease["fence"])
+        assert out.exit_code == -9 and out.state == "removed"
+        assert [h[2] for h in out.history] == ["running", "removed"] or out.killed_by == "preempt"
+        led.release("w/t0", lease.fence)
         nxt = led.acquire("w/t0", "n0", "s2", 30)
-        assert nxt["fence"] == lease["fence"] + 1
+        assert nxt.fence == lease.fence + 1
     asyncio.run(main())
 
 
@@ -63,7 +63,7 @@ def test_fenced_attempt_is_killed_when_renewal_is_refused(tmp_path):
         await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
         clock.t += 5  # the lease expired while the holder was away (e.g. frozen)
         out = await asyncio.wait_for(run, 5)
-        assert out["killed_by"].startswith("fenced")
+        assert out.killed_by.startswith("fenced")
     asyncio.run(main())
 
 
@@ -73,7 +73,7 @@ def test_failed_start_leaves_no_sandbox(tmp_path):
         be.fail_next()
         host = SandboxHost("n0", be, None)
         out = await host.run_attempt(spec("s1"), {}, 30)  # a start error in one line, never a traceback
-        assert out["exit_code"] is None and "fake start failure" in out["start_error"], out
+        assert out.exit_code is None and "fake start failure" in out.start_error, out
         assert await host.running() == []
     asyncio.run(main())
 
@@ -100,9 +100,9 @@ def test_a_checkpoint_watch_armed_with_the_attempt_counts_windows_announced_befo
         _announce(s["workspace_dir"], "before-commit:1", "after-commit:1", "after-commit:2")
         arm = {"kind": "checkpoints", "nth": 2, "window": "after-commit:", "reason": "t0-PK5"}
         out = await asyncio.wait_for(host.run_attempt(s, {}, 30, None, [arm]), 10)
-        w = out["watches"]["t0-PK5"]
+        w = out.watches["t0-PK5"]
         assert w["fired"] and w["applied"] and w["window_name"] == "after-commit:2", w
-        assert out["killed_by"] == "t0-PK5" and out["exit_code"] == -9, out
+        assert out.killed_by == "t0-PK5" and out.exit_code == -9, out
     asyncio.run(main())
 
 
@@ -117,6 +117,6 @@ def test_a_checkpoint_watch_that_did_not_fire_reports_what_it_saw(tmp_path):
         _announce(s["workspace_dir"], "after-commit:1", "before-model:2", "after-commit:2")
         be.finish("s1", 0)  # it ends with two of the three announced: the next attempt owes one
         out = await asyncio.wait_for(run, 10)
-        assert out["watches"]["t0-PK5"] == {"fired": False, "seen": 2}, out
-        assert out["exit_code"] == 0
+        assert out.watches["t0-PK5"] == {"fired": False, "seen": 2}, out
+        assert out.exit_code == 0
     asyncio.run(main())

@@ -30,11 +30,11 @@ class Holder:
             if lease is None:
                 time.sleep(self.rng.uniform(0, 0.02))
                 continue
-            rec = {"task": task, "fence": lease["fence"], "holder": self.name, "renewed": 0, "refused_after": None}
-            version = lease["version"]
+            rec = {"task": task, "fence": lease.fence, "holder": self.name, "renewed": 0, "refused_after": None}
+            version = lease.version
             for _ in range(self.rng.randint(0, 4)):
                 time.sleep(self.rng.uniform(0.02, 0.12))
-                ok, version = ray.get(self.ledger.renew.remote(task, lease["fence"], version, 0.3))
+                ok, version = ray.get(self.ledger.renew.remote(task, lease.fence, version, 0.3))
                 if not ok:
                     rec["refused_after"] = rec["renewed"]
                     break
@@ -42,10 +42,10 @@ class Holder:
             if rec["refused_after"] is None:
                 if self.rng.random() < 0.3:  # a stalled holder: it never comes back, the lease runs out
                     time.sleep(0.4)
-                    ok, _ = ray.get(self.ledger.renew.remote(task, lease["fence"], version, 0.3))
+                    ok, _ = ray.get(self.ledger.renew.remote(task, lease.fence, version, 0.3))
                     rec["late_renewal_accepted"] = ok
                 else:
-                    ray.get(self.ledger.release.remote(task, lease["fence"], None, "done"))
+                    ray.get(self.ledger.release.remote(task, lease.fence, None, "done"))
             out.append(rec)
         return out
 

@@ -65,7 +65,7 @@ def test_sweep_never_reaps_a_leased_sandbox(fleet, tmp_path):
         report = ray.get(fleet.hosts[0].sweep.remote(wave, live))
         assert report["reaped"] == [] and report["live"] == ["live-1"]
         assert (wave, "live-1") in cgroups.list_sandboxes(wave)
-        ray.get(fleet.ledger.release.remote(f"{wave}/t0", lease["fence"]))
+        ray.get(fleet.ledger.release.remote(f"{wave}/t0", lease.fence))
     finally:
         report = ray.get(fleet.hosts[0].sweep.remote(wave, []))
     assert [r["sandbox_id"] for r in report["reaped"]] == ["live-1"]

@@ -6,10 +6,11 @@ import asyncio
 
 from cluster.wave.injector import Injector
 from cluster.wave.timeline import TaskRun
+from fleet.records import PlannedTask
 
 
 def _run_with_arm(nth: int) -> tuple[TaskRun, asyncio.Future]:
-    run = TaskRun(plan={"task_id": "t0"})
+    run = TaskRun(plan=PlannedTask("t0", "task", 1, "durable", "patch-repo", 3))
     fut = asyncio.get_running_loop().create_future()
     run.arms["t0-PK5"] = {"arm": {"kind": "checkpoints", "nth": nth, "window": "", "reason": "t0-PK5"},
                           "future": fut}
