@@ -206,7 +206,8 @@ class WaveRun:
                           "fault proxy": self.parts.proxy.proc.pid, "driver": os.getpid(),
                           "lease ledger": ray.get(self.parts.ledger.ping.remote(), timeout=60),
                           "sweep actor": ray.get(self.parts.fleet.sweeper.pid.remote(), timeout=60),
-                          "sandbox hosts": [i["pid"] for i in self.parts.fleet.host_info]}
+                          "sandbox hosts": [i["pid"] for i in self.parts.fleet.host_info],
+                          "ray": self.health.track_ray()}
 
     def _stop_why(self) -> str:
         if self.interrupted:

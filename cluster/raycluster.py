@@ -37,6 +37,7 @@ class RaySession:
         self.cluster = None  # ray.cluster_utils.Cluster when nodes > 1
         self.error_log: str | None = None  # where a simulated cluster's raylet deaths are written
         self.ray_nodes: dict[str, object] = {}  # node name -> ray._private.node.Node (simulated cluster)
+        self.ended_leftovers: list[str] = []  # processes of this Ray that outlived its shutdown, ended by its marker
 
     def start(self):
         # Ray reads these when it is imported and when its processes start: set them first.
@@ -138,6 +139,28 @@ class RaySession:
                                  why, int(time.time() * 1000 + deadline_s * 1000))
         return bool(ok), err or ""
 
+    def core_processes(self) -> list[tuple[str, str, int]]:
+        """(part, node, pid) of every process of this session's own Ray that a wave depends on: the GCS and each
+        node's raylet, and the agents each raylet starts (dashboard and runtime-env agents, its children); empty
+        for a cluster this session did not start (its processes are on other machines or not ours)."""
+        if not self.owned:
+            return []
+        if self.cluster is not None:
+            nodes = dict(self.ray_nodes)
+        else:
+            import ray._private.worker as rw
+
+            nodes = {"node-0": rw._global_node} if rw._global_node is not None else {}
+        out = []
+        for name, node in nodes.items():
+            procs = getattr(node, "all_processes", None) or {}
+            for info in procs.get("gcs_server", []):
+                out.append(("Ray GCS", name, info.process.pid))
+            for info in procs.get("raylet", []):
+                out.append((f"raylet {name}", name, info.process.pid))
+                out += [(f"{agent} {name}", name, pid) for agent, pid in ray_agents(info.process.pid)]
+        return out
+
     def stop(self) -> None:
         import ray
 
@@ -147,8 +170,64 @@ class RaySession:
             self.cluster.shutdown()
             self.cluster, self.ray_nodes = None, {}
         if self.tmpdir:
+            if self.want_tmpdir or self.owned:
+                self.ended_leftovers = end_leftovers(self.tmpdir)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+AGENTS = {"ray::DashboardAgent": "Ray dashboard agent", "dashboard/agent.py": "Ray dashboard agent",
+          "ray::RuntimeEnvAgent": "Ray runtime-env agent", "runtime_env/agent/main.py": "Ray runtime-env agent"}
+
+
+def ray_agents(raylet_pid: int) -> list[tuple[str, int]]:
+    """The agents a raylet started (its children, by command line: they retitle themselves)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{raylet_pid}/task")
+    except OSError:
+        return out
+    kids = set()
+    for tid in tasks:
+        try:
+            kids |= {int(x) for x in Path(f"/proc/{raylet_pid}/task/{tid}/children").read_text().split()}
+        except (OSError, ValueError):
+            continue
+    for pid in sorted(kids):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        name = next((n for key, n in AGENTS.items() if key in cmd), None)
+        if name:
+            out.append((name, pid))
+    return out
+
+
+def end_leftovers(tmpdir: str, timeout_s: float = 5.0) -> list[str]:
+    """SIGKILL what is left of the private Ray whose temp dir is `tmpdir` after its shutdown (a dead GCS leaves
+    its agents, retitled `ray::DashboardAgent`, orphaned for minutes), found by that dir, the session's own
+    marker; waits (bounded) until they are gone. Returns what it ended."""
+    import signal
+    import time
+
+    from fleet.markers import _cmdline, of_ray
+
+    me, ended = str(os.getpid()), []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [pid for pid in os.listdir("/proc")
+                if pid.isdigit() and pid != me and of_ray(pid, _cmdline(pid), tmpdir)]
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                ended.append(f"{pid} {_cmdline(pid)[:60].strip()}")
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    return sorted(set(ended))
 
 
 def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:

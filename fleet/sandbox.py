@@ -383,25 +383,32 @@ def release_workspace(path: str) -> None:
             pass
 
 
+def _executable(exe: str, path: str, binds) -> tuple[str, str | None]:
+    """The file the sandbox would run for `exe` (a bare name is looked up on the sandbox's PATH among what it is
+    shown: the first it can see and run), or why there is none."""
+    if "/" in exe:
+        if not os.path.isfile(exe):
+            return exe, f"runner command not found: {exe}"
+        if not os.access(exe, os.X_OK):
+            return exe, f"runner command not executable: {exe}"
+        return exe, None
+    found = shutil.which(exe, path=path)
+    if found is None:
+        return exe, f"runner command not found: {exe} (not on the sandbox PATH {path})"
+    seen = [c for c in (os.path.join(d, exe) for d in path.split(os.pathsep) if d)
+            if os.path.isfile(c) and _visible(c, binds)]
+    runnable = next((c for c in seen if not unreadable_by_sandbox_user([("x", c)], binds)), None)
+    return runnable or (seen[0] if seen else found), None
+
+
 def command_problem(argv: list[str], path: str, binds: list[str] = ()) -> str | None:
     """Why the runner command cannot start here, or None (checked before a sandbox is made). `binds`: what the
     sandbox sees of the host (the runner's code, its venv), which the sandbox user must be able to read."""
     if not argv or not argv[0]:
         return "runner command is empty"
-    exe = argv[0]
-    if "/" in exe:
-        if not os.path.isfile(exe):
-            return f"runner command not found: {exe}"
-        if not os.access(exe, os.X_OK):
-            return f"runner command not executable: {exe}"
-    else:
-        found = shutil.which(exe, path=path)
-        if found is None:
-            return f"runner command not found: {exe} (not on the sandbox PATH {path})"
-        # the sandbox looks it up on its PATH among what it is shown: the first it can see and run
-        seen = [c for c in (os.path.join(d, exe) for d in path.split(os.pathsep) if d)
-                if os.path.isfile(c) and _visible(c, binds)]
-        exe = next((c for c in seen if not unreadable_by_sandbox_user([("x", c)], binds)), seen[0] if seen else found)
+    exe, problem = _executable(argv[0], path, binds)
+    if problem:
+        return problem
     for a in argv[1:]:  # a script named by a relative path would be looked up in the fresh workspace
         if not os.path.isabs(a) and a.endswith((".py", ".sh", ".js", ".mjs", ".ts", ".rb")) and not a.startswith("-"):
             return (f"runner script not found: {a} (a relative path is taken from the workspace; give an absolute "

@@ -25,6 +25,11 @@ HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
          "lease ledger": "the lease ledger actor failed: re-run the wave (check Ray's logs for why)",
          "model endpoint": "the model endpoint failed: re-run the wave",
          "effects service": "the effects service failed: re-run the wave",
+         "Ray GCS": "the wave's Ray GCS died: Ray could no longer place or find actors, so nothing after it can be "
+                    "trusted: re-run the wave (`sandfleet sweep` ends the Ray processes it left)",
+         "raylet": "a raylet of the wave's Ray died: re-run the wave (check Ray's logs for why)",
+         "Ray dashboard agent": "a Ray agent died (its raylet goes with it): re-run the wave",
+         "Ray runtime-env agent": "a Ray agent died (its raylet goes with it): re-run the wave",
          "docker engine": "the docker engine stopped answering (a runner still running was ended by pid): "
                           "check `docker info` (infra/dockerd-up starts it); once it answers, `sandfleet "
                           "sweep` removes the wave's containers; then re-run the wave"}
@@ -45,6 +50,7 @@ class Health:
         self.harness_fault: HarnessFault | None = None
         self.last_ok: dict[str, float] = {}  # each watched part: when it last answered a probe
         self.load_samples: list[dict] = []  # host-load.jsonl
+        self.ray_procs: dict[str, tuple[str, int, str]] = {}  # part -> (node, pid, start time): the wave's own Ray
 
     def part_lost(self, part: str, why: str, since: float | None = None) -> None:
         """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
@@ -52,7 +58,8 @@ class Health:
         Tasks it touched (any not ended before the part's last good probe) are graded `unknown`, never `fail`."""
         if self.harness_fault is not None:
             return
-        hint = HINTS.get(part, f"{part} failed: re-run the wave (check Ray's logs for why)")
+        hint = HINTS.get(part) or HINTS.get(part.rsplit(" node-", 1)[0], f"{part} failed: re-run the wave (check "
+                                                                        "Ray's logs for why)")
         self.harness_fault = HarnessFault(part, why, since or time.time(), hint)
         self.timeline("harness_fault", **self.harness_fault.to_dict())
         self.on_lost()
@@ -81,7 +88,33 @@ class Health:
         finally:
             w.close()
 
+    def track_ray(self) -> dict[str, int]:
+        """Start watching the wave's own Ray processes (at set-up, before any task runs); returns part -> pid."""
+        self.dead_ray_process()
+        return {part: pid for part, (_, pid, _) in self.ray_procs.items()}
+
+    def dead_ray_process(self) -> tuple[str, str] | None:
+        """A process of the wave's own Ray that died (the GCS, a raylet, a raylet's agents), by the pid and start
+        time it was first seen with; a lost or draining node's are not watched (PK3 takes them on purpose), and
+        a node that came back is watched again from its new processes."""
+        session = getattr(self.parts.fleet, "ray_session", None)
+        if session is None:
+            return None
+        gone = self.nodes.out | set(getattr(self.parts.fleet, "down", ()) or ())
+        for part in [k for k, (node, _, _) in self.ray_procs.items() if node in gone]:
+            del self.ray_procs[part]
+        for part, node, pid in session.core_processes():
+            if node not in gone and part not in self.ray_procs and _started(pid):
+                self.ray_procs[part] = (node, pid, _started(pid))
+        for part, (_, pid, since) in self.ray_procs.items():
+            if _started(pid) != since:
+                return part, f"pid {pid} exited"
+        return None
+
     def dead_process(self) -> tuple[str, str] | None:
+        ray_dead = self.dead_ray_process()
+        if ray_dead is not None:
+            return ray_dead
         p = self.parts
         for part, proc in (("store", getattr(p.store, "proc", None)), ("fault proxy", p.proxy.proc)):
             if proc is not None and proc.poll() is not None:
@@ -162,6 +195,9 @@ class Health:
                 strikes[part] = strikes.get(part, 0) + 1
                 self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
                 if certain or strikes[part] >= strikes_needed:
+                    root = self.dead_ray_process()  # a dead raylet takes its actors with it: name the cause
+                    if root is not None and root[0] != part:
+                        part, why = root[0], f"{root[1]} (seen as {part}: {why})"
                     self.part_lost(part, why, since=self.last_ok.get(part, t0))
                     return
 
@@ -191,3 +227,14 @@ class Health:
             return False
         self.part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
         return True
+
+
+def _started(pid: int) -> str:
+    """The process's start time (field 22 of /proc/<pid>/stat), or "" when it is gone or a zombie: a pid with another
+    start time is another process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return "" if not fields or fields[0] in ("Z", "X") else fields[19]

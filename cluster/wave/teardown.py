@@ -213,6 +213,9 @@ class Teardown:
                 self._try(errors, f"stop {type(part).__name__}", lambda part=part, grace=grace: part.stop(**grace))
         if self.own_fleet and self.parts.fleet is not None:
             self._try(errors, "fleet stop", self.parts.fleet.stop)
+            ended = self.parts.fleet.ray_session.ended_leftovers
+            if ended:  # a dead GCS orphans its agents: they were ended by the session's temp dir (its marker)
+                self.timeline("ray_leftovers_ended", processes=ended)
         shutil.rmtree(self.private, ignore_errors=True)
         from fleet import cgroups
 

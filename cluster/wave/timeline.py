@@ -47,6 +47,7 @@ class Event(str, enum.Enum):
     LEASE_RENEWALS = "lease_renewals"
     SERVICE_COUNTS = "service_counts"
     TEARDOWN_ERRORS = "teardown_errors"
+    RAY_LEFTOVERS_ENDED = "ray_leftovers_ended"
     KEYS_REVOKED_AT_END = "keys_revoked_at_end"
     WAVE_END = "wave_end"
 

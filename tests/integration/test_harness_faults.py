@@ -4,6 +4,7 @@ nothing is left behind. The CLI joins the session's Ray through --address, so th
 the host killed here) are its own, not the session's."""
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -95,5 +96,63 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
     # no task started after the fault was seen
     t_fault = fault["t"]
     assert not [e for e in events if e["event"] == "attempt_start" and e["t"] > t_fault + 0.5]
+    assert not leftovers.wait_clean(before), "the wave left something behind"
+    assert not set(cgroups.harness_dirs()) - set(harness_before), "a harness cgroup was left behind"
+
+
+def _ray_leftovers(tmpdir: str) -> list[str]:
+    """Processes of a wave's private Ray: its temp dir on their command line, or (the retitled agents) open."""
+    from fleet.markers import _cmdline, of_ray
+
+    return [f"{pid} {_cmdline(pid)[:100]}" for pid in os.listdir("/proc")
+            if pid.isdigit() and pid != str(os.getpid()) and of_ray(pid, _cmdline(pid), tmpdir)]
+
+
+@pytest.mark.parametrize("part", ["Ray GCS", "raylet node-0"])
+def test_a_killed_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fault(tmp_path, part):
+    """The wave's own Ray (no --address): SIGKILL of its GCS or its raylet mid-wave is a harness fault named on
+    stderr (it was exit 0, `pass`: actors kept answering without the GCS), no task is `fail`, and the Ray
+    processes it left (the agents, orphaned) are ended by the wave's own markers."""
+    results = tmp_path / "results"
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text(CONFIG)
+    before, harness_before = leftovers.snapshot(), cgroups.harness_dirs()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results", str(results),
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tmpdir = None
+    try:
+        deadline = time.monotonic() + 120
+        running = 0
+        while time.monotonic() < deadline and p.poll() is None and running < 2:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            running = tl[0].read_bytes().count(b'"attempt_start"') if tl else 0
+            time.sleep(0.1)
+        assert running >= 2, "the wave never had two attempts running"
+        d = next(results.glob("w-*"))
+        ready = next(e for e in _events(d) if e["event"] == "parts_ready")
+        ray_pids = ready["pids"]["ray"]
+        assert {"Ray GCS", "raylet node-0"} <= set(ray_pids), ray_pids
+        tmpdir = f"/tmp/sfray-{hashlib.sha256(d.name.encode()).hexdigest()[:10]}"  # the wave's own Ray (driver.py)
+        os.kill(ray_pids[part], signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = p.communicate(timeout=180)
+        print(f"{part} SIGKILL: the wave ended {time.monotonic() - killed_at:.1f} s after the signal")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 2, (out, err)
+    assert f"harness fault: {part}" in err, err
+    fault = next(e for e in _events(d) if e["event"] == "harness_fault")
+    assert fault["part"] == part
+    grades = [orjson.loads(g.read_bytes()) for g in d.glob("*.grade.json")]
+    assert grades and not [g["task_id"] for g in grades if g["verdict"] == "fail"]
+    assert any(g["harness_fault"] == part for g in grades)
+    if part == "Ray GCS":  # its agents outlive it (for minutes): the wave ended them by its Ray's temp dir
+        assert any(e["event"] == "ray_leftovers_ended" for e in _events(d)), "the orphaned agents were not ended"
+    deadline = time.monotonic() + 15
+    while _ray_leftovers(tmpdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ray_leftovers(tmpdir), "the wave's dead Ray left processes"
     assert not leftovers.wait_clean(before), "the wave left something behind"
     assert not set(cgroups.harness_dirs()) - set(harness_before), "a harness cgroup was left behind"
