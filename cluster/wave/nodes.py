@@ -55,9 +55,14 @@ class Nodes:
         later."""
         if node in self.out:
             return {"applied": False, "why": f"node {node} was already draining or lost"}
-        if not [n for n in self.fleet.node_ids if n != node and n not in self.out]:
+        waited = await self._wait_for_another_node(node)
+        if node in self.out:
+            return {"applied": False, "why": f"node {node} was taken by another fault while this one waited for a "
+                                             "node to come back"}
+        if not self._live_besides(node):
             return {"applied": False, "why": f"node {node} is the last live sandbox node; a wave keeps one to finish "
-                                             "its tasks on"}
+                                             "its tasks on" + (f" (waited {waited:.1f} s for a lost node to come "
+                                                               "back)" if waited else "")}
         self.out.add(node)  # from now on no attempt is placed there
         host = self.host(node)
         t_wait = time.monotonic()
@@ -75,6 +80,8 @@ class Nodes:
                          any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
         out: dict = {"node": node, "mode": mode, "sandboxes": on_node,
                      "waited_for_references_s": round(time.monotonic() - t_wait, 3)}
+        if waited:
+            out["waited_for_a_node_back_s"] = round(waited, 3)
         t0 = time.time()
         if mode == "drain":
             self.faults[node] = instance  # attempts that end now end because of the drain
@@ -100,6 +107,32 @@ class Nodes:
         out["applied"] = True
         self.tasks.append(asyncio.get_running_loop().create_task(self._bring_back(node, down_s, instance)))
         return out
+
+    def _live_besides(self, node: str) -> list[str]:
+        return [n for n in self.fleet.node_ids if n != node and n not in self.out and n not in self.fleet.down]
+
+    BACK_WAIT_S = 120.0  # how long a PK3 that would take the last live node waits for a lost one to come back
+
+    async def _wait_for_another_node(self, node: str) -> float:
+        """When `node` is the last live sandbox node but another is lost and on its way back, wait (bounded) until
+        one is back, so the fault can apply instead of being `not_applied`; returns the seconds waited (0: no
+        wait was needed or possible)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.BACK_WAIT_S:
+            if self._live_besides(node):
+                break
+            coming = [self.events[n] for n in self.lost if n != node and n in self.events
+                      and not self.events[n].is_set()]
+            if not coming:
+                break
+            waits = {asyncio.ensure_future(e.wait()) for e in coming}
+            try:
+                await asyncio.wait(waits, timeout=max(0.01, self.BACK_WAIT_S - (time.monotonic() - t0)),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        return time.monotonic() - t0 if time.monotonic() - t0 >= 0.001 else 0.0
 
     def reap(self, node: str) -> list[str]:
         """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
