@@ -1,6 +1,6 @@
 """Harness services a runner talks to, on 127.0.0.1: the task registry they share, and
 a small threaded JSON-over-HTTP server base with per-task bearer keys, a body size
-limit and a per-key in-flight limit (a runner that floods gets 429, not the others'
+limit, a per-key in-flight limit and a per-key request rate (a runner that floods gets 429, not the others'
 latency). Every call is attributed by its key, never by what the runner claims.
 """
 from __future__ import annotations
@@ -16,6 +16,11 @@ import orjson
 
 MAX_BODY = 8 * 1024 * 1024
 MAX_IN_FLIGHT_PER_KEY = 8
+# requests a second per key (a token bucket: RATE_PER_KEY sustained, BURST_PER_KEY at once): a runner that loops on
+# the model endpoint or the effects service gets 429, not the driver's CPU. A step is one model call and at most a
+# few effects; durable makes under 10 calls a second, and every example runner fewer
+RATE_PER_KEY = 50.0
+BURST_PER_KEY = 100.0
 MAX_CONNECTIONS = 512  # open connections per service: one more is closed at once (each one is a thread)
 IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (a keep-alive between steps is not)
 
@@ -179,6 +184,7 @@ class JsonService:
         self.log = CallLog(log_path)
         self.fenced: CallLog | None = None  # where refused calls of fenced attempts are recorded (set by the wave)
         self._in_flight: dict[str, int] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, when last refilled)
         self._lock = threading.Lock()
         service = self
 
@@ -293,6 +299,11 @@ class JsonService:
             entry = self.authenticate(h)
             key = entry.key
             with self._lock:
+                if not self._take_token(key):
+                    key = None
+                    raise HttpError(429, f"more than {RATE_PER_KEY:g} requests a second for this key (bursts of "
+                                         f"{BURST_PER_KEY:g}): slow down and retry", type_="rate_limit_exceeded",
+                                    code="rate_limit_exceeded")
                 if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT_PER_KEY:
                     key = None
                     raise HttpError(429, f"more than {MAX_IN_FLIGHT_PER_KEY} requests in flight for this key",
@@ -308,6 +319,17 @@ class JsonService:
             if key is not None:
                 with self._lock:
                     self._in_flight[key] -= 1
+
+    def _take_token(self, key: str) -> bool:
+        """The key's token bucket (under the lock): refilled at RATE_PER_KEY a second up to BURST_PER_KEY."""
+        t = time.monotonic()
+        tokens, last = self._buckets.get(key, (BURST_PER_KEY, t))
+        tokens = min(BURST_PER_KEY, tokens + (t - last) * RATE_PER_KEY)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, t)
+            return False
+        self._buckets[key] = (tokens - 1.0, t)
+        return True
 
     def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
         raise NotImplementedError

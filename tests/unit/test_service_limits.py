@@ -1,7 +1,7 @@
 """The harness services against a hostile client on real sockets: a body length that is not a plain number is
 refused without reading the body (a negative Content-Length made the old reader read to EOF, so a runner could
 stream gigabytes into the driver's heap), idle connections are closed, and the number of open connections is
-capped (each one is a thread in the driver)."""
+capped (each one is a thread in the driver), and so is the rate of requests per key."""
 from __future__ import annotations
 
 import socket
@@ -124,3 +124,37 @@ def test_connections_past_the_cap_are_closed_and_the_others_still_served(effects
         time.sleep(0.01)
     assert fx.server._open == 0
     assert services.MAX_CONNECTIONS >= 256  # the default leaves room for every attempt of a large wave
+
+
+def test_a_key_that_floods_is_rate_limited_and_another_key_is_not(tmp_path, monkeypatch):
+    """A runner looping on a service gets 429 past its key's burst, a second later it has RATE_PER_KEY more, and
+    another task's key beside it is served. The service's clock is held still, so no refill depends on how fast
+    this machine answers."""
+    import urllib.error
+    import urllib.request
+
+    clock = [1000.0]
+    monkeypatch.setattr(services.time, "monotonic", lambda: clock[0])
+    reg = TaskRegistry()
+    flood, honest = reg.register("t1", 1, 4, "patch-repo"), reg.register("t2", 2, 4, "patch-repo")
+    fx = EffectsService(reg, log_path=tmp_path / "fx.jsonl").start()
+    url = f"{fx.url}/v1/effects/none"
+
+    def get(key: str) -> int:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        burst, rate = int(services.BURST_PER_KEY), int(services.RATE_PER_KEY)
+        codes = [get(flood) for _ in range(burst + 5)]
+        assert codes[:burst] == [404] * burst and codes[burst:] == [429] * 5, codes  # (404: no such route)
+        assert get(honest) == 404
+        clock[0] += 1.0
+        codes = [get(flood) for _ in range(rate + 3)]
+        assert codes[:rate] == [404] * rate and codes[rate:] == [429] * 3, codes
+    finally:
+        fx.stop()
