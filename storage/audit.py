@@ -90,6 +90,30 @@ def list_incomplete_uploads(mc: Minio, bucket: str, prefix: str | None = None, p
     return list(seen.values())
 
 
+def _read_back(mc: Minio, bucket: str, key: str) -> tuple[str, int]:
+    """The object's sha256 and length, read back whole through the second client."""
+    h, n = hashlib.sha256(), 0
+    resp = mc.get_object(bucket, key)
+    try:
+        for chunk in resp.stream(256 * 1024):
+            h.update(chunk)
+            n += len(chunk)
+    finally:
+        resp.close()
+        resp.release_conn()
+    return h.hexdigest(), n
+
+
+def _differs_from_write(exp: dict, n: int, sha256: str) -> list[str]:
+    """How the stored object differs from what its writer sent (the proxy's record of the committed write)."""
+    bad = []
+    if exp["size"] is not None and exp["size"] != n:
+        bad.append(f"its writer sent {exp['size']} bytes ({exp['how']}), the store holds {n}")
+    if exp["sha256"] and exp["sha256"] != sha256:
+        bad.append(f"sha256 {sha256[:16]}... is not the {exp['sha256'][:16]}... its writer signed")
+    return bad
+
+
 def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: list[dict] | None,
           abort: bool = True, page: int = 1000, shared: bool = False) -> dict:
     """`shared`: the bucket holds other waves' keys too (a lent fleet's store): only the wave's prefix is read."""
@@ -102,17 +126,9 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
     for obj in mc.list_objects(bucket, prefix=scope, recursive=True):
         key = obj.object_name
         owner = next((t for t, p in prefixes.items() if key.startswith(p)), None)
-        h, n = hashlib.sha256(), 0
-        resp = mc.get_object(bucket, key)
-        try:
-            for chunk in resp.stream(256 * 1024):
-                h.update(chunk)
-                n += len(chunk)
-        finally:
-            resp.close()
-            resp.release_conn()
+        digest, n = _read_back(mc, bucket, key)
         rec = {"key": key[len(prefixes[owner]):] if owner else key, "size": obj.size, "read": n,
-               "sha256": h.hexdigest(), "etag": (obj.etag or "").strip('"')}
+               "sha256": digest, "etag": (obj.etag or "").strip('"')}
         if owner is None:
             outside.append(key)
             findings.append({"signature": "store_key_outside_task_prefixes", "key": key,
@@ -123,15 +139,10 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
             findings.append({"signature": "store_object_short_read", "key": key, "task": owner,
                              "detail": f"listed as {obj.size} bytes, read back {n}"})
         exp = (expected or {}).get(key)
-        if exp is not None and not exp.get("cut"):
-            bad = []
-            if exp["size"] is not None and exp["size"] != n:
-                bad.append(f"its writer sent {exp['size']} bytes ({exp['how']}), the store holds {n}")
-            if exp["sha256"] and exp["sha256"] != rec["sha256"]:
-                bad.append(f"sha256 {rec['sha256'][:16]}... is not the {exp['sha256'][:16]}... its writer signed")
-            if bad:
-                findings.append({"signature": "store_object_differs_from_write", "key": key, "task": owner,
-                                 "detail": "; ".join(bad)})
+        bad = _differs_from_write(exp, n, rec["sha256"]) if exp is not None and not exp.get("cut") else []
+        if bad:
+            findings.append({"signature": "store_object_differs_from_write", "key": key, "task": owner,
+                             "detail": "; ".join(bad)})
         rec["checked_against_write"] = exp is not None and not exp.get("cut")
     uploads = list_incomplete_uploads(mc, bucket, prefix=scope, page=page, abort=abort)
     for u in uploads:
