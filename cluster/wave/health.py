@@ -1,6 +1,7 @@
 """Health: every part a wave started or uses is watched until the wave ends.
 
-Processes and services are probed every 0.5 s (a dead process at once; one that does not answer HTTP within
+Processes and services are probed every 0.5 s (the store, the proxy, the services and the wave's own Ray: its GCS,
+each live node's raylet and the agents a raylet starts; a dead process at once; one that does not answer HTTP within
 `health.answer_s`, `health.strikes` times in a row), actors every 1 s (dead at once; no answer to a ping within
 `health.actor_timeout_s`, `health.actor_strikes` times). A lost part is a harness fault: it is recorded, no task
 starts after it, and the wave ends; the tasks it touched are graded `unknown`, never `fail`. The host's load is

@@ -1,0 +1,230 @@
+"""A wave's Ray: a private local Ray (default; `nodes > 1`, a simulated cluster of real raylets on this machine) or an
+existing cluster by address, and the processes of a private Ray the harness watches and ends.
+
+A local Ray gets its own temp dir, usage stats off, and an explicit per-run auth token (Ray's token auth is on by
+default; every process of this Ray gets the token through the environment, and nothing is written to ~/.ray).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+from cluster import results
+
+
+# Node death must be seen in about a second, not Ray's default 15 s+ (PK3 kills nodes on purpose).
+HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                 "health_check_initial_delay_ms": 0, "health_check_timeout_ms": 500}
+
+
+def node_resource(name: str) -> str:
+    """The custom resource that pins a sandbox host to its simulated node (a node's name outlives its Ray id)."""
+    return f"sandfleet-node:{name}"
+
+
+class RaySession:
+    def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
+                 nodes: int = 1):
+        self.address = address
+        self.num_cpus = num_cpus
+        self.nodes = nodes  # > 1: a simulated cluster of that many Ray nodes on this machine (local only)
+        self.want_tmpdir = tmpdir  # a wave's own Ray: a path that carries the wave's marker (for the sweep)
+        self.tmpdir: str | None = None
+        self.owned = False
+        self.cluster = None  # ray.cluster_utils.Cluster when nodes > 1
+        self.error_log: str | None = None  # where a simulated cluster's raylet deaths are written
+        self.ray_nodes: dict[str, object] = {}  # node name -> ray._private.node.Node (simulated cluster)
+        self.ended_leftovers: list[str] = []  # processes of this Ray that outlived its shutdown, ended by its marker
+
+    def start(self):
+        # Ray reads these when it is imported and when its processes start: set them first.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if self.address == "local":
+            # A private Ray is one machine: make Ray take 127.0.0.1 as the node address instead
+            # of resolving "localhost" to the host's interface address.
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            os.environ["RAY_AUTH_MODE"] = "token"
+            os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        import ray
+
+        if ray.is_initialized():
+            return ray
+        if self.address == "local":
+            # Short path: Ray's unix sockets live under it.
+            if self.want_tmpdir:
+                os.makedirs(self.want_tmpdir, mode=0o700, exist_ok=True)
+                self.tmpdir = self.want_tmpdir
+            else:
+                self.tmpdir = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
+            os.environ["RAY_TMPDIR"] = self.tmpdir
+            if self.nodes > 1:
+                self._start_cluster(ray)
+                return ray
+            ray.init(address="local", _temp_dir=self.tmpdir, include_dashboard=False,
+                     _node_ip_address="127.0.0.1",
+                     num_cpus=self.num_cpus or os.cpu_count(), log_to_driver=False,
+                     configure_logging=False)
+            self.owned = True
+        else:
+            ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+        return ray
+
+    def _node_args(self, name: str) -> dict:
+        # no autoscaler monitor and no log monitor: a simulated cluster never scales, and its workers' logs are
+        # never sent to the driver (log_to_driver=False); each is a Python process that costs a CPU-second to
+        # start and most of a second to stop
+        return {"num_cpus": 1, "resources": {node_resource(name): 1}, "node_ip_address": "127.0.0.1",
+                "temp_dir": self.tmpdir, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024,
+                "no_monitor": True, "include_log_monitor": False}
+
+    def _start_cluster(self, ray) -> None:
+        """A simulated cluster: a head (node-0: the harness's actors and the driver) and `nodes - 1` workers,
+        every one a real raylet on 127.0.0.1 under this session's temp dir, with fast health checks."""
+        from ray.cluster_utils import Cluster
+
+        os.makedirs(os.path.join(self.tmpdir, "ray"), exist_ok=True)  # Cluster writes its address file there
+        # shutdown_at_exit=False: the session stops its nodes itself (Ray's exit hooks fail on removed nodes);
+        # a driver that dies leaves them to `sandfleet sweep`, which finds them by this session's temp dir
+        self.cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
+                               head_node_args=dict(self._node_args("node-0"), _system_config=HEALTH_CHECKS))
+        self.ray_nodes["node-0"] = self.cluster.head_node
+        for i in range(1, self.nodes):
+            self.add_node(f"node-{i}")
+        ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+        self.owned = True
+        self._quiet_node_deaths()
+
+    def _quiet_node_deaths(self) -> None:
+        """A lost node is a planned fault (PK3) here: Ray's driver prints each raylet death with its last log
+        lines to stdout; those go to `ray-errors.log` in the session's temp dir instead (the wave copies it
+        into its results). Ray has no option for this: its error listener's printer is wrapped."""
+        import ray._private.worker as rw
+
+        self.error_log = os.path.join(self.tmpdir, results.RAY_ERRORS)
+        printer, path = rw.print_to_stdstream, self.error_log
+
+        def to_file(data, ignore_prefix):
+            if data.get("pid") != "raylet":
+                return printer(data, ignore_prefix)
+            with open(path, "a") as f:
+                f.write("\n".join(data.get("lines") or []) + "\n")
+
+        rw.print_to_stdstream = to_file
+
+    def add_node(self, name: str):
+        """Start (or bring back) the simulated node `name`: a new raylet that offers the node's resource."""
+        node = self.cluster.add_node(**self._node_args(name))
+        self.ray_nodes[name] = node
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Kill the simulated node's raylet and the processes Ray started for it (no grace: a lost machine)."""
+        node = self.ray_nodes.pop(name)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def drain_node(self, name: str, deadline_s: float, why: str) -> tuple[bool, str]:
+        """Ask the GCS to drain the node for preemption (what `ray drain-node --reason PREEMPTION` does): no new
+        work is placed there; the node is killed at the deadline by whoever asked (here: the fault)."""
+        import time
+
+        import ray
+        from ray.core.generated import autoscaler_pb2
+
+        node = self.ray_nodes[name]
+        gcs = ray._raylet.GcsClient(address=self.cluster.address)
+        ok, err = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                 why, int(time.time() * 1000 + deadline_s * 1000))
+        return bool(ok), err or ""
+
+    def core_processes(self) -> list[tuple[str, str, int]]:
+        """(part, node, pid) of every process of this session's own Ray that a wave depends on: the GCS and each
+        node's raylet, and the agents each raylet starts (dashboard and runtime-env agents, its children); empty
+        for a cluster this session did not start (its processes are on other machines or not ours)."""
+        if not self.owned:
+            return []
+        if self.cluster is not None:
+            nodes = dict(self.ray_nodes)
+        else:
+            import ray._private.worker as rw
+
+            nodes = {"node-0": rw._global_node} if rw._global_node is not None else {}
+        out = []
+        for name, node in nodes.items():
+            procs = getattr(node, "all_processes", None) or {}
+            for info in procs.get("gcs_server", []):
+                out.append(("Ray GCS", name, info.process.pid))
+            for info in procs.get("raylet", []):
+                out.append((f"raylet {name}", name, info.process.pid))
+                out += [(f"{agent} {name}", name, pid) for agent, pid in ray_agents(info.process.pid)]
+        return out
+
+    def stop(self) -> None:
+        import ray
+
+        if self.owned and ray.is_initialized():
+            ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster, self.ray_nodes = None, {}
+        if self.tmpdir:
+            if self.want_tmpdir or self.owned:
+                self.ended_leftovers = end_leftovers(self.tmpdir)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+
+AGENTS = {"ray::DashboardAgent": "Ray dashboard agent", "dashboard/agent.py": "Ray dashboard agent",
+          "ray::RuntimeEnvAgent": "Ray runtime-env agent", "runtime_env/agent/main.py": "Ray runtime-env agent"}
+
+
+def ray_agents(raylet_pid: int) -> list[tuple[str, int]]:
+    """The agents a raylet started (its children, by command line: they retitle themselves)."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{raylet_pid}/task")
+    except OSError:
+        return out
+    kids = set()
+    for tid in tasks:
+        try:
+            kids |= {int(x) for x in Path(f"/proc/{raylet_pid}/task/{tid}/children").read_text().split()}
+        except (OSError, ValueError):
+            continue
+    for pid in sorted(kids):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        name = next((n for key, n in AGENTS.items() if key in cmd), None)
+        if name:
+            out.append((name, pid))
+    return out
+
+
+def end_leftovers(tmpdir: str, timeout_s: float = 5.0) -> list[str]:
+    """SIGKILL what is left of the private Ray whose temp dir is `tmpdir` after its shutdown (a dead GCS leaves
+    its agents, retitled `ray::DashboardAgent`, orphaned for minutes), found by that dir, the session's own
+    marker; waits (bounded) until they are gone. Returns what it ended."""
+    import signal
+    import time
+
+    from fleet.markers import _cmdline, of_ray
+
+    me, ended = str(os.getpid()), []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [pid for pid in os.listdir("/proc")
+                if pid.isdigit() and pid != me and of_ray(pid, _cmdline(pid), tmpdir)]
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                ended.append(f"{pid} {_cmdline(pid)[:60].strip()}")
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    return sorted(set(ended))
