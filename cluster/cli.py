@@ -259,6 +259,16 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
     return exit_code(result)
 
 
+@app.command("report")
+def report_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory")) -> int:
+    """Render a finished wave's SUMMARY.md and index.html again from its stored files (graded again from them, as
+    `sandfleet grade` does; runs nothing)."""
+    code = grade_cmd(results_dir)
+    if code in (0, 1, 2) and (results_dir / results.INDEX_HTML).is_file():
+        out.print(f"REPORT: {results_dir / results.INDEX_HTML}", highlight=False, soft_wrap=True)
+    return code
+
+
 @app.command("league")
 def league_cmd(
     config: Path = typer.Argument(..., help="league config (YAML): runners, fault_sets, wave"),

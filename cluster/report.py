@@ -1,4 +1,5 @@
-"""Reports rendered only from a wave's stored files: SUMMARY.md and a timeline picture."""
+"""Reports rendered only from a wave's stored files: SUMMARY.md, a timeline picture and the web page
+(`cluster/htmlreport.py`)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -157,6 +158,13 @@ def write_summary(d: Path, result: dict) -> Path:
         _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed
         lines.append(f"(timeline picture not drawn: {exc})")
+    try:
+        from cluster.htmlreport import write_html
+
+        write_html(d, result)
+        lines.append(f"The report as a web page: `{results.INDEX_HTML}` (a page per task under `{results.PAGES}/`).")
+    except Exception as exc:  # noqa: BLE001 - the page is a view of the same files; the summary says if it failed
+        lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
     out = d / results.SUMMARY
     out.write_text("\n".join(lines))
     return out

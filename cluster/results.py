@@ -31,6 +31,9 @@ SWEEPER = "sweeper.json"
 STORE_AUDIT = "store-audit.json"
 RAY_ERRORS = "ray-errors.log"
 SUMMARY = "SUMMARY.md"
+INDEX_HTML = "index.html"
+PAGES = "pages"
+EVIDENCE_RUNNER_LOGS = "runner-logs.txt"
 GRADE_SUFFIX = ".grade.json"
 ARTIFACTS = "artifacts"
 ARTIFACT_MANIFEST = "artifact.json"
@@ -81,6 +84,8 @@ LAYOUT: list[tuple[str, str]] = [
     (f"{EVIDENCE}/<task>/", "redacted evidence: grade, attempts, store writes, events around each fault, log tails"),
     (SUMMARY, "the human summary: verdict, cells, controls, replay commands"),
     (TIMELINE_PNG, "the timeline as a picture"),
+    (INDEX_HTML, "the report as a self-contained web page: verdict, timeline, fault x outcome, tasks (filterable)"),
+    (f"{PAGES}/<task>.html", "one task's page: attempts, receipts, checks, redacted log tails, replay command"),
 ]
 
 
@@ -111,6 +116,7 @@ class ResultsDir:
     store_audit = property(lambda self: self.path / STORE_AUDIT)
     ray_errors = property(lambda self: self.path / RAY_ERRORS)
     summary = property(lambda self: self.path / SUMMARY)
+    index_html = property(lambda self: self.path / INDEX_HTML)
     artifacts = property(lambda self: self.path / ARTIFACTS)
     sandboxes = property(lambda self: self.path / SANDBOXES)
     evidence_root = property(lambda self: self.path / EVIDENCE)

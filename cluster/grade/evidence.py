@@ -111,7 +111,7 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
         except OSError as exc:
             tail = [f"(unreadable: {exc})"]
         out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
-    put("runner-logs.txt", "".join(out))
+    put(results.EVIDENCE_RUNNER_LOGS, "".join(out))
 
 
 def redact_runner_logs(out: results.ResultsDir, values) -> int:

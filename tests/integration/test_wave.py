@@ -146,6 +146,9 @@ def test_grade_regrades_a_finished_wave_without_running(durable_wave):
     cli = subprocess.run([sys.executable, "-m", "cluster.cli", "grade", str(d)], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
     assert "SUMMARY:" in cli.stdout
+    (d / "index.html").unlink()
+    cli = subprocess.run([sys.executable, "-m", "cluster.cli", "report", str(d)], capture_output=True, text=True)
+    assert cli.returncode == 0 and f"REPORT: {d / 'index.html'}" in cli.stdout, (cli.stdout, cli.stderr)
     summary = (d / "SUMMARY.md").read_text()
     assert "durable × patch-repo × PK1" in summary and "Resume survival rate" in summary
 
@@ -154,10 +157,12 @@ def test_wave_results_layout(durable_wave):
     result, d = durable_wave
     for name in ("plan.json", "timeline.jsonl", "faults.json", "ledger.jsonl", "store-audit.json",
                  "sandbox-sweep.json", "SUMMARY.md", "model-calls.jsonl", "effects.jsonl", "proxy-requests.jsonl",
-                 "timeline.png"):
+                 "timeline.png", "index.html"):
         assert (d / name).exists(), name
     for g in result["tasks"] + result["references"]:
         assert (d / f"{g['task_id']}.grade.json").exists()
+        assert f"pages/{g['task_id']}.html" in (d / "index.html").read_text()
+        assert g["verdict"] in (d / "pages" / f"{g['task_id']}.html").read_text()
         assert (d / "artifacts" / g["task_id"] / "artifact.json").exists()
     latest = d.parent / "latest"
     assert latest.is_symlink() and (latest.resolve() / "plan.json").is_file()  # points at a finished wave

@@ -1,0 +1,192 @@
+"""The wave report as HTML, rendered only from the stored files and the wave's result: `index.html` (the verdict,
+the wave's checks, an interactive timeline with one lane per task grouped by node, the fault x outcome matrix, the
+tasks table filterable by verdict, fault and check) and one page per task under `pages/` (its attempts and why each
+ended, its faults' receipts, every check with its reason, the redacted log tails, the replay command).
+
+Self-contained: inline CSS, SVG and a few lines of JS; no network. Everything a runner could have written (its
+log, a check's detail quoting it) is escaped.
+"""
+from __future__ import annotations
+
+import html
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import orjson
+
+from cluster import results
+from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS, UNKNOWN
+
+VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLIED)
+COLOR = {PASS: "#2e7d32", FAIL: "#c62828", UNKNOWN: "#ef6c00", NOT_APPLIED: "#757575"}
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f3f3f3}
+.v{font-weight:bold}.pass{color:#2e7d32}.fail{color:#c62828}.unknown{color:#ef6c00}.not_applied{color:#757575}
+pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:320px}code{background:#f3f3f3;padding:1px 4px}
+svg text{font:11px system-ui,sans-serif}"""
+LANE, LEFT, WIDTH = 18, 150, 900
+
+
+def _e(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _page(title: str, body: str, script: str = "") -> str:
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style></head>"
+            f"<body>{body}{f'<script>{script}</script>' if script else ''}</body></html>")
+
+
+def _verdict(v: str) -> str:
+    return f"<span class='v {_e(v)}'>{_e(v)}</span>"
+
+
+def timeline_svg(events: list[dict]) -> str:
+    """One lane per task, grouped by the node its first attempt ran on: attempts as bars (green: exit 0, red:
+    killed or failed), applied faults as triangles, fault windows as lines, node losses and harness faults as
+    vertical lines; hovering any of them shows what it was (its <title>)."""
+    starts = {(e["task"], e["attempt"]): e for e in events if e["event"] == "attempt_start"}
+    node_of: dict[str, str] = {}
+    for (tid, _), e in sorted(starts.items(), key=lambda kv: kv[1]["t"]):
+        node_of.setdefault(tid, e.get("node") or "node-0")
+    tasks = sorted({e["task"] for e in events if e.get("task")}, key=lambda t: (node_of.get(t, "~"), t))
+    t_end = max([e["t"] for e in events] + [1.0])
+    x = lambda t: LEFT + (t / t_end) * WIDTH  # noqa: E731
+    row = {t: i for i, t in enumerate(tasks)}
+    y = lambda tid: 24 + row[tid] * LANE  # noqa: E731
+    parts = []
+    for tid in tasks:
+        parts.append(f"<text x=4 y={y(tid) + 12} data-lane='{_e(tid)}'>{_e(node_of.get(tid, '-'))} "
+                     f"{_e(tid)}</text>")
+    clears = {e.get("instance"): e["t"] for e in events if e["event"] == "fault_clear"}
+    for e in events:
+        if e["event"] == "attempt_end" and e.get("task") in row:
+            st = starts.get((e["task"], e.get("attempt")), e)
+            ok = e.get("exit_code") == 0
+            what = (f"{e['task']} attempt {e.get('attempt')} on {st.get('node') or '-'}: "
+                    f"{e.get('cause') or ('exit 0' if ok else 'exit ' + str(e.get('exit_code')))}")
+            parts.append(f"<rect class=attempt data-task='{_e(e['task'])}' x={x(st['t']):.1f} y={y(e['task']) + 2} "
+                         f"width={max(1.0, x(e['t']) - x(st['t'])):.1f} height={LANE - 6} "
+                         f"fill='{'#66bb6a' if ok else '#ef5350'}'><title>{_e(what)}</title></rect>")
+        elif e["event"] == "fault_inject" and e.get("task") in row:
+            applied = bool(e.get("applied"))
+            what = (f"{e.get('instance')} ({e.get('fault')}): {'applied' if applied else 'not applied'} "
+                    f"{e.get('why') or ''}")
+            px, py = x(e["t"]), y(e["task"])
+            parts.append(f"<polygon class=fault data-task='{_e(e['task'])}' points='{px - 5:.1f},{py:.1f} "
+                         f"{px + 5:.1f},{py:.1f} {px:.1f},{py + 8:.1f}' fill='{'#000' if applied else '#bbb'}'>"
+                         f"<title>{_e(what)}</title></polygon>")
+            end = clears.get(e.get("instance"))
+            if applied and end is not None and end - e["t"] > 0.05:
+                parts.append(f"<line class=window x1={px:.1f} x2={x(end):.1f} y1={py + LANE - 3} y2={py + LANE - 3} "
+                             f"stroke='#000' stroke-width=3><title>{_e(e.get('instance'))} window "
+                             f"{end - e['t']:.1f} s</title></line>")
+        elif e["event"] in ("node_lost", "node_back", "harness_fault"):
+            what = (f"harness fault: {e.get('part')}: {e.get('why')}" if e["event"] == "harness_fault"
+                    else f"{e['event'].replace('_', ' ')}: {e.get('node')} ({e.get('fault') or ''})")
+            color = "#c62828" if e["event"] == "harness_fault" else "#1565c0"
+            parts.append(f"<line class='{_e(e['event'])}' x1={x(e['t']):.1f} x2={x(e['t']):.1f} y1=16 "
+                         f"y2={24 + len(tasks) * LANE} stroke='{color}' stroke-dasharray='4 3'>"
+                         f"<title>{_e(what)}</title></line>")
+    height = 40 + len(tasks) * LANE
+    axis = (f"<text x={LEFT} y=12>0 s</text><text x={LEFT + WIDTH - 40} y=12>{t_end:.1f} s</text>")
+    return (f"<svg id=timeline xmlns='http://www.w3.org/2000/svg' width={LEFT + WIDTH + 10} height={height}>"
+            f"{axis}{''.join(parts)}</svg>")
+
+
+def _matrix(grades: list[dict]) -> str:
+    cells: dict[str, Counter] = defaultdict(Counter)
+    for g in grades:
+        cells["+".join(g["faults"]) or "none"][g["verdict"]] += 1
+    head = "".join(f"<th>{_e(v)}</th>" for v in VERDICTS)
+    rows = "".join(f"<tr><td>{_e(f)}</td>" + "".join(f"<td>{c[v] or ''}</td>" for v in VERDICTS) + "</tr>"
+                   for f, c in sorted(cells.items()))
+    return f"<table id=matrix><tr><th>fault</th>{head}</tr>{rows}</table>"
+
+
+def _tasks_table(grades: list[dict]) -> str:
+    rows = []
+    for g in grades:
+        bad = [k for k, c in g["checks"].items() if c["verdict"] != PASS]
+        faults = "+".join(g["faults"]) or "none"
+        bad_txt = ", ".join(f"{k}={g['checks'][k]['verdict']}" for k in bad) or "-"
+        rows.append(f"<tr data-verdict='{_e(g['verdict'])}' data-fault='{_e(faults)}' "
+                    f"data-checks='{_e(' '.join(bad))}'>"
+                    f"<td><a href='{results.PAGES}/{_e(g['task_id'])}.html'>{_e(g['task_id'])}</a></td>"
+                    f"<td>{_e(faults)}</td><td>{g['attempts']}</td><td>{_verdict(g['verdict'])}</td>"
+                    f"<td>{_e(bad_txt)}</td></tr>")
+    verdicts = "".join(f"<option>{_e(v)}</option>" for v in VERDICTS)
+    faults = "".join(f"<option>{_e(f)}</option>" for f in sorted({'+'.join(g['faults']) or 'none' for g in grades}))
+    return (f"<p>verdict <select id=fv><option value=''>any</option>{verdicts}</select> fault <select id=ff>"
+            f"<option value=''>any</option>{faults}</select> check <input id=fc placeholder='e.g. no_double_apply'>"
+            f"</p><table id=tasks><tr><th>task</th><th>fault</th><th>attempts</th><th>verdict</th>"
+            f"<th>checks not passed</th></tr>{''.join(rows)}</table>")
+
+
+FILTER_JS = """function f(){var v=document.getElementById('fv').value,g=document.getElementById('ff').value,
+c=document.getElementById('fc').value.trim();document.querySelectorAll('#tasks tr[data-verdict]').forEach(function(r){
+var ok=(!v||r.dataset.verdict==v)&&(!g||r.dataset.fault==g)&&(!c||r.dataset.checks.indexOf(c)>=0);
+r.style.display=ok?'':'none';});}['fv','ff','fc'].forEach(function(i){document.getElementById(i).oninput=f;});"""
+
+
+def _log_tails(d: Path, tid: str) -> str:
+    ev = d / results.EVIDENCE / tid / results.EVIDENCE_RUNNER_LOGS
+    if ev.is_file():
+        return ev.read_bytes()[-65536:].decode(errors="replace")
+    out = []
+    for p in results.ResultsDir(d).runner_logs(tid):  # redacted by value at the wave's end
+        try:
+            lines = p.read_bytes()[-16384:].decode(errors="replace").splitlines()[-20:]
+        except OSError as exc:
+            lines = [f"(unreadable: {exc})"]
+        out.append(f"==> {p.parent.name}\n" + "\n".join(lines))
+    return "\n".join(out) or "(no runner log)"
+
+
+def task_page(d: Path, g: dict, events: list[dict], receipts: list[dict]) -> str:
+    tid = g["task_id"]
+    ends = [e for e in events if e["event"] == "attempt_end" and e.get("task") == tid]
+    starts = {e.get("attempt"): e for e in events if e["event"] == "attempt_start" and e.get("task") == tid}
+    attempts = "".join(f"<tr><td>{_e(e.get('attempt'))}</td><td>{_e((starts.get(e.get('attempt')) or {}).get('node'))}"
+                       f"</td><td>{_e(e.get('exit_code'))}</td><td>{_e(e.get('cause') or '')}</td></tr>" for e in ends)
+    faults = "".join(f"<tr><td>{_e(r['instance'])}</td><td>{_verdict(r['status'])}</td><td>{_e(r.get('detail'))}</td>"
+                     f"</tr>" for r in receipts if r.get("task_id") == tid)
+    checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(c['verdict'])}</td><td>{_e(c.get('detail'))}</td></tr>"
+                     for k, c in g["checks"].items())
+    replay = f"sandfleet wave replay {d}/{tid}"
+    body = (f"<p><a href='../{results.INDEX_HTML}'>&larr; the wave</a></p><h1>{_e(tid)}: {_verdict(g['verdict'])}</h1>"
+            f"<p>faults {_e('+'.join(g['faults']) or 'none')}, seed {_e(g['seed'])}, runner {_e(g['runner'])}</p>"
+            f"<h2>Attempts</h2><table id=attempts><tr><th>attempt</th><th>node</th><th>exit</th><th>why it ended</th>"
+            f"</tr>{attempts}</table><h2>Faults</h2><table id=receipts><tr><th>fault</th><th>receipt</th>"
+            f"<th>detail</th></tr>{faults}</table><h2>Checks</h2><table id=checks><tr><th>check</th>"
+            f"<th>verdict</th><th>why</th></tr>"
+            f"{checks}</table><h2>Runner log tails (redacted)</h2><pre>{_e(_log_tails(d, tid))}</pre>"
+            f"<h2>Replay</h2><p><code>{_e(replay)}</code></p>")
+    return _page(f"{tid} of {d.name}", body)
+
+
+def write_html(d: Path, result: dict) -> Path:
+    """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
+    d = Path(d)
+    events = results.read_jsonl(d / results.TIMELINE)
+    try:
+        receipts = orjson.loads((d / results.FAULTS).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        receipts = []
+    grades = result["tasks"] + result.get("references", [])
+    checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(v)}</td></tr>" for k, v in result["wave_checks"].items())
+    errors = "".join(f"<li>{_e(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")
+                                                                                          or []))
+    body = (f"<h1>Wave {_e(result['wave_id'])}: {_verdict(result['verdict'])}</h1>"
+            + (f"<ul id=errors>{errors}</ul>" if errors else "")
+            + f"<h2>Wave checks</h2><table id=wave-checks>{checks}</table><h2>Timeline</h2>"
+            f"<p>hover an attempt, a fault or a line to see what it was</p>{timeline_svg(events)}"
+            f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>{_tasks_table(grades)}"
+            f"<p>Replay one task: <code>sandfleet wave replay {_e(d)}/&lt;task&gt;</code>; the summary: "
+            f"<a href='{results.SUMMARY}'>{results.SUMMARY}</a></p>")
+    pages = d / results.PAGES
+    pages.mkdir(exist_ok=True)
+    for g in grades:
+        (pages / f"{g['task_id']}.html").write_text(task_page(d, g, events, receipts))
+    out = d / results.INDEX_HTML
+    out.write_text(_page(f"wave {result['wave_id']}", body, FILTER_JS))
+    return out
