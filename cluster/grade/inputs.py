@@ -102,11 +102,36 @@ def _json_or_none(inp: Inputs, name: str, default=...):
         return None
 
 
+PLAN_KEYS = ("wave_id", "config", "tasks")
+TASK_KEYS = ("task_id", "seed", "runner", "steps", "faults")
+
+
+def _check_plan(inp: Inputs, plan) -> None:
+    """The plan has the shape the grader reads (a damaged or hand-edited one is unreadable, naming what is wrong)."""
+    def bad(why: str):
+        inp.unreadable[results.PLAN] = why
+        return Unreadable(f"{results.PLAN}: {why}")
+
+    if not isinstance(plan, dict):
+        raise bad(f"not a wave plan: a JSON {type(plan).__name__}, not an object")
+    missing = [k for k in PLAN_KEYS if k not in plan]
+    if missing:
+        raise bad(f"not a wave plan: no {', '.join(missing)}")
+    for where in ("tasks", "references"):
+        for i, task in enumerate(plan.get(where) or []):
+            if not isinstance(task, dict):
+                raise bad(f"{where}[{i}] is a JSON {type(task).__name__}, not a task")
+            lacks = [k for k in TASK_KEYS if k not in task]
+            if lacks:
+                raise bad(f"{where}[{i}] ({task.get('task_id', '?')}) has no {', '.join(lacks)}")
+
+
 def read_wave(d: Path) -> WaveRecord:
     inp = Inputs(d)
     plan = inp.json(results.PLAN)  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
     if plan is None:
         raise FileNotFoundError(f"{d / results.PLAN} not found: not a wave results directory")
+    _check_plan(inp, plan)
     timeline = inp.lines(results.TIMELINE) or []
     try:
         receipts = inp.json(results.FAULTS, []) or []

@@ -59,6 +59,9 @@ class Health:
         Tasks it touched (any not ended before the part's last good probe) are graded `unknown`, never `fail`."""
         if self.harness_fault is not None:
             return
+        root = self.dead_ray_process()  # a dead raylet takes its actors (hosts, ledger) with it: name the cause
+        if root is not None and root[0] != part:
+            part, why = root[0], f"{root[1]} (seen as {part}: {why})"
         hint = HINTS.get(part) or HINTS.get(part.rsplit(" node-", 1)[0], f"{part} failed: re-run the wave (check "
                                                                         "Ray's logs for why)")
         self.harness_fault = HarnessFault(part, why, since or time.time(), hint)
@@ -107,10 +110,13 @@ class Health:
         for part, node, pid in session.core_processes():
             if node not in gone and part not in self.ray_procs and _started(pid):
                 self.ray_procs[part] = (node, pid, _started(pid))
-        for part, (_, pid, since) in self.ray_procs.items():
-            if _started(pid) != since:
-                return part, f"pid {pid} exited"
-        return None
+        dead = [(part, pid) for part, (_, pid, since) in self.ray_procs.items() if _started(pid) != since]
+        if not dead:
+            return None
+        # the first in the order they were listed (the GCS, then each raylet before its agents); a raylet and its
+        # agents go together whichever died first, so every dead one is named
+        also = "; also gone: " + ", ".join(f"{p} (pid {pid})" for p, pid in dead[1:]) if dead[1:] else ""
+        return dead[0][0], f"pid {dead[0][1]} exited{also}"
 
     def dead_process(self) -> tuple[str, str] | None:
         ray_dead = self.dead_ray_process()
@@ -196,9 +202,6 @@ class Health:
                 strikes[part] = strikes.get(part, 0) + 1
                 self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
                 if certain or strikes[part] >= strikes_needed:
-                    root = self.dead_ray_process()  # a dead raylet takes its actors with it: name the cause
-                    if root is not None and root[0] != part:
-                        part, why = root[0], f"{root[1]} (seen as {part}: {why})"
                     self.part_lost(part, why, since=self.last_ok.get(part, t0))
                     return
 

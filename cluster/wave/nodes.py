@@ -73,9 +73,13 @@ class Nodes:
             return {"applied": False, "why": f"a reference run (the positive control) still ran on {node} after 60 s"}
         own = self.runs[task_id]
         if not (own.current is not None and own.node == node):
-            self.out.discard(node)  # the task moved on or ended while a reference run finished there
+            self.out.discard(node)  # the task moved on or ended while this fault waited
+            waits = [f"waited {waited:.1f} s for a lost node to come back"] if waited else []
+            if time.monotonic() - t_wait >= 0.05:
+                waits.append(f"waited {time.monotonic() - t_wait:.1f} s for a reference run there")
             return {"applied": False, "why": f"the task's attempt was no longer on {node} when the node could go "
-                                             "(it waited for a reference run there)"}
+                                             f"(it ended or moved while this fault {' and '.join(waits) or 'waited'})",
+                    **({"waited_for_a_node_back_s": round(waited, 3)} if waited else {})}
         on_node = sorted(sid for sid, n in self.placed.items() if n == node and
                          any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
         out: dict = {"node": node, "mode": mode, "sandboxes": on_node,

@@ -384,3 +384,25 @@ def test_raw_runner_logs_lose_the_issued_secrets_and_nothing_else(tmp_path):
     assert redact_runner_logs(results.ResultsDir(tmp_path), (key,)) == 1
     data = log.read_bytes()
     assert data.startswith(kept) and key.encode() not in data and data.count(b"<redacted>") == 2, data
+
+
+def test_a_plan_of_the_wrong_shape_is_unreadable_naming_what_is_wrong(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import orjson
+    import pytest
+
+    from cluster.grade import Unreadable, grade_wave
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "wave-before-results-py"
+    d = tmp_path / "w"
+    shutil.copytree(fixture, d, symlinks=True)
+    (d / "plan.json").write_bytes(b"[1, 2]")
+    with pytest.raises(Unreadable, match="plan.json: not a wave plan: a JSON list"):
+        grade_wave(d)
+    plan = orjson.loads((fixture / "plan.json").read_bytes())
+    del plan["tasks"][0]["seed"]
+    (d / "plan.json").write_bytes(orjson.dumps(plan))
+    with pytest.raises(Unreadable, match=r"tasks\[0\] \(t000\) has no seed"):
+        grade_wave(d)
