@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results
+from cluster.grade.history import _log_tails as log_tails
 from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLIED)
@@ -129,17 +130,13 @@ r.style.display=ok?'':'none';});}['fv','ff','fc'].forEach(function(i){document.g
 
 
 def _log_tails(d: Path, tid: str) -> str:
+    """The task's evidence log tails when it has evidence (a task that did not pass), else the last lines of each
+    attempt's runner.log (redacted by value at the wave's end), as the grader reads them."""
     ev = d / results.EVIDENCE / tid / results.EVIDENCE_RUNNER_LOGS
     if ev.is_file():
         return ev.read_bytes()[-65536:].decode(errors="replace")
-    out = []
-    for p in results.ResultsDir(d).runner_logs(tid):  # redacted by value at the wave's end
-        try:
-            lines = p.read_bytes()[-16384:].decode(errors="replace").splitlines()[-20:]
-        except OSError as exc:
-            lines = [f"(unreadable: {exc})"]
-        out.append(f"==> {p.parent.name}\n" + "\n".join(lines))
-    return "\n".join(out) or "(no runner log)"
+    tails = log_tails(d, tid, lines=20)
+    return "\n".join(f"==> attempt {n}\n{text}" for n, text in sorted(tails.items())) or "(no runner log)"
 
 
 def task_page(d: Path, g: dict, events: list[dict], receipts: list[dict]) -> str:

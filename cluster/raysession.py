@@ -207,24 +207,18 @@ def ray_agents(raylet_pid: int) -> list[tuple[str, int]]:
 def end_leftovers(tmpdir: str, timeout_s: float = 5.0) -> list[str]:
     """SIGKILL what is left of the private Ray whose temp dir is `tmpdir` after its shutdown (a dead GCS leaves
     its agents, retitled `ray::DashboardAgent`, orphaned for minutes), found by that dir, the session's own
-    marker; waits (bounded) until they are gone. Returns what it ended."""
-    import signal
+    marker, as `sandfleet sweep` finds a dead fleet's; waits (bounded) until they are gone. Returns what it
+    ended."""
     import time
 
-    from fleet.markers import _cmdline, of_ray
+    from cluster.sweep import _kill_listed, ray_processes
 
-    me, ended = str(os.getpid()), []
+    ended: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        left = [pid for pid in os.listdir("/proc")
-                if pid.isdigit() and pid != me and of_ray(pid, _cmdline(pid), tmpdir)]
+        left = ray_processes(tmpdir)
         if not left:
             break
-        for pid in left:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-                ended.append(f"{pid} {_cmdline(pid)[:60].strip()}")
-            except ProcessLookupError:
-                pass
+        ended += _kill_listed(left)
         time.sleep(0.1)
     return sorted(set(ended))

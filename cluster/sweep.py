@@ -71,8 +71,6 @@ def dead_fleets() -> dict:
     not touched: it may be a fleet still starting): its store (the dir is on its command line) and its private
     Ray's processes (their temp dir, recorded in the state dir, is on their command line, or held open by the
     agents that retitle themselves)."""
-    from fleet.markers import of_ray
-
     out = {}
     for d in Path("/tmp").glob(FLEET_GLOB):
         if not d.is_dir() or not (d / results.DRIVER_RECORD).exists() or driver_alive(d):
@@ -82,13 +80,27 @@ def dead_fleets() -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             tmp = None
         tmp = tmp if tmp and tmp.startswith("/tmp/sfray-") else None
-        procs = []
-        for pid in os.listdir("/proc"):
-            cmd = _cmdline(pid) if pid.isdigit() else ""
-            if f"{d}/" in cmd or (tmp and cmd and of_ray(pid, cmd, tmp)):
-                procs.append({"pid": int(pid), "cmd": cmd[:160]})
-        out[str(d)] = {"processes": procs, "ray_tmpdir": tmp}
+        store = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if f"{d}/" in cmd]
+        out[str(d)] = {"processes": store + (ray_processes(tmp) if tmp else []), "ray_tmpdir": tmp}
     return out
+
+
+def _processes():
+    """(pid, command line) of every process on the machine but this one (those that have a command line)."""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid != me:
+            cmd = _cmdline(pid)
+            if cmd:
+                yield pid, cmd
+
+
+def ray_processes(tmp: str) -> list[dict]:
+    """The processes of the private Ray whose temp dir is `tmp` (its marker): the dir on their command line, or held
+    open by the agents that retitle themselves; as `_kill_listed` takes them."""
+    from fleet.markers import of_ray
+
+    return [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if of_ray(pid, cmd, tmp)]
 
 
 def remove(found: dict, keep_data: bool = False) -> list[str]:

@@ -26,10 +26,13 @@ RAY_RECORD = "ray.json"
 
 
 def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/<pid>/stat), or None when it is gone or a zombie (dead, not yet
+    reaped by its parent): a pid with another start time is another process."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
 def _cmdline(pid: str) -> str:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
+from fleet.markers import _start_time
 from fleet.records import HarnessFault
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
@@ -108,9 +109,9 @@ class Health:
         for part in [k for k, (node, _, _) in self.ray_procs.items() if node in gone]:
             del self.ray_procs[part]
         for part, node, pid in session.core_processes():
-            if node not in gone and part not in self.ray_procs and _started(pid):
-                self.ray_procs[part] = (node, pid, _started(pid))
-        dead = [(part, pid) for part, (_, pid, since) in self.ray_procs.items() if _started(pid) != since]
+            if node not in gone and part not in self.ray_procs and _start_time(pid):
+                self.ray_procs[part] = (node, pid, _start_time(pid))
+        dead = [(part, pid) for part, (_, pid, since) in self.ray_procs.items() if _start_time(pid) != since]
         if not dead:
             return None
         # the first in the order they were listed (the GCS, then each raylet before its agents); a raylet and its
@@ -232,13 +233,3 @@ class Health:
         self.part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
         return True
 
-
-def _started(pid: int) -> str:
-    """The process's start time (field 22 of /proc/<pid>/stat), or "" when it is gone or a zombie: a pid with another
-    start time is another process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    fields = stat.rsplit(")", 1)[-1].split()
-    return "" if not fields or fields[0] in ("Z", "X") else fields[19]

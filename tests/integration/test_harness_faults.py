@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -44,6 +45,18 @@ def _events(d):
     return [orjson.loads(l) for l in (d / "timeline.jsonl").read_bytes().splitlines() if l.strip()]
 
 
+def _two_attempts_running(p: subprocess.Popen, results) -> Path:
+    """Wait (bounded) until the CLI wave `p` has two attempts running; returns its results dir."""
+    deadline = time.monotonic() + 120
+    running = 0
+    while time.monotonic() < deadline and p.poll() is None and running < 2:
+        tl = list(results.glob("w-*/timeline.jsonl"))
+        running = tl[0].read_bytes().count(b'"attempt_start"') if tl else 0
+        time.sleep(0.1)
+    assert running >= 2, "the wave never had two attempts running"
+    return next(results.glob("w-*"))
+
+
 @pytest.mark.parametrize("part, sig", [("fault proxy", signal.SIGKILL), ("store", signal.SIGKILL),
                                        ("sandbox host", signal.SIGKILL), ("lease ledger", signal.SIGKILL),
                                        ("sweep actor", signal.SIGKILL),
@@ -59,14 +72,7 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
                           "--results", str(results), "--no-progress"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        running = 0
-        while time.monotonic() < deadline and p.poll() is None and running < 2:
-            tl = list(results.glob("w-*/timeline.jsonl"))
-            running = tl[0].read_bytes().count(b'"attempt_start"') if tl else 0
-            time.sleep(0.1)
-        assert running >= 2, "the wave never had two attempts running"
-        d = next(results.glob("w-*"))
+        d = _two_attempts_running(p, results)
         pids = next(e for e in _events(d) if e["event"] == "parts_ready")["pids"]
         victim = pids["sandbox hosts"][0] if part == "sandbox host" else pids[part]
         time.sleep(0.5)
@@ -121,14 +127,7 @@ def test_a_killed_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fault(tmp_path
                           "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tmpdir = None
     try:
-        deadline = time.monotonic() + 120
-        running = 0
-        while time.monotonic() < deadline and p.poll() is None and running < 2:
-            tl = list(results.glob("w-*/timeline.jsonl"))
-            running = tl[0].read_bytes().count(b'"attempt_start"') if tl else 0
-            time.sleep(0.1)
-        assert running >= 2, "the wave never had two attempts running"
-        d = next(results.glob("w-*"))
+        d = _two_attempts_running(p, results)
         ready = next(e for e in _events(d) if e["event"] == "parts_ready")
         ray_pids = ready["pids"]["ray"]
         assert {"Ray GCS", "raylet node-0"} <= set(ray_pids), ray_pids
