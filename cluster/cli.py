@@ -70,6 +70,9 @@ def wave_run(
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="simulated Ray nodes on this machine (head + N-1 "
                                                               "sandbox nodes); needed by PK3"),
+    isolated_nodes: bool = typer.Option(False, "--isolated-nodes",
+                                        help="with --nodes N: each node in namespaces of its own (its own network "
+                                             "address, /tmp, /proc and cgroups), linked only to the head (root)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
     enumerate_boundaries: bool = typer.Option(
         False, "--enumerate-boundaries", help="run one uninterrupted task, count its boundaries (model answers, "
@@ -90,7 +93,8 @@ def wave_run(
         runner = {"command": runner_cmd, **({"workdir": str(runner_workdir)} if runner_workdir else {})}
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address,
                  "nodes": nodes, "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries,
-                 "workload_name": workload, "workload_steps": steps}
+                 "workload_name": workload, "workload_steps": steps,
+                 "node_isolation": "namespaces" if isolated_nodes else None}
     if faults is not None:
         overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)
     try:
@@ -119,6 +123,15 @@ def _run(cfg, make_wave, before=None) -> int:
     """Preflight, then run and grade the wave; a harness that cannot run it exits 2 with its message."""
     from cluster.driver import HarnessError, preflight
 
+    if getattr(cfg, "node_isolation", "none") == "namespaces":
+        from cluster import isolated
+
+        try:  # first, before any thread: every later thread and child of this driver is in the head's namespace
+            isolated.check_available(cfg.nodes)
+            isolated.enter_once()
+        except isolated.IsolationError as exc:
+            _err(f"error: {exc}")
+            return EXIT_BAD_INPUT if exc.bad_input else EXIT_HARNESS
     try:
         preflight(cfg)
         if before is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -43,6 +44,9 @@ class WaveConfig(Strict):
     nodes: int = Field(1, ge=1, le=16, strict=True,
                        description="Ray nodes of a simulated cluster on this machine (address 'local' only): node-0 "
                                    "is the head (harness), the others run the sandboxes")
+    node_isolation: Literal["none", "namespaces"] = Field(
+        "none", description="'namespaces': every node (the head too) in network, mount and pid namespaces of its "
+                            "own on this machine, linked by veths only they hold (nodes >= 2, root)")
     enumerate_boundaries: bool = Field(False, description="run one uninterrupted task, count its boundaries K, "
                                                           "then plan one PK1 task per boundary and variant")
     boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
@@ -61,6 +65,9 @@ class WaveConfig(Strict):
         if self.nodes > 1 and self.address != "local":
             raise ValueError(f"nodes {self.nodes} simulates a cluster on this machine and needs address 'local'; "
                              f"with address {self.address!r} the wave uses that cluster's nodes")
+        if self.node_isolation == "namespaces" and (self.nodes < 2 or self.address != "local"):
+            raise ValueError(f"nodes {self.nodes} with node_isolation 'namespaces': isolated nodes are a head and at "
+                             "least one sandbox node made on this machine (nodes >= 2, address 'local')")
         wants = sorted({f for item in self.faults for f in item.split("+")} | set(self.fault_timing)) if \
             isinstance(self.faults, list) else []
         if "PK3" in wants and self.nodes < 3:

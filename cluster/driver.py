@@ -31,6 +31,7 @@ from cluster.wave.health import Health
 from cluster.wave.injector import Injector
 from cluster.wave.nodes import Nodes
 from cluster.wave.parts import Parts, check_ray_address, preflight  # noqa: F401
+from cluster.wave.remote import nodes_record, remote_launch
 from cluster.wave.progress import NARROW_COLUMNS, WaveProgress, progress_bar, progress_info  # noqa: F401
 from cluster.wave.plan import (REF, build_plan, enumerate_tasks, new_wave_id, placement,  # noqa: F401
                                replay_plan)
@@ -179,9 +180,12 @@ class WaveRun:
                 (self.private / results.RAY_RECORD).write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
             self.parts.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
                                       ray_tmpdir=ray_tmp if self.cfg.address == "local" else None,
-                                      nodes=self.cfg.nodes)
+                                      nodes=self.cfg.nodes, isolation=self.cfg.node_isolation)
             os.makedirs(self.parts.fleet.state_dir, exist_ok=self.resumed is not None)
-            self.parts.fleet.start()
+            try:
+                self.parts.fleet.start()
+            except RuntimeError as exc:  # an isolated node that did not join, no sandbox node: exit 2, named
+                raise HarnessError(str(exc)) from exc
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
         if not self.parts.store_lent:
             if self.parts.store is not None:
@@ -199,6 +203,10 @@ class WaveRun:
         self.launch = {"ro_binds": binds, "hide": hide, "relays": relays}
         self.parts.ledger, self.parts.hosts = self.parts.fleet.ledger, self.parts.fleet.hosts
         import ray
+
+        if self.parts.fleet.remote:
+            self.launch.update(remote_launch(self.parts, self.plan["runner"], binds, [self.results_root, self.private]))
+        self._write_json(results.NODES, nodes_record(self.parts.fleet))
 
         # the sweep actor watches the wave from now on
         ray.get(self.parts.fleet.sweeper.watch.remote(self.wave_id, self.sweep_settle_s), timeout=60)

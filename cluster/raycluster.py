@@ -33,6 +33,23 @@ def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
             pass
 
 
+def discover_sandbox_nodes() -> dict[str, str]:
+    """Node name -> Ray node id of every alive node that offers a `sandfleet` resource: named by its
+    `sandfleet-node:<name>` resource when it has one (isolated nodes, a cluster config that names them), else by its
+    address."""
+    import ray
+
+    out = {}
+    for n in ray.nodes():
+        res = n.get("Resources") or {}
+        if not n.get("Alive") or "sandfleet" not in res:
+            continue
+        prefix = node_resource("")
+        name = next((k[len(prefix):] for k in res if k.startswith(prefix)), None) or f"node-{n['NodeManagerAddress']}"
+        out[name] = n["NodeID"]
+    return out
+
+
 class FleetSession:
     """Ray plus the long-lived actors a wave uses: one lease ledger and one sandbox host per node.
 
@@ -47,9 +64,15 @@ class FleetSession:
     """
 
     def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None,
-                 nodes: int = 1, store: bool = False):
-        self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes)
+                 nodes: int = 1, store: bool = False, isolation: str = "none"):
+        self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes, isolation=isolation)
         self.nodes = nodes
+        # the sandbox nodes are other machines (isolated nodes): nothing a host has is a path or pid here, and the
+        # sandboxes reach the head's services through its gate (fleet/gateway.py) at `cluster_ip`
+        self.remote = isolation == "namespaces"
+        self.cluster_ip = "127.0.0.1"
+        self.node_placement: dict[str, str] = {}  # sandbox node name -> Ray node id (discovered)
+        self.on_restore = None  # (name, host) -> None: called when a lost node is back, before it runs anything
         self.down: set[str] = set()  # sandbox nodes lost (PK3) and not back yet
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="sandfleet-fleet-", dir="/tmp")
         self._own_state_dir = state_dir is None
@@ -63,7 +86,6 @@ class FleetSession:
         self.bucket: str | None = None
 
     def start(self) -> "FleetSession":
-        from fleet.host import start_host_actor
         from fleet.ledger import start_ledger_actor
         from fleet.sweeper import start_sweep_actor
 
@@ -83,9 +105,19 @@ class FleetSession:
         self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB), resources=self._pin("node-0"),
                                          strategy=self._affinity())
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
-        # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers.
-        self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
-        self.hosts = [start_host_actor(n, self.ledger, self._pin(n), self._affinity()) for n in self.node_ids]
+        # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers. Isolated nodes are
+        # found as a real cluster's are: the alive nodes that offer a `sandfleet` resource, each host pinned by id.
+        if self.remote:
+            from cluster.isolated import HEAD_IP
+
+            self.cluster_ip = HEAD_IP
+            self.node_placement = discover_sandbox_nodes()
+            if not self.node_placement:
+                raise RuntimeError("no sandbox node: no alive Ray node offers a `sandfleet` resource")
+            self.node_ids = sorted(self.node_placement)
+        else:
+            self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
+        self.hosts = [self._start_host(n) for n in self.node_ids]
         self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity())
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
                 timeout=120)
@@ -108,6 +140,16 @@ class FleetSession:
         self.bucket = "sf-fleet-" + secrets.token_hex(6)
         ensure_bucket(self.store.endpoint, self.bucket)
         self.keys = ScopedKeys(self.store, self.store.endpoint.creds)
+
+    def _start_host(self, name: str):
+        from fleet.host import start_host_actor
+
+        if self.remote:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            return start_host_actor(name, self.ledger, None,
+                                    NodeAffinitySchedulingStrategy(self.node_placement[name], soft=False))
+        return start_host_actor(name, self.ledger, self._pin(name), self._affinity())
 
     def _pin(self, name: str) -> dict | None:
         return {node_resource(name): 0.001} if self.nodes > 1 else None
@@ -133,6 +175,9 @@ class FleetSession:
         i = self.node_ids.index(name)
         t = time.time()
         self.down.add(name)
+        if self.remote:  # the whole node goes at once (its pid namespace); its host's pid means nothing here
+            self.ray_session.remove_node(name)
+            return {"node": name, "at": t}
         try:
             os.kill(self.host_info[i]["pid"], signal.SIGKILL)
         except ProcessLookupError:
@@ -147,16 +192,20 @@ class FleetSession:
 
         import ray
 
-        from fleet.host import start_host_actor
 
         i = self.node_ids.index(name)
         t = time.time()
         self.ray_session.add_node(name)
-        h = start_host_actor(name, self.ledger, self._pin(name), self._affinity())
+        if self.remote:
+            self.node_placement[name] = self.ray_session.node_id(name)
+        h = self._start_host(name)
         self.host_info[i] = ray.get(h.join_harness.remote(), timeout=120)
+        if self.on_restore is not None:  # what the wave gives every node (its runner's code) before it is used
+            self.on_restore(name, h)
         self.hosts[i] = h
         self.down.discard(name)
-        return {"node": name, "host_pid": self.host_info[i]["pid"], "back_after_s": round(time.time() - t, 3)}
+        out = {"node": name, "back_after_s": round(time.time() - t, 3)}
+        return out if self.remote else dict(out, host_pid=self.host_info[i]["pid"])
 
     def heal(self, timeout_s: float = 15.0) -> list[str]:
         """Replace a ledger or host actor that died (a lent fleet outlives the wave that lost it). The ledger
@@ -164,7 +213,6 @@ class FleetSession:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        from fleet.host import start_host_actor
         from fleet.ledger import start_ledger_actor
 
         replaced = []
@@ -197,8 +245,9 @@ class FleetSession:
             except (RayActorError, GetTimeoutError):
                 pass
             ray.kill(h)  # a host bound to a replaced ledger is replaced too
-            _drop_harness_dir(self.host_info[i])
-            self.hosts[i] = start_host_actor(n, self.ledger, self._pin(n), self._affinity())
+            if not self.remote:
+                _drop_harness_dir(self.host_info[i])
+            self.hosts[i] = self._start_host(n)
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
         if self.store is not None and self.store.proc is not None and self.store.proc.poll() is not None:
@@ -220,7 +269,7 @@ class FleetSession:
                 except Exception:  # noqa: BLE001
                     pass
                 ray.kill(h)
-            for info in getattr(self, "host_info", []):
+            for info in getattr(self, "host_info", []) if not self.remote else []:
                 _drop_harness_dir(info)  # a host that died could not leave its harness cgroup itself
             if self.sweeper is not None:
                 ray.kill(self.sweeper)

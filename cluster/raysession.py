@@ -27,8 +27,11 @@ def node_resource(name: str) -> str:
 
 class RaySession:
     def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
-                 nodes: int = 1):
+                 nodes: int = 1, isolation: str = "none"):
         self.address = address
+        self.isolation = isolation  # "namespaces": the sandbox nodes are isolated nodes (cluster/isolated.py)
+        self.isolated = None  # cluster.isolated.IsolatedNodes
+        self.node_ids_by_name: dict[str, str] = {}  # isolated nodes: name -> Ray node id
         self.num_cpus = num_cpus
         self.nodes = nodes  # > 1: a simulated cluster of that many Ray nodes on this machine (local only)
         self.want_tmpdir = tmpdir  # a wave's own Ray: a path that carries the wave's marker (for the sweep)
@@ -76,7 +79,10 @@ class RaySession:
         # no autoscaler monitor and no log monitor: a simulated cluster never scales, and its workers' logs are
         # never sent to the driver (log_to_driver=False); each is a Python process that costs a CPU-second to
         # start and most of a second to stop
-        return {"num_cpus": 1, "resources": {node_resource(name): 1}, "node_ip_address": "127.0.0.1",
+        ip = "127.0.0.1"
+        if self.isolation == "namespaces":
+            from cluster.isolated import HEAD_IP as ip
+        return {"num_cpus": 1, "resources": {node_resource(name): 1}, "node_ip_address": ip,
                 "temp_dir": self.tmpdir, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024,
                 "no_monitor": True, "include_log_monitor": False}
 
@@ -91,9 +97,25 @@ class RaySession:
         self.cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
                                head_node_args=dict(self._node_args("node-0"), _system_config=HEALTH_CHECKS))
         self.ray_nodes["node-0"] = self.cluster.head_node
-        for i in range(1, self.nodes):
-            self.add_node(f"node-{i}")
-        ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+        if self.isolation == "namespaces":  # (joined nodes are seen through the driver's connection)
+            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+            from cluster import isolated
+
+            self.isolated = isolated.IsolatedNodes(os.path.basename(self.tmpdir), isolated.enter_once())
+            names = [f"node-{i}" for i in range(1, self.nodes)]
+            try:
+                for name in names:
+                    self._start_isolated(name)
+                self.isolated.wait_joined(names)
+            except BaseException:
+                self.isolated.stop()
+                ray.shutdown()
+                self.cluster.shutdown()
+                raise
+        else:
+            for i in range(1, self.nodes):
+                self.add_node(f"node-{i}")
+            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
         self.owned = True
         self._quiet_node_deaths()
 
@@ -114,16 +136,36 @@ class RaySession:
 
         rw.print_to_stdstream = to_file
 
+    def _start_isolated(self, name: str) -> None:
+        index = int(name.rsplit("-", 1)[1])
+        self.isolated.start_node(name, index, self.cluster.address, {"sandfleet": 1, node_resource(name): 1},
+                                 80 * 1024 * 1024)
+
     def add_node(self, name: str):
-        """Start (or bring back) the simulated node `name`: a new raylet that offers the node's resource."""
+        """Start (or bring back) the node `name`: a new raylet that offers the node's resource (an isolated node:
+        a new machine, joined with `ray start --address`)."""
+        if self.isolated is not None:
+            self._start_isolated(name)
+            self.isolated.wait_joined([name])
+            self.node_ids_by_name[name] = self.isolated.nodes[name].ray_node_id
+            return self.isolated.nodes[name]
         node = self.cluster.add_node(**self._node_args(name))
         self.ray_nodes[name] = node
         return node
 
     def remove_node(self, name: str) -> None:
-        """Kill the simulated node's raylet and the processes Ray started for it (no grace: a lost machine)."""
+        """Kill the node's raylet and the processes Ray started for it (no grace: a lost machine); an isolated
+        node goes whole (its pid namespace), by the pid of its first process, this driver's child."""
+        if self.isolated is not None:
+            self.isolated.end_node(name)
+            return
         node = self.ray_nodes.pop(name)
         self.cluster.remove_node(node, allow_graceful=False)
+
+    def node_id(self, name: str) -> str:
+        if self.isolated is not None:
+            return self.isolated.nodes[name].ray_node_id
+        return self.ray_nodes[name].node_id
 
     def drain_node(self, name: str, deadline_s: float, why: str) -> tuple[bool, str]:
         """Ask the GCS to drain the node for preemption (what `ray drain-node --reason PREEMPTION` does): no new
@@ -133,9 +175,9 @@ class RaySession:
         import ray
         from ray.core.generated import autoscaler_pb2
 
-        node = self.ray_nodes[name]
         gcs = ray._raylet.GcsClient(address=self.cluster.address)
-        ok, err = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+        ok, err = gcs.drain_node(self.node_id(name), reason,
                                  why, int(time.time() * 1000 + deadline_s * 1000))
         return bool(ok), err or ""
 
@@ -166,6 +208,8 @@ class RaySession:
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        if self.isolated is not None:
+            self.isolated.stop()
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster, self.ray_nodes = None, {}

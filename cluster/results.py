@@ -30,6 +30,7 @@ SANDBOX_SWEEP = "sandbox-sweep.json"
 SWEEPER = "sweeper.json"
 STORE_AUDIT = "store-audit.json"
 RAY_ERRORS = "ray-errors.log"
+NODES = "nodes.json"
 SUMMARY = "SUMMARY.md"
 INDEX_HTML = "index.html"
 PAGES = "pages"
@@ -68,6 +69,8 @@ LAYOUT: list[tuple[str, str]] = [
            "and the manifest (what the wave ran on: cluster/manifest.py)"),
     (TIMELINE, "what happened, one event a line (wave, parts, attempts, faults, nodes, harness faults)"),
     (FAULTS, "one receipt per planned fault: applied / not_applied / unknown, with what it hit"),
+    (NODES, "the wave's Ray nodes: name, Ray node id, address, head or not; isolated nodes also the inode numbers "
+            "of their network, mount and pid namespaces and their cgroup"),
     (MODEL_CALLS, "every model call the endpoint answered (task, step, attempt)"),
     (EFFECTS, "every external effect the effects service took (effect id, task, attempt)"),
     (PROXY_REQUESTS, "every store request through the fault proxy (method, key, status, bytes, rule)"),

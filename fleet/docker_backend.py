@@ -170,7 +170,7 @@ class DockerBackend(SandboxBackend):
             if not pid:
                 raise OSError("no pid")
             sb.pid = pid
-            self._nets[spec.sandbox_id] = await SandboxNet(spec.relays).open(join_pid=pid)
+            self._nets[spec.sandbox_id] = await SandboxNet(spec.relays, spec.relay_token).open(join_pid=pid)
         except OSError:  # it ended before its gate: no shell in the image, a bad entry point
             await asyncio.to_thread(c.reload)
             st = c.attrs["State"]

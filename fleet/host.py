@@ -11,17 +11,20 @@ makes it remote at the edge.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
+import shutil
 import stat
 import time
+from pathlib import Path
 from typing import Any
 
 from fleet import cgroups
 from fleet.backends import Backends, reap_leftover
 from fleet.records import AttemptResult, Lease
-from fleet.sandbox import SandboxBackend, SandboxError, SandboxSpec
+from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec
 
 
 def awaitable(ref):
@@ -104,6 +107,13 @@ class SandboxHost:
         """
         sspec = spec if isinstance(spec, SandboxSpec) else SandboxSpec(**spec)  # (or its fields as a dict)
         try:
+            if sspec.remote:
+                try:
+                    sspec = await asyncio.to_thread(self._localize, sspec)
+                except (OSError, RuntimeError) as exc:
+                    return AttemptResult.of({"sandbox_id": sspec.sandbox_id, "exit_code": None, "node": self.node_id,
+                                             "start_error": f"node {self.node_id} could not prepare the attempt: "
+                                                            f"{str(exc)[:300]}"})
             if sspec.wave_id in self.cancelled_waves:
                 return AttemptResult.of({"sandbox_id": sspec.sandbox_id, "exit_code": None, "error": "wave cancelled",
                                          "node": self.node_id})
@@ -113,11 +123,94 @@ class SandboxHost:
                                          "node": self.node_id})
             self.in_flight += 1
             try:
-                return AttemptResult.of(await self._run(sspec, lease, ttl_s, capture, arms or []))
+                out = await self._run(sspec, lease, ttl_s, capture, arms or [])
             finally:
                 self.in_flight -= 1
+            if sspec.remote:
+                out["log"] = await asyncio.to_thread(_read_log, sspec.log_path)
+            return AttemptResult.of(out)
         finally:
             self.ended.add(sspec.sandbox_id)
+            if sspec.remote:
+                await asyncio.to_thread(self._forget, sspec)
+
+    # -- a driver on another machine: nothing it sends is a path here ----------------------------------------------
+
+    def home(self, wave_id: str | None = None) -> Path:
+        """This host's own dir on its node (`/tmp/sandfleet-host-<node>/`): staged code, and per wave its
+        sandboxes' state, workspaces' mount points and credentials."""
+        base = Path(f"/tmp/sandfleet-host-{self.node_id}")
+        return base / wave_id if wave_id else base
+
+    def _localize(self, spec: SandboxSpec) -> SandboxSpec:
+        from storage.credentials import CredentialSource, Credentials
+
+        base = self.home(spec.wave_id)
+        for d in (self.home(), base):
+            d.mkdir(mode=0o711, exist_ok=True)
+        sdir = base / "sandboxes" / spec.sandbox_id
+        sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ro_mounts, ro_binds = dict(spec.ro_mounts), list(spec.ro_binds)
+        if spec.credentials is not None:
+            c = spec.credentials
+            cdir = base / "creds" / spec.sandbox_id
+            cdir.mkdir(parents=True, exist_ok=True, mode=0o755)
+            src = CredentialSource(cdir / CREDENTIALS_FILE)
+            src.publish(Credentials(c["access_key"], c["secret_key"]), owner_uid=SANDBOX_UID)
+            src.write_aws_config(cdir / "aws-config", c.get("region", "us-east-1"),
+                                 source_path=f"{c['mount']}/{CREDENTIALS_FILE}")
+            ro_mounts[str(cdir)] = c["mount"]
+        if spec.code is not None:
+            staged = self.home() / "code" / spec.code["digest"]
+            if not staged.is_dir():
+                raise RuntimeError(f"the runner's code {spec.code['digest'][:12]} was not staged on this node")
+            ro_mounts[str(staged)] = spec.code["path"]
+            ro_binds = [b for b in ro_binds if b != spec.code["path"]]
+        return dataclasses.replace(spec, state_dir=str(sdir), workspace_dir=str(base / "ws" / spec.sandbox_id),
+                                   ro_mounts=ro_mounts, ro_binds=ro_binds, credentials=None)
+
+    def _forget(self, spec: SandboxSpec) -> None:
+        """A remote attempt ended: its credentials and its state go from this node (its log went to the driver)."""
+        base = self.home(spec.wave_id)
+        for d in (base / "creds" / spec.sandbox_id, base / "sandboxes" / spec.sandbox_id):
+            shutil.rmtree(d, ignore_errors=True)
+        try:
+            (base / "ws" / spec.sandbox_id).rmdir()
+        except OSError:
+            pass
+
+    async def publish_credentials(self, wave_id: str, sandbox_id: str, access_key: str, secret_key: str) -> bool:
+        """CR1 on a remote attempt: its rotated key, published where its credential_process reads it. False when
+        the attempt ended meanwhile (its credentials dir is gone)."""
+        from storage.credentials import CredentialSource, Credentials
+
+        cdir = self.home(wave_id) / "creds" / sandbox_id
+        if not cdir.is_dir():
+            return False
+        await asyncio.to_thread(CredentialSource(cdir / CREDENTIALS_FILE).publish, Credentials(access_key, secret_key),
+                                SANDBOX_UID)
+        return True
+
+    async def stage_code(self, digest: str, data: bytes) -> dict:
+        """Unpack the runner's snapshot here and check its digest (fleet/codeship.py)."""
+        from fleet.codeship import ShipError, unpack
+
+        self.home().mkdir(mode=0o711, exist_ok=True)
+        (self.home() / "code").mkdir(mode=0o711, exist_ok=True)
+        try:
+            path = await asyncio.to_thread(unpack, data, str(self.home() / "code" / digest), digest)
+        except (ShipError, OSError, ValueError) as exc:
+            return {"node": self.node_id, "ok": False, "why": str(exc)[:300]}
+        return {"node": self.node_id, "ok": True, "path": path, "digest": digest}
+
+    async def missing_paths(self, paths: list[str]) -> list[str]:
+        """Which of the paths a runner needs at the same path on every node (its interpreter, its venv) are not
+        on this node."""
+        return [p for p in paths if not os.path.exists(p)]
+
+    async def drop_wave(self, wave_id: str) -> None:
+        """The wave's dir on this node goes (what its ended attempts left)."""
+        await asyncio.to_thread(shutil.rmtree, self.home(wave_id), True)
 
     async def _run(self, sspec: SandboxSpec, lease: Lease | None, ttl_s: float, capture: str | None,
                    arms: list) -> dict:
@@ -373,10 +466,21 @@ class SandboxHost:
             await self.backend.remove(sb)
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
+        await asyncio.to_thread(shutil.rmtree, self.home(), True)
         return n
 
 
 BALLAST = ".sandfleet-ballast"
+CREDENTIALS_FILE = "credentials.json"  # (cluster/results.py: ATTEMPT_CREDENTIALS)
+LOG_CAP = 16 * 1024 * 1024 + 256  # the backends cap a runner's log at 16 MiB, then write one line saying so
+
+
+def _read_log(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(LOG_CAP)
+    except OSError:
+        return None
 
 
 def _write_in_workspace(workspace: str, subdir: str, name: str, data: bytes) -> None:

@@ -92,8 +92,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class SandboxNet:
     """The namespace of one sandbox and the host-side relays of its listeners."""
 
-    def __init__(self, relays: dict[int, str]):
-        self.relays = relays  # port inside -> "host:port" of the service on the host
+    def __init__(self, relays: dict[int, str], token: str | None = None):
+        # port inside -> "host:port" of the service on the host, or "host:port/service" of the head's gate on
+        # another node (fleet/gateway.py), opened with `token`
+        self.relays = relays
+        self.token = token
         self.nsfd: int | None = None
         self.servers: list[asyncio.AbstractServer] = []
         self.conns: set[asyncio.Task] = set()
@@ -102,17 +105,23 @@ class SandboxNet:
         ports = sorted(self.relays)
         self.nsfd, socks = await asyncio.to_thread(make, ports, join_pid)
         for port, sock in zip(ports, socks):
-            host, _, tport = self.relays[port].rpartition(":")
-            self.servers.append(await asyncio.start_server(self._handler(host, int(tport)), sock=sock))
+            addr, _, service = self.relays[port].partition("/")
+            host, _, tport = addr.rpartition(":")
+            self.servers.append(await asyncio.start_server(self._handler(host, int(tport), service or None),
+                                                           sock=sock))
         return self
 
-    def _handler(self, host: str, port: int):
+    def _handler(self, host: str, port: int, service: str | None = None):
         async def handle(creader, cwriter):
             task = asyncio.current_task()
             self.conns.add(task)
             uwriter = None
             try:
                 ureader, uwriter = await asyncio.open_connection(host, port)
+                if service is not None:
+                    from fleet.gateway import preface
+
+                    uwriter.write(preface(self.token or "", service))
                 for w in (uwriter, cwriter):
                     s = w.get_extra_info("socket")
                     if s is not None:

@@ -66,6 +66,7 @@ class AttemptResult:
     abandoned: dict | None = None  # PK6 gave up on it: it runs on as a zombie
     artifact: dict | None = None  # the workspace read back after an exit 0
     watches: dict | None = None  # what each armed watch saw, by its reason
+    log: bytes | None = None  # a remote attempt's runner log (capped as the host caps it), shipped to the driver
     _keys: tuple = field(default=(), repr=False, compare=False)  # the keys it was given, in their order
 
     @classmethod

@@ -94,6 +94,13 @@ class SandboxSpec:
     ro_mounts: dict[str, str] = field(default_factory=dict)  # host dir -> read-only path inside
     hide: list[str] = field(default_factory=list)  # paths covered by an empty tmpfs inside
     relays: dict[int, str] = field(default_factory=dict)  # loopback port inside -> "host:port" of a service
+    relay_token: str | None = None  # opens the head's gate (fleet/gateway.py) for relays to "host:port/service"
+    # A driver on another machine (`remote`): the host makes state_dir and workspace_dir under its own dir, writes
+    # `credentials` ({access_key, secret_key, region, mount}) there, mounts the shipped snapshot `code` ({digest,
+    # path}) at the runner workdir's path, and returns the runner's log in the result: nothing is a driver's path.
+    remote: bool = False
+    credentials: dict | None = None
+    code: dict | None = None
     backend: str = "process"  # process | docker
     image: str | None = None  # docker: a local image (default: the base image built from Debian's packages)
 
@@ -604,7 +611,7 @@ class ProcessBackend(SandboxBackend):
         await asyncio.to_thread(cg.create, spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares,
                                 spec.cpu_quota)
         self._cgroups[spec.sandbox_id] = cg
-        net = await SandboxNet(spec.relays).open()
+        net = await SandboxNet(spec.relays, spec.relay_token).open()
         self._nets[spec.sandbox_id] = net
         env = dict(spec.env)
         env.update(

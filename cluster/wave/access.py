@@ -74,28 +74,41 @@ class Access:
     def creds_dir(self, sandbox_id: str) -> Path:
         return self.private / "creds" / sandbox_id
 
-    def attempt_credentials(self, tid: str, sandbox_id: str) -> str:
-        """The attempt's own key (scoped to the task's prefix) in a directory the sandbox sees read-only."""
-        endpoint = self.parts.endpoint
-        creds = endpoint.creds
+    def _issue(self, tid: str, sandbox_id: str):
+        """The attempt's own key, scoped to the task's prefix (the wave's key at an external store)."""
+        creds = self.parts.endpoint.creds
         if self.parts.keys is not None:
             creds = self.parts.keys.issue(self._owner(sandbox_id), self.parts.bucket,
                                           results.task_prefix(self.wave_id, tid))
             self.secrets.append(creds.secret_key)
             self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
+        return creds
+
+    def attempt_credentials(self, tid: str, sandbox_id: str) -> str:
+        """The attempt's own key in a directory the sandbox sees read-only."""
+        creds = self._issue(tid, sandbox_id)
         d = self.creds_dir(sandbox_id)
         d.mkdir(parents=True, exist_ok=True)
         src = CredentialSource(d / results.ATTEMPT_CREDENTIALS)
         src.publish(creds, owner_uid=SANDBOX_UID)
-        src.write_aws_config(d / "aws-config", endpoint.region,
+        src.write_aws_config(d / "aws-config", self.parts.endpoint.region,
                              source_path=f"{CREDS_IN}/{results.ATTEMPT_CREDENTIALS}")
         os.chmod(d, 0o755)
         return str(d)
 
-    async def rotate(self, task_id: str, sandbox_id: str | None, still_current, delay_s: float) -> dict:
+    def remote_credentials(self, tid: str, sandbox_id: str) -> dict:
+        """The attempt's own key for a host on another machine: it travels in the Ray call and the host writes it
+        on its node (fleet/host.py); nothing of it is written here."""
+        creds = self._issue(tid, sandbox_id)
+        return {"access_key": creds.access_key, "secret_key": creds.secret_key, "region": self.parts.endpoint.region,
+                "mount": CREDS_IN}
+
+    async def rotate(self, task_id: str, sandbox_id: str | None, still_current, delay_s: float,
+                     publish=None) -> dict:
         """CR1: rotate the running attempt's key at the store, then publish the new key to its credential source
         only `delay_s` later (until then credential_process still prints the dead key). `still_current()` says
-        whether that attempt still runs when the new key is to be published."""
+        whether that attempt still runs when the new key is to be published; `publish(new)` (a remote attempt:
+        through its host) publishes it and says whether it could."""
         if sandbox_id is None:
             return {"applied": False, "why": "the task had no running attempt at the planned time"}
         keys = self.parts.keys
@@ -114,7 +127,9 @@ class Access:
         await asyncio.sleep(delay_s)
         d = self.creds_dir(sandbox_id)
         published = False
-        if d.exists() and still_current():
+        if publish is not None:
+            published = still_current() and bool(await publish(new))
+        elif d.exists() and still_current():
             CredentialSource(d / results.ATTEMPT_CREDENTIALS).publish(new, owner_uid=SANDBOX_UID)
             published = True
         return {"applied": True, "at": t0, "sandbox_id": sandbox_id, "rotated_at": rotated_at,

@@ -14,6 +14,7 @@ keys (`Access`), and runs in a sandbox on that node's host, with the watches its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import shutil
 import time
@@ -175,6 +176,7 @@ class Attempts:
             run.current = None
             self.nodes.load[node] -= 1
             self.parts.registry.set_attempt(tid, None)
+        result = await self._keep_log(sandbox_id, result)
         if Injector.settle_arms(run, sandbox_id, result.watches or {}):
             await asyncio.sleep(0)  # the fired fault records its injection before this attempt's end
         return await self._ended(run, node, sandbox_id, attempt, fence, result, on_change)
@@ -184,8 +186,19 @@ class Attempts:
         sdir = self.out.sandbox(sandbox_id)
         sdir.mkdir(parents=True, exist_ok=True)
         fixture = workloads.get(task.workload).fixture(task.seed)
-        creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task.task_id, sandbox_id)
         sbc = self.cfg.sandbox
+        if self.launch.get("remote"):  # the host is on another machine: no path of this one crosses
+            creds = await asyncio.to_thread(self.access.remote_credentials, task.task_id, sandbox_id)
+            return SandboxSpec(
+                wave_id=self.wave_id, sandbox_id=sandbox_id, task_id=task.task_id, attempt=attempt,
+                argv=list(self.plan["runner"]["command"]), env=self.access.runner_env(task, attempt, fence, sandbox_id),
+                state_dir="", workspace_mb=sbc.workspace_mb, memory_mb=sbc.memory_mb, pids_max=sbc.pids_max,
+                cpu_shares=sbc.cpu_shares, cpu_quota=sbc.cpu_cores,
+                files={f"repo/{p}": text for p, text in fixture.items()}, ro_binds=list(self.launch["ro_binds"]),
+                hide=list(self.launch["hide"]), relays=dict(self.launch["relays"]),
+                relay_token=self.launch["relay_token"],
+                backend=sbc.backend, image=sbc.image, remote=True, credentials=creds, code=self.launch["code"])
+        creds_dir = await asyncio.to_thread(self.access.attempt_credentials, task.task_id, sandbox_id)
         return SandboxSpec(
             wave_id=self.wave_id, sandbox_id=sandbox_id, task_id=task.task_id, attempt=attempt,
             argv=list(self.plan["runner"]["command"]), env=self.access.runner_env(task, attempt, fence, sandbox_id),
@@ -194,6 +207,18 @@ class Attempts:
             files={f"repo/{p}": text for p, text in fixture.items()}, ro_binds=list(self.launch["ro_binds"]),
             hide=list(self.launch["hide"]), ro_mounts={creds_dir: CREDS_IN}, relays=dict(self.launch["relays"]),
             backend=sbc.backend, image=sbc.image)
+
+    async def _keep_log(self, sandbox_id: str, result: AttemptResult) -> AttemptResult:
+        """A remote attempt's runner log, shipped in its result, kept where a local one is written."""
+        if result.log is None:
+            return result
+        path = self.out.runner_log(sandbox_id)
+
+        def write():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(result.log)
+        await asyncio.to_thread(write)
+        return dataclasses.replace(result, log=None, _keys=tuple(k for k in result._keys if k != "log"))
 
     async def _await(self, run: TaskRun, ref, sandbox_id: str, timeout: float) -> AttemptResult:
         """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on
@@ -212,6 +237,8 @@ class Attempts:
                 shutil.rmtree(self.access.creds_dir(sid), ignore_errors=True)  # the zombie's dead key file
                 try:
                     r = f.result()
+                    if r.log is not None:
+                        self.out.runner_log(sid).write_bytes(r.log)
                     self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.exit_code, killed_by=r.killed_by,
                                   ended_at=r.ended_at)
                 except BaseException as exc:  # noqa: BLE001

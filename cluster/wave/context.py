@@ -60,7 +60,14 @@ class WaveContext:
         source only `delay_s` later (until then credential_process still prints the dead key)."""
         run = self.runs[task_id]
         sid = run.running_sandbox()
-        return await self.access.rotate(task_id, sid, lambda: run.running_sandbox() == sid, delay_s)
+        publish = None
+        # a remote attempt's credentials are on its node: its host publishes the new key
+        if sid is not None and getattr(self.parts.fleet, "remote", False):
+            host = run.current[0]
+
+            async def publish(new, host=host, sid=sid):
+                return await host.publish_credentials.remote(self.wave_id, sid, new.access_key, new.secret_key)
+        return await self.access.rotate(task_id, sid, lambda: run.running_sandbox() == sid, delay_s, publish)
 
     def store_requests(self, akids: set, t0: float, t1: float) -> list[dict]:
         """The proxy's log lines of requests signed by these key ids between t0 and t1."""

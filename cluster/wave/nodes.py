@@ -139,7 +139,10 @@ class Nodes:
         return time.monotonic() - t0 if time.monotonic() - t0 >= 0.001 else 0.0
 
     def reap(self, node: str) -> list[str]:
-        """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts."""
+        """The lost machine's leftovers on this (shared) machine: its sandboxes' cgroups and workspace mounts (an
+        isolated node left none here: its mounts went with its namespace, its cgroups with its subtree)."""
+        if getattr(self.fleet, "remote", False):
+            return []
         from fleet import cgroups
         from fleet.backends import reap_leftover
         from fleet.dockerapi import list_containers

@@ -31,6 +31,7 @@ class Parts:
     store_lent: bool = False  # the store (and its keys) is the lent fleet's: the wave neither starts nor stops it
     ledger: Any = None
     hosts: list = field(default_factory=list)
+    gateway: Any = None  # fleet.gateway.Gateway: the head's gate for sandboxes on other nodes (remote fleets only)
 
 
 def exit_text(rc: int | None) -> str:

@@ -198,7 +198,7 @@ class Teardown:
         self._keep_records()
         self._dump_ledger(errors)
         self._record_counts()
-        for svc in (self.parts.model, self.parts.effects):
+        for svc in (self.parts.gateway, self.parts.model, self.parts.effects):
             if svc is not None:
                 self._try(errors, f"stop {type(svc).__name__}", svc.stop)
         if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):

@@ -1,0 +1,291 @@
+"""Isolated nodes on one machine: a fleet of Ray nodes that share nothing but a network the project made.
+
+`--isolated-nodes` (config `node_isolation: namespaces`). The driver's process enters a network namespace of its
+own (the head's: the driver, the Ray head, the store, the proxy, the model and effects services) that holds a
+bridge with the head's address. Every sandbox node is a process tree in new network, mount and pid namespaces,
+in a cgroup subtree of its own (every v1 controller), with a private /tmp and /dev/shm, linked to the head's
+bridge by a veth pair made inside the head's namespace, running a real raylet joined with
+`ray start --address <head>` and the wave's token.
+
+Nothing is added to the machine's own network namespace: every link end and address lives in a namespace made
+here, and goes with it. A node's pid namespace dies with its first process, so ending a node (its `unshare`,
+this driver's own child, by pid) takes every process of it; the bridge, the veths and the addresses die with the
+last process of the head's namespace (this driver).
+
+The addresses are from 198.18.0.0/15 (RFC 2544, for benchmarking networks): never a host-side private or public
+address, and never routed anywhere but inside these namespaces.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet import cgroups
+
+CLONE_NEWNET = 0x40000000
+BRIDGE = "sfbr0"
+HEAD_IP = "198.18.0.1"
+PREFIX = 24
+NODE_MARK = "sandfleet-node"  # the cgroup dir and the command line of a node: `sandfleet-node.<tag>.<name>`
+JOIN_TIMEOUT_S = 120.0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class IsolationError(RuntimeError):
+    """Isolated nodes cannot be made here (`bad_input`: what the machine or the request lacks, exit 254) or a
+    node did not come up (a harness error, exit 2)."""
+
+    def __init__(self, msg: str, bad_input: bool = False):
+        super().__init__(msg)
+        self.bad_input = bad_input
+
+
+def check_available(nodes: int) -> None:
+    """What `--isolated-nodes` needs, with the missing piece named (exit 254)."""
+    if nodes < 2:
+        raise IsolationError(f"nodes: {nodes} with isolated nodes: a head and at least one sandbox node are needed "
+                             "(nodes >= 2)", bad_input=True)
+    if os.geteuid() != 0:
+        raise IsolationError("isolated nodes need root (network, mount and pid namespaces, veth links); run as root",
+                             bad_input=True)
+    for tool, pkg in (("ip", "iproute2"), ("nsenter", "util-linux"), ("unshare", "util-linux"),
+                      ("mount", "mount")):
+        if shutil.which(tool) is None:
+            raise IsolationError(f"isolated nodes need `{tool}` ({pkg}); it is not on PATH", bad_input=True)
+
+
+def node_ip(index: int) -> str:
+    """node-0 is the head (HEAD_IP); node-i is 198.18.0.(i+1)."""
+    return f"198.18.0.{index + 1}"
+
+
+def _ip(*args: str, ns_pid: int | None = None) -> None:
+    cmd = ["ip", *args]
+    if ns_pid is not None:  # nsenter, not `ip netns exec` (it remounts /sys and hides the cgroup mounts)
+        cmd = ["nsenter", f"--net=/proc/{ns_pid}/ns/net", "--", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise IsolationError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()[:300]}")
+
+
+def ns_inodes(pid: int | str = "self", pid_ns: str = "pid") -> dict:
+    out = {}
+    for kind, name in (("net", "net"), ("mnt", "mnt"), ("pid", pid_ns)):
+        try:
+            out[kind] = os.stat(f"/proc/{pid}/ns/{name}").st_ino
+        except OSError:
+            out[kind] = None
+    return out
+
+
+def enter_head() -> dict:
+    """Move this process (its main thread, before any other thread starts: every later thread and child
+    inherits it) into a new network namespace with loopback up and the bridge at HEAD_IP."""
+    if threading.active_count() != 1:
+        raise IsolationError("the head's network namespace must be entered before any thread starts "
+                             f"({threading.active_count()} threads run)")
+    before = ns_inodes()
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise IsolationError(f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+    _ip("link", "set", "lo", "up")
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{HEAD_IP}/{PREFIX}", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    return {"machine_net": before["net"], **ns_inodes()}
+
+
+ENTERED: dict | None = None  # this process's head namespace, once entered
+
+
+def enter_once() -> dict:
+    global ENTERED
+    if ENTERED is None:
+        ENTERED = enter_head()
+    return ENTERED
+
+
+def _node_cgroups(tag: str, name: str) -> dict[str, Path]:
+    return {c: cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / f"{NODE_MARK}.{tag}.{name}"
+            for c in cgroups.CONTROLLERS}
+
+
+@dataclass
+class Node:
+    name: str
+    index: int
+    ip: str
+    proc: subprocess.Popen
+    cgroup_dirs: dict[str, Path]
+    ns: dict = field(default_factory=dict)
+    started_at: float = 0.0
+    ray_node_id: str | None = None
+    log: list[str] = field(default_factory=list)  # the node's console (its first process's stdout), last lines
+
+    def describe(self) -> dict:
+        return {"name": self.name, "ray_node_id": self.ray_node_id, "address": self.ip, "head": False,
+                "netns_inode": self.ns.get("net"), "mntns_inode": self.ns.get("mnt"), "pidns_inode": self.ns.get("pid"),
+                "cgroup": str(self.cgroup_dirs.get("pids", ""))}
+
+
+class IsolatedNodes:
+    """The head's namespace (entered by `enter_head`) and the sandbox nodes linked to it."""
+
+    def __init__(self, tag: str, head: dict):
+        self.tag = tag  # the wave's marker: in every node's cgroup dir name and command line
+        self.head = head
+        self.nodes: dict[str, Node] = {}
+        # nodes are spawned by one thread that lives as long as the fleet: each node's first process dies with
+        # the thread that spawned it (PR_SET_PDEATHSIG), so a killed driver takes its nodes with it
+        self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sf-nodes")
+        self._links = 0
+        self.gone_ids: set[str] = set()  # Ray ids of ended nodes (the GCS may still list one alive for a moment)
+
+    def start_node(self, name: str, index: int, gcs_address: str, resources: dict, object_store_bytes: int) -> Node:
+        return self._spawner.submit(self._start_node, name, index, gcs_address, resources, object_store_bytes).result()
+
+    def _start_node(self, name: str, index: int, gcs_address: str, resources: dict, object_store_bytes: int) -> Node:
+        ip = node_ip(index)
+        dirs = _node_cgroups(self.tag, name)
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        ray_args = ["--address", gcs_address, "--node-ip-address", ip, "--num-cpus", "1",
+                    "--resources", json.dumps(resources), "--object-store-memory", str(object_store_bytes),
+                    "--disable-usage-stats", "--block"]
+        spec = {"tag": self.tag, "name": name, "cgroups": [str(d / "cgroup.procs") for d in dirs.values()],
+                "ray": ray_args}
+        # its own (private) /tmp; and a joining node, which Ray refuses with the local-only switch set to 0
+        env = dict(os.environ, RAY_TMPDIR="/tmp", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+        proc = subprocess.Popen([sys.executable, "-m", "cluster.isonode", "enter", json.dumps(spec)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                cwd="/", start_new_session=True)
+        node = Node(name, index, ip, proc, dirs, started_at=time.time())
+        self.nodes[name] = node
+        try:
+            first = self._line(node, 30.0)
+            try:
+                node.ns = json.loads(first)["ns"]
+            except (ValueError, KeyError, TypeError):
+                raise IsolationError(f"node {name} did not start: {first[:300] or 'no output'}") from None
+            self._links += 1
+            veth = f"sfv{self._links}"
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(proc.pid))
+            _ip("link", "set", veth, "master", BRIDGE)
+            _ip("link", "set", veth, "up")
+            _ip("link", "set", "lo", "up", ns_pid=proc.pid)
+            _ip("addr", "add", f"{ip}/{PREFIX}", "dev", "eth0", ns_pid=proc.pid)
+            _ip("link", "set", "eth0", "up", ns_pid=proc.pid)
+            node.ns["veth"] = veth
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+        except BaseException:
+            self.end_node(name)
+            raise
+        threading.Thread(target=self._drain, args=(node,), daemon=True, name=f"sf-node-log-{name}").start()
+        return node
+
+    @staticmethod
+    def _line(node: Node, timeout_s: float) -> str:
+        got: list[str] = []
+        t = threading.Thread(target=lambda: got.append(node.proc.stdout.readline().decode(errors="replace")),
+                             daemon=True)
+        t.start()
+        t.join(timeout_s)
+        return got[0].strip() if got else ""
+
+    @staticmethod
+    def _drain(node: Node) -> None:
+        for raw in iter(node.proc.stdout.readline, b""):
+            node.log.append(raw.decode(errors="replace").rstrip())
+            del node.log[:-40]
+
+    def wait_joined(self, names: list[str], timeout_s: float = JOIN_TIMEOUT_S) -> None:
+        """Until every node is an alive Ray node (found by its address); else a harness error naming it."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        left = set(names)
+        while left:
+            by_ip = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes()
+                     if n.get("Alive") and n["NodeID"] not in self.gone_ids}
+            for name in list(left):
+                node = self.nodes[name]
+                if node.ip in by_ip:
+                    node.ray_node_id = by_ip[node.ip]
+                    left.discard(name)
+                elif node.proc.poll() is not None:
+                    raise IsolationError(f"node {name} ended before it joined the head (exit {node.proc.returncode})"
+                                         f"; its last lines: {' | '.join(node.log[-5:])[:600]}")
+            if left and time.monotonic() > deadline:
+                name = sorted(left)[0]
+                raise IsolationError(f"node {name} did not join the head at {HEAD_IP} within {timeout_s:.0f} s; "
+                                     f"its last lines: {' | '.join(self.nodes[name].log[-5:])[:600]}")
+            if left:
+                time.sleep(0.2)
+
+    def end_node(self, name: str, timeout_s: float = 10.0) -> bool:
+        """The node goes at once, with everything in it: SIGKILL to its first process (this driver's child)
+        kills its pid namespace's init, and the kernel every process in it; its namespaces and veth go with
+        them. Its cgroup dirs are removed once empty. Returns whether it was running."""
+        node = self.nodes.get(name)
+        if node is None:
+            return False
+        was = node.proc.poll() is None
+        if node.ray_node_id:
+            self.gone_ids.add(node.ray_node_id)
+        try:
+            os.killpg(node.proc.pid, signal.SIGKILL)  # its own session: the unshare and what it forked
+        except ProcessLookupError:
+            pass
+        try:
+            node.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._remove_cgroups(node, timeout_s)
+        return was
+
+    @staticmethod
+    def _remove_cgroups(node: Node, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for d in node.cgroup_dirs.values():
+            while d.is_dir():
+                leaves = sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+                for p in leaves + [d]:
+                    try:
+                        p.rmdir()
+                    except OSError:
+                        pass
+                if d.is_dir():
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+
+    def describe(self) -> list[dict]:
+        return [{"name": "node-0", "ray_node_id": self.head.get("ray_node_id"), "address": HEAD_IP, "head": True,
+                 "netns_inode": self.head.get("net"), "mntns_inode": self.head.get("mnt"),
+                 "pidns_inode": self.head.get("pid")}] + [n.describe() for n in self.nodes.values()]
+
+    def stop(self) -> None:
+        for name in list(self.nodes):
+            self.end_node(name)
+        self._spawner.shutdown(wait=False)
+
+
+def leftover_node_cgroups() -> list[str]:
+    """Cgroup dirs of isolated nodes left on this machine (by their marker)."""
+    out = []
+    for c in cgroups.CONTROLLERS:
+        base = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/")
+        if base.is_dir():
+            out += [str(p) for p in base.glob(f"{NODE_MARK}.*")]
+    return sorted(out)

@@ -1,0 +1,81 @@
+"""What a wave whose sandbox nodes are other machines (isolated nodes) needs before any task runs.
+
+The head's gate (fleet/gateway.py) on its cluster address, with the wave's relay token, in front of the proxy,
+the model endpoint and the effects service; the runner's workdir shipped to every node as a content-addressed
+snapshot whose digest each node checks (fleet/codeship.py); and every other path the runner needs (its
+interpreter, its venv) checked on every node. A node that lacks one is a harness error naming the node and the
+path (exit 2), before anything runs: never a sandbox that silently goes without it.
+"""
+from __future__ import annotations
+
+import secrets
+
+from cluster.wave.access import PORT_EFFECTS, PORT_MODEL, PORT_S3
+from cluster.wave.errors import HarnessError
+
+
+def remote_launch(parts, runner: dict, binds: list[str], never=()) -> dict:
+    """The relays, token and shipped code every remote sandbox of the wave gets (`launch` entries)."""
+    import ray
+
+    from fleet.codeship import ShipError, snapshot
+    from fleet.gateway import Gateway
+
+    fleet = parts.fleet
+    token = secrets.token_hex(32)
+    p = parts
+    parts.gateway = Gateway(fleet.cluster_ip, token, {
+        "s3": ("127.0.0.1", p.proxy.port), "model": ("127.0.0.1", p.model.server.server_address[1]),
+        "effects": ("127.0.0.1", p.effects.server.server_address[1])}).start()
+    gw = parts.gateway
+    out = {"relays": {PORT_S3: gw.target("s3"), PORT_MODEL: gw.target("model"), PORT_EFFECTS: gw.target("effects")},
+           "relay_token": token, "remote": True, "code": None}
+    workdir = runner.get("workdir")
+    if workdir:
+        try:
+            digest, data = snapshot(workdir, never)
+        except (ShipError, OSError) as exc:
+            raise HarnessError(f"runner workdir {workdir}: cannot be shipped to the nodes: {exc}") from exc
+        out["code"] = {"digest": digest, "path": workdir}
+        stage(fleet.node_ids, fleet.hosts, digest, data)
+        fleet.on_restore = lambda name, host: stage([name], [host], digest, data)
+    need = [b for b in binds if b != workdir]
+    for name, missing in zip(fleet.node_ids, ray.get([h.missing_paths.remote(need) for h in fleet.hosts],
+                                                     timeout=60)):
+        if missing:
+            raise HarnessError(f"node {name}: {missing[0]} is not there; the runner's interpreter and venv must be at "
+                               "the same path on every node (or inside --runner-workdir, which is shipped)")
+    return out
+
+
+def stage(names: list[str], hosts: list, digest: str, data: bytes) -> None:
+    """The runner's snapshot unpacked and checked on each node (again on a node that came back)."""
+    import ray
+
+    got = ray.get([h.stage_code.remote(digest, data) for h in hosts], timeout=120)
+    for name, r in zip(names, got):
+        if not r.get("ok"):
+            raise HarnessError(f"node {name}: the runner's code could not be staged: {r.get('why')}")
+
+
+def nodes_record(fleet) -> list[dict]:
+    """results/<wave>/nodes.json: each Ray node of the wave's fleet, by name."""
+    import ray
+
+    from cluster.raysession import node_resource
+
+    iso = fleet.ray_session.isolated
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if iso is not None:
+        from cluster.isolated import HEAD_IP
+
+        head = next((n for n in alive if n["NodeManagerAddress"] == HEAD_IP), None)
+        iso.head["ray_node_id"] = head["NodeID"] if head else None
+        return iso.describe()
+    prefix = node_resource("")
+    out = []
+    for n in alive:
+        name = next((k[len(prefix):] for k in n.get("Resources", {}) if k.startswith(prefix)), None)
+        out.append({"name": name or f"node-{n['NodeManagerAddress']}", "ray_node_id": n["NodeID"],
+                    "address": n["NodeManagerAddress"], "head": name == "node-0" or fleet.nodes == 1})
+    return sorted(out, key=lambda r: r["name"])

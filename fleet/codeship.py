@@ -1,0 +1,94 @@
+"""A runner's code shipped to nodes that cannot see the driver's disk: a per-wave, content-addressed snapshot.
+
+`snapshot(workdir)` packs the directory into a deterministic tar (sorted, no owners, no times; symlinks kept as
+links, anything but files, dirs and links left out) and names it by its sha256. A host unpacks it under its own
+dir as root-owned files the sandbox user can read (dirs 0755, files 0644 or 0755), packs what it wrote the same way
+and checks the digest, so a node runs exactly the bytes the driver has, and a workdir only root could read (a
+`mktemp -d`, a venv under /root) runs all the same.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+from pathlib import Path
+
+MAX_BYTES = 64 * 1024 * 1024
+MAX_FILES = 20000
+
+
+class ShipError(RuntimeError):
+    pass
+
+
+def _entries(root: Path, exclude=()) -> list[Path]:
+    out = []
+    skip = {os.path.realpath(e) for e in exclude}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in skip)
+        for name in dirnames + sorted(filenames):
+            out.append(Path(dirpath) / name)
+    return sorted(out, key=lambda p: str(p.relative_to(root)))
+
+
+def snapshot(workdir: str, exclude=()) -> tuple[str, bytes]:
+    """(sha256 hex, tar bytes) of `workdir` without the dirs in `exclude` (results, the wave's private dir);
+    ShipError past MAX_BYTES or MAX_FILES."""
+    root = Path(workdir)
+    buf = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        entries = _entries(root, exclude)
+        if len(entries) > MAX_FILES:
+            raise ShipError(f"runner workdir {workdir} has {len(entries)} entries; at most {MAX_FILES} are shipped")
+        for p in entries:
+            st = os.lstat(p)
+            ti = tarfile.TarInfo(str(p.relative_to(root)))
+            ti.uid = ti.gid = 0
+            ti.uname = ti.gname = ""
+            ti.mtime = 0
+            if stat.S_ISLNK(st.st_mode):
+                ti.type, ti.linkname, ti.mode = tarfile.SYMTYPE, os.readlink(p), 0o777
+                tar.addfile(ti)
+            elif stat.S_ISDIR(st.st_mode):
+                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(ti)
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if total > MAX_BYTES:
+                    raise ShipError(f"runner workdir {workdir} is over {MAX_BYTES // (1024 * 1024)} MiB; ship a "
+                                    "smaller one (the rest belongs in the image or a path every node has)")
+                ti.size, ti.mode = st.st_size, 0o755 if st.st_mode & 0o111 else 0o644
+                with open(p, "rb") as f:
+                    tar.addfile(ti, f)
+    data = buf.getvalue()
+    return hashlib.sha256(data).hexdigest(), data
+
+
+def unpack(data: bytes, dest: str, digest: str) -> str:
+    """Unpack a snapshot into `dest` (made fresh) and check that it packs back to `digest`; returns `dest`."""
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ShipError(f"the runner snapshot's bytes do not match its digest {digest[:12]}")
+    d = Path(dest)
+    if d.is_dir():  # already unpacked and checked: the same bytes (the name is the digest)
+        if snapshot(str(d))[0] == digest:
+            return dest
+        shutil.rmtree(d)
+    tmp = d.with_name(d.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, mode=0o755)
+    os.chmod(tmp, 0o755)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(tmp, filter="tar")  # no absolute names, no ".."; links as they are
+    for p in [tmp, *tmp.rglob("*")]:
+        if not p.is_symlink():
+            os.chmod(p, 0o755 if p.is_dir() else (0o755 if os.stat(p).st_mode & 0o111 else 0o644))
+    got = snapshot(str(tmp))[0]
+    if got != digest:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ShipError(f"the runner snapshot unpacked to {got[:12]}, not {digest[:12]}")
+    os.replace(tmp, d)
+    return dest
