@@ -15,11 +15,11 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _wave(tmp_path, body: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _wave(tmp_path, body: str, *more: str) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = tmp_path / "wave.yaml"
     cfg.write_text(body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--nodes", "3",
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--nodes", "3", *more,
                         "--results", str(tmp_path / "r"), "--no-progress"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     return r, (tmp_path / "r" / "latest").resolve()
@@ -64,18 +64,24 @@ def _check_node_loss(r, wave: Path) -> list[dict]:
     return applied
 
 
-def test_pk3_abrupt_node_loss_tasks_finish_on_the_other_node(tmp_path):
+# isolated: each sandbox node a process tree in namespaces of its own (cluster/isolated.py), lost whole
+ISOLATION = [pytest.param((), id="shared"), pytest.param(("--isolated-nodes",), id="isolated")]
+
+
+@pytest.mark.parametrize("isolation", ISOLATION)
+def test_pk3_abrupt_node_loss_tasks_finish_on_the_other_node(tmp_path, isolation):
     r, wave = _wave(tmp_path, "tasks: 4\nconcurrency: 4\nseed: 11\nfaults: [PK3]\n"
                               "fault_timing: {PK3: {mode: abrupt, after_model_calls: [2, 3], down_s: [11, 12]}}\nlease_ttl_s: 3\n"
-                              "workload: {steps: 6, think_ms: 80}\n")
+                              "workload: {steps: 6, think_ms: 80}\n", *isolation)
     for rec in _check_node_loss(r, wave):
         assert "raylet and host killed at once" in rec["detail"]
 
 
-def test_pk3_drain_gives_notice_then_loses_the_node(tmp_path):
+@pytest.mark.parametrize("isolation", ISOLATION)
+def test_pk3_drain_gives_notice_then_loses_the_node(tmp_path, isolation):
     r, wave = _wave(tmp_path, "tasks: 4\nconcurrency: 4\nseed: 12\nfaults: [PK3]\n"
                               "fault_timing: {PK3: {mode: drain, window_s: [1, 1.5], after_model_calls: [2, 3], "
-                              "down_s: [11, 12]}}\nlease_ttl_s: 3\nworkload: {steps: 6, think_ms: 80}\n")
+                              "down_s: [11, 12]}}\nlease_ttl_s: 3\nworkload: {steps: 6, think_ms: 80}\n", *isolation)
     for rec in _check_node_loss(r, wave):
         assert "drained for PREEMPTION (accepted by the GCS)" in rec["detail"], rec["detail"]
         assert "notice + SIGTERM to " in rec["detail"] and "notice + SIGTERM to 0 " not in rec["detail"]

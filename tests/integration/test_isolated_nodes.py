@@ -1,0 +1,135 @@
+"""Isolated nodes (`--isolated-nodes`): a head and two sandbox nodes on this machine that share nothing but a network
+the wave made. A wave with PK1, ST1 and CR1 passes with attempts on both sandbox nodes, while nothing of an attempt
+crosses to the head but Ray calls and the head's gate: no credential file is ever written on the head, every
+runner.log comes back, a runner workdir only root can read is shipped and runs. The machine's own network namespace
+keeps its addresses, routes and links, and nothing is left (processes, cgroups, mounts, the nodes' dirs)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from cluster import isolated
+from tests import leftovers
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+RUNNERS = ROOT / "fleet" / "runners"
+
+
+def _machine_net() -> dict:
+    """What the machine's own network namespace has: the test asserts a wave adds nothing to it."""
+    def out(*args):
+        return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+    return {"addr": out("-o", "addr"), "route": out("route", "show", "table", "all"), "link": out("-o", "link"),
+            "inode": os.stat("/proc/self/ns/net").st_ino}
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", *args, "--results",
+                           str(tmp_path / "r"), "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class _CredentialWatch:
+    """Looks (every 20 ms, for the whole wave) for an attempt's credentials anywhere a head-side writer would put
+    them: the wave's private dirs and the results."""
+
+    def __init__(self, roots: list[Path]):
+        self.roots, self.seen, self.looks = roots, set(), 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for pattern_root in self.roots + list(Path("/tmp").glob("sandfleet-w-*")):
+                for p in Path(pattern_root).rglob("*"):
+                    if p.name in ("credentials.json", "aws-config") or p.name == "creds":
+                        self.seen.add(str(p))
+            self.looks += 1
+            self._stop.wait(0.02)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(5)
+
+
+def test_a_wave_on_isolated_nodes_passes_and_nothing_but_ray_and_the_gate_crosses(tmp_path):
+    before_net, before = _machine_net(), leftovers.snapshot()
+    work = Path(tempfile.mkdtemp(prefix="sf-runner-", dir="/tmp"))  # mode 0700: only root can read it here
+    try:
+        for f in ("durable.py", "agentkit.py"):
+            shutil.copy(RUNNERS / f, work / f)
+        assert os.stat(work).st_mode & 0o777 == 0o700
+        with _CredentialWatch([tmp_path / "r"]) as watch:
+            r = _cli(tmp_path, "--tasks", "4", "--concurrency", "2", "--faults", "PK1,ST1,CR1", "--seed", "5",
+                     "--nodes", "3", "--isolated-nodes", "--runner-cmd", f"{sys.executable} {work}/durable.py",
+                     "--runner-workdir", str(work))
+        assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    wave = (tmp_path / "r" / "latest").resolve()
+    tl = [orjson.loads(line) for line in (wave / "timeline.jsonl").read_bytes().splitlines()]
+    starts = [e for e in tl if e["event"] == "attempt_start"]
+    assert {e["node"] for e in starts} == {"node-1", "node-2"}, [e["node"] for e in starts]
+
+    nodes = orjson.loads((wave / "nodes.json").read_bytes())
+    assert [n["name"] for n in nodes] == ["node-0", "node-1", "node-2"] and [n["head"] for n in nodes] == [
+        True, False, False]
+    nets = [n["netns_inode"] for n in nodes]
+    assert len(set(nets)) == 3 and before_net["inode"] not in nets, nodes  # three namespaces, none the machine's
+    assert len({n["mntns_inode"] for n in nodes[1:]} | {n["pidns_inode"] for n in nodes[1:]}) == 4
+    assert all(n["ray_node_id"] and n["address"].startswith("198.18.0.") for n in nodes)
+
+    receipts = orjson.loads((wave / "faults.json").read_bytes())
+    applied = {x["fault_id"] for x in receipts if x["status"] == "applied"}
+    assert applied == {"PK1", "ST1", "CR1"}, [(x["fault_id"], x["status"], x.get("detail")) for x in receipts]
+    assert all(orjson.loads(p.read_bytes())["verdict"] == "pass" for p in wave.glob("t*.grade.json"))
+
+    # every attempt's runner.log came back from its node (nothing there is a path on the head)
+    for e in starts:
+        log = wave / "sandboxes" / e["sandbox"] / "runner.log"
+        assert log.is_file() and log.stat().st_size > 0, e["sandbox"]
+    assert watch.looks > 10 and not watch.seen, sorted(watch.seen)[:5]
+
+    assert _machine_net() == before_net
+    left = leftovers.wait_clean(before)
+    assert not left, left
+    assert not isolated.leftover_node_cgroups()
+    assert not list(Path("/tmp").glob("sandfleet-host-*"))
+
+
+def test_a_path_the_runner_needs_that_a_node_lacks_is_exit_2_naming_node_and_path(tmp_path):
+    """An interpreter under /tmp exists on the head but not on the nodes (their /tmp is their own): the wave stops
+    before any task runs, naming the node and the path, instead of sandboxes that silently go without it."""
+    venv = Path(tempfile.mkdtemp(prefix="sf-interp-", dir="/tmp"))
+    try:
+        (venv / "bin").mkdir()
+        os.symlink(sys.executable, venv / "bin" / "python3")
+        os.chmod(venv, 0o755)
+        r = _cli(tmp_path, "--tasks", "1", "--faults", "none", "--nodes", "2", "--isolated-nodes", "--runner-cmd",
+                 f"{venv}/bin/python3 {RUNNERS}/durable.py")
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert f"node node-1: {venv} is not there" in r.stderr, r.stderr[-2000:]
+    wave = (tmp_path / "r" / "latest").resolve()
+    assert not [line for line in (wave / "timeline.jsonl").read_bytes().splitlines() if b"attempt_start" in line]
+
+
+def test_isolated_nodes_need_a_head_and_a_sandbox_node(tmp_path):
+    r = _cli(tmp_path, "--tasks", "1", "--nodes", "1", "--isolated-nodes", timeout=60)
+    assert r.returncode == 254, r.stderr
+    assert "nodes 1 with node_isolation 'namespaces'" in r.stderr and "nodes >= 2" in r.stderr, r.stderr
