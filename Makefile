@@ -13,10 +13,10 @@ setup: system $(STAMP)
 
 # The process sandbox backend needs bubblewrap, setpriv and nsenter (util-linux) and tini.
 system:
-	@if ! command -v tini >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1 || \
+	@if ! command -v tini >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || \
 	    ! command -v nsenter >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
-		echo "installing system packages: bubblewrap tini util-linux"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux >/dev/null; \
+		echo "installing system packages: bubblewrap tini util-linux iproute2"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux iproute2 >/dev/null; \
 	fi
 
 # The docker sandbox backend: Debian's docker.io, started with no bridge and no iptables (infra/dockerd-up).
