@@ -59,8 +59,7 @@ CAMPAIGN_PNG = "campaign.png"
 
 # -- the wave's private directory (never in results: keys, the store's data, the driver's pid) --------------
 # (its driver and Ray records are named in fleet/markers.py, which the sweeps read and fleet/ may not import this)
-from fleet.markers import DRIVER_RECORD, RAY_RECORD  # noqa: E402,F401
-ATTEMPT_CREDENTIALS = "credentials.json"  # an attempt's key, in the private dir its sandbox sees read-only
+from fleet.markers import ATTEMPT_CREDENTIALS, DRIVER_RECORD, RAY_RECORD  # noqa: E402,F401
 LEDGER_DB = "ledger.db"
 
 # every file of a wave's results directory and what it holds (docs/architecture.md renders this table)

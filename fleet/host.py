@@ -23,6 +23,7 @@ from typing import Any
 
 from fleet import cgroups
 from fleet.backends import Backends, reap_leftover
+from fleet.markers import ATTEMPT_CREDENTIALS
 from fleet.records import AttemptResult, Lease
 from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec
 
@@ -155,10 +156,10 @@ class SandboxHost:
             c = spec.credentials
             cdir = base / "creds" / spec.sandbox_id
             cdir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            src = CredentialSource(cdir / CREDENTIALS_FILE)
+            src = CredentialSource(cdir / ATTEMPT_CREDENTIALS)
             src.publish(Credentials(c["access_key"], c["secret_key"]), owner_uid=SANDBOX_UID)
             src.write_aws_config(cdir / "aws-config", c.get("region", "us-east-1"),
-                                 source_path=f"{c['mount']}/{CREDENTIALS_FILE}")
+                                 source_path=f"{c['mount']}/{ATTEMPT_CREDENTIALS}")
             ro_mounts[str(cdir)] = c["mount"]
         if spec.code is not None:
             staged = self.home() / "code" / spec.code["digest"]
@@ -187,8 +188,8 @@ class SandboxHost:
         cdir = self.home(wave_id) / "creds" / sandbox_id
         if not cdir.is_dir():
             return False
-        await asyncio.to_thread(CredentialSource(cdir / CREDENTIALS_FILE).publish, Credentials(access_key, secret_key),
-                                SANDBOX_UID)
+        src = CredentialSource(cdir / ATTEMPT_CREDENTIALS)
+        await asyncio.to_thread(src.publish, Credentials(access_key, secret_key), SANDBOX_UID)
         return True
 
     async def stage_code(self, digest: str, data: bytes) -> dict:
@@ -471,7 +472,6 @@ class SandboxHost:
 
 
 BALLAST = ".sandfleet-ballast"
-CREDENTIALS_FILE = "credentials.json"  # (cluster/results.py: ATTEMPT_CREDENTIALS)
 LOG_CAP = 16 * 1024 * 1024 + 256  # the backends cap a runner's log at 16 MiB, then write one line saying so
 
 

@@ -23,6 +23,8 @@ WAVE_RE = re.compile(r"w-\d{8}T\d{6}-s\d+-[0-9a-f]{4}")
 # the wave's private dir: who drives it, and its private Ray's temp dir (cluster/results.py re-exports these)
 DRIVER_RECORD = "driver.json"
 RAY_RECORD = "ray.json"
+# an attempt's key, in the dir its sandbox sees read-only (the driver's private dir, or its host's on a remote node)
+ATTEMPT_CREDENTIALS = "credentials.json"
 
 
 def _start_time(pid: int) -> str | None:

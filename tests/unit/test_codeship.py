@@ -1,0 +1,60 @@
+"""A runner's workdir shipped to a node (fleet/codeship.py): the snapshot is deterministic and names its bytes,
+unpacks to files the sandbox user can read whatever the source's modes, checks its digest, leaves out what it is
+told to (results, the wave's private dir) and refuses a workdir over the cap."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fleet import codeship
+
+
+def _tree(root):
+    (root / "pkg").mkdir(parents=True)
+    (root / "agent.py").write_text("print('hi')\n")
+    (root / "pkg" / "mod.py").write_text("X = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho\n")
+    os.chmod(root / "run.sh", 0o700)
+    os.symlink("agent.py", root / "link.py")
+    os.chmod(root / "agent.py", 0o600)
+    os.chmod(root, 0o700)
+
+
+def test_the_snapshot_is_deterministic_and_unpacks_readable_by_anyone(tmp_path):
+    src = tmp_path / "src"
+    _tree(src)
+    d1, data = codeship.snapshot(str(src))
+    os.utime(src / "agent.py", (1, 1))  # times and owners are not part of it
+    assert codeship.snapshot(str(src))[0] == d1
+    out = codeship.unpack(data, str(tmp_path / "dst" / d1), d1)
+    assert (tmp_path / "dst" / d1 / "pkg" / "mod.py").read_text() == "X = 1\n"
+    assert os.stat(out).st_mode & 0o777 == 0o755
+    assert os.stat(f"{out}/agent.py").st_mode & 0o777 == 0o644
+    assert os.stat(f"{out}/run.sh").st_mode & 0o777 == 0o755
+    assert os.readlink(f"{out}/link.py") == "agent.py"
+    assert codeship.unpack(data, out, d1) == out  # again: already there and checked
+
+
+def test_a_changed_file_is_another_digest_and_wrong_bytes_are_refused(tmp_path):
+    src = tmp_path / "src"
+    _tree(src)
+    d1, data = codeship.snapshot(str(src))
+    (src / "agent.py").write_text("print('changed')\n")
+    assert codeship.snapshot(str(src))[0] != d1
+    with pytest.raises(codeship.ShipError, match="do not match its digest"):
+        codeship.unpack(data[:-1] + b"x", str(tmp_path / "dst"), d1)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_excluded_dirs_are_left_out_and_the_cap_holds(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    _tree(src)
+    (src / "results").mkdir()
+    (src / "results" / "big.bin").write_bytes(b"x" * 1000)
+    d_without, _ = codeship.snapshot(str(src), [str(src / "results")])
+    assert d_without != codeship.snapshot(str(src))[0]
+    monkeypatch.setattr(codeship, "MAX_BYTES", 500)
+    with pytest.raises(codeship.ShipError, match="is over"):
+        codeship.snapshot(str(src))
+    assert codeship.snapshot(str(src), [str(src / "results")])[0] == d_without
