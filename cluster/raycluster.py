@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from cluster import results
-from cluster.raysession import HEALTH_CHECKS, RaySession, node_resource  # noqa: F401
+from cluster.raysession import HEALTH_CHECKS, RaySession, node_name, node_resource  # noqa: F401
 
 
 def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
@@ -44,9 +44,7 @@ def discover_sandbox_nodes() -> dict[str, str]:
         res = n.get("Resources") or {}
         if not n.get("Alive") or "sandfleet" not in res:
             continue
-        prefix = node_resource("")
-        name = next((k[len(prefix):] for k in res if k.startswith(prefix)), None) or f"node-{n['NodeManagerAddress']}"
-        out[name] = n["NodeID"]
+        out[node_name(n)] = n["NodeID"]
     return out
 
 

@@ -25,6 +25,14 @@ def node_resource(name: str) -> str:
     return f"sandfleet-node:{name}"
 
 
+def node_name(ray_node: dict) -> str:
+    """A Ray node's name in the wave: its `sandfleet-node:<name>` resource when it has one, else its address."""
+    prefix = node_resource("")
+    res = ray_node.get("Resources") or {}
+    named = next((k[len(prefix):] for k in res if k.startswith(prefix)), None)
+    return named or f"node-{ray_node['NodeManagerAddress']}"
+
+
 class RaySession:
     def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
                  nodes: int = 1, isolation: str = "none"):

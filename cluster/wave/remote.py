@@ -62,7 +62,7 @@ def nodes_record(fleet) -> list[dict]:
     """results/<wave>/nodes.json: each Ray node of the wave's fleet, by name."""
     import ray
 
-    from cluster.raysession import node_resource
+    from cluster.raysession import node_name
 
     iso = fleet.ray_session.isolated
     alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -72,10 +72,6 @@ def nodes_record(fleet) -> list[dict]:
         head = next((n for n in alive if n["NodeManagerAddress"] == HEAD_IP), None)
         iso.head["ray_node_id"] = head["NodeID"] if head else None
         return iso.describe()
-    prefix = node_resource("")
-    out = []
-    for n in alive:
-        name = next((k[len(prefix):] for k in n.get("Resources", {}) if k.startswith(prefix)), None)
-        out.append({"name": name or f"node-{n['NodeManagerAddress']}", "ray_node_id": n["NodeID"],
-                    "address": n["NodeManagerAddress"], "head": name == "node-0" or fleet.nodes == 1})
+    out = [{"name": node_name(n), "ray_node_id": n["NodeID"], "address": n["NodeManagerAddress"],
+            "head": node_name(n) == "node-0" or fleet.nodes == 1} for n in alive]
     return sorted(out, key=lambda r: r["name"])
