@@ -218,8 +218,9 @@ def _format(err: ValidationError, source: str) -> str:
             if path == ("fault_timing",) and isinstance(value.get(key), dict):  # "PK5: ...": about fault_timing.PK5
                 path, value = path + (key,), value[key]
             field = _named_field(path, msg)
-            if field is not None:
-                path, value = path + (field,), value.get(field)
+            if field is not None:  # a field not given is checked at its default: name that
+                default = getattr(_model_at(path).model_fields.get(field), "default", None)
+                path, value = path + (field,), value.get(field, default)
         loc = ".".join(str(p) for p in path) or "(top level)"
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"])

@@ -119,10 +119,20 @@ class FleetSession:
         self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity())
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
                 timeout=120)
+        self._tell_sweeper()
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         if self.want_store:
             self._store_ready()
         return self
+
+    def _tell_sweeper(self) -> None:
+        """Sandbox nodes that are other machines are scanned by their own hosts: the sweep actor is told which
+        nodes there are and which are lost (again whenever that changes). A shared machine's is scanned in place."""
+        import ray
+
+        if self.remote and self.sweeper is not None:
+            ray.get(self.sweeper.set_nodes.remote(dict(zip(self.node_ids, self.hosts)),
+                                                  {n: "lost (PK3)" for n in self.down}), timeout=60)
 
     def _launch_store(self) -> None:
         from storage.store import EmbeddedStore
@@ -174,6 +184,10 @@ class FleetSession:
         t = time.time()
         self.down.add(name)
         if self.remote:  # the whole node goes at once (its pid namespace); its host's pid means nothing here
+            try:
+                self._tell_sweeper()  # before it goes: its scan not answering is no finding
+            except Exception:  # noqa: BLE001 - a lost sweep actor is the wave's to notice, not this fault's
+                pass
             self.ray_session.remove_node(name)
             return {"node": name, "at": t}
         try:
@@ -202,6 +216,8 @@ class FleetSession:
             self.on_restore(name, h)
         self.hosts[i] = h
         self.down.discard(name)
+        if self.remote:
+            self._tell_sweeper()
         out = {"node": name, "back_after_s": round(time.time() - t, 3)}
         return out if self.remote else dict(out, host_pid=self.host_info[i]["pid"])
 
@@ -248,6 +264,8 @@ class FleetSession:
             self.hosts[i] = self._start_host(n)
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
+        if replaced:
+            self._tell_sweeper()
         if self.store is not None and self.store.proc is not None and self.store.proc.poll() is not None:
             self.store.stop(grace_s=0.0)  # a wave lost it: a new one (new data dir, admin key and bucket)
             self._launch_store()

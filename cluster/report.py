@@ -219,6 +219,11 @@ def _sweeper(d: Path) -> str:
     out = (f"{r['scans']} pass(es) (p50 {r['scan_ms_p50']} ms); seen with no lease: {len(r['leaked'])}, reaped after "
            f"the {r['settle_s']} s settle window: {len(r['reaped'])}, left at the end: {len(r['left_at_end'])}; "
            f"dangling leases: {len(r['dangling_leases'])}; expired but running: {len(r['expired_but_running'])}")
+    if "nodes_scanned" in r:  # sandbox nodes that are other machines: each scanned by its own host
+        out += f"; nodes scanned by their hosts: {', '.join(r['nodes_scanned']) or 'none'}"
+    if r.get("unanswered_nodes"):
+        out += "; **not answering at the last pass** (nothing is known of them): " + "; ".join(
+            f"{n} ({why})" for n, why in sorted(r["unanswered_nodes"].items()))
     if r.get("errors"):
         out += "; errors: " + "; ".join(r["errors"][:3])
     return out

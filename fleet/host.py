@@ -166,9 +166,13 @@ class SandboxHost:
             if not staged.is_dir():
                 raise RuntimeError(f"the runner's code {spec.code['digest'][:12]} was not staged on this node")
             ro_mounts[str(staged)] = spec.code["path"]
-            ro_binds = [b for b in ro_binds if b != spec.code["path"]]
+            inside = spec.code["path"].rstrip("/") + "/"
+            ro_binds = [b for b in ro_binds if b != spec.code["path"] and not b.startswith(inside)]
+        # this host's own dir (every attempt's credentials on this node) is never shown, whatever a bind covers
+        hide = list(spec.hide) + [str(self.home())] * any(
+            str(self.home()).startswith(b.rstrip("/") + "/") for b in ro_binds)
         return dataclasses.replace(spec, state_dir=str(sdir), workspace_dir=str(base / "ws" / spec.sandbox_id),
-                                   ro_mounts=ro_mounts, ro_binds=ro_binds, credentials=None)
+                                   ro_mounts=ro_mounts, ro_binds=ro_binds, hide=hide, credentials=None)
 
     def _forget(self, spec: SandboxSpec) -> None:
         """A remote attempt ended: its credentials and its state go from this node (its log went to the driver)."""
@@ -438,6 +442,19 @@ class SandboxHost:
                 reaped.append(rep)
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
+
+    async def scan_markers(self, wave_ids: list[str], engine_lost: str | None = None) -> dict:
+        """The sweep actor's look at this node (its own /proc, mounts and cgroups): what carries the waves'
+        markers here (fleet/sweeper.py `scan_here`)."""
+        from fleet.sweeper import scan_here
+
+        return dict(await asyncio.to_thread(scan_here, wave_ids, engine_lost), node=self.node_id)
+
+    async def reap_marked(self, wave_id: str, sandbox_id: str) -> dict:
+        """The sweep actor found this node's sandbox leaked: reap it here, by its markers (pids are this node's)."""
+        from fleet.sweeper import reap_here
+
+        return await asyncio.to_thread(reap_here, wave_id, sandbox_id)
 
     async def cancel_wave(self, wave_id: str, timeout_s: float = 20.0, engine_lost: str | None = None) -> int:
         """Stop every attempt of a wave: none starts any more, running ones are killed, and this returns

@@ -408,11 +408,26 @@ def _executable(exe: str, path: str, binds) -> tuple[str, str | None]:
     return runnable or (seen[0] if seen else found), None
 
 
-def command_problem(argv: list[str], path: str, binds: list[str] = ()) -> str | None:
+def _host_side(p: str, mounts: dict[str, str]) -> str:
+    """Where the sandbox's path `p` is on this machine: under a read-only mount (host dir -> path inside, such as
+    a remote node's staged copy of the runner's workdir) it is the host dir's; else `p` itself."""
+    for host, inside in sorted(mounts.items(), key=lambda m: len(m[1]), reverse=True):
+        if p == inside or p.startswith(inside.rstrip("/") + "/"):
+            return host + p[len(inside.rstrip("/")):]
+    return p
+
+
+def command_problem(argv: list[str], path: str, binds: list[str] = (), mounts: dict[str, str] | None = None) \
+        -> str | None:
     """Why the runner command cannot start here, or None (checked before a sandbox is made). `binds`: what the
-    sandbox sees of the host (the runner's code, its venv), which the sandbox user must be able to read."""
+    sandbox sees of the host (the runner's code, its venv), which the sandbox user must be able to read; `mounts`
+    (host dir -> path inside) are shown at another path, so a runner named by its path inside is checked there."""
     if not argv or not argv[0]:
         return "runner command is empty"
+    if mounts:
+        argv = [_host_side(a, mounts) if os.path.isabs(a) else a for a in argv]
+        path = os.pathsep.join(_host_side(d, mounts) if os.path.isabs(d) else d for d in path.split(os.pathsep))
+        binds = list(binds) + list(mounts)
     exe, problem = _executable(argv[0], path, binds)
     if problem:
         return problem
@@ -504,11 +519,12 @@ _CHECKED: dict[tuple, str | None] = {}
 
 def cached_command_problem(spec: SandboxSpec) -> str | None:
     """`command_problem` once per wave and runner (a host runs many attempts of one runner)."""
-    key = (spec.wave_id, tuple(spec.argv), spec.env.get("PATH", ""), tuple(spec.ro_binds))
+    key = (spec.wave_id, tuple(spec.argv), spec.env.get("PATH", ""), tuple(spec.ro_binds),
+           tuple(sorted(spec.ro_mounts.items())))
     if key not in _CHECKED:
         if len(_CHECKED) > 256:
             _CHECKED.clear()
-        _CHECKED[key] = command_problem(spec.argv, spec.env.get("PATH", ""), spec.ro_binds)
+        _CHECKED[key] = command_problem(spec.argv, spec.env.get("PATH", ""), spec.ro_binds, spec.ro_mounts)
     return _CHECKED[key]
 
 

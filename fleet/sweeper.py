@@ -10,7 +10,10 @@ reports three things:
 
 A leak is reaped only once it has been a leak for `settle_s` (a sandbox between its lease's release and its
 host's clean-up is not one), and again checked against the ledger right before; a sandbox under an active lease
-is never touched, and nothing without the wave's marker is ever listed. `SweepActor` is the plain class;
+is never touched, and nothing without the wave's marker is ever listed. When the sandbox nodes are other machines
+(isolated nodes, a real cluster), the actor does not look at its own machine: each node's host scans its node and
+reaps there (`NodeScans`), the answers are merged with the ledger, and a node whose scan did not answer is named
+in the report (`unanswered_nodes`: the wave cannot say nothing leaked there). `SweepActor` is the plain class;
 `start_sweep_actor` makes it a detached Ray actor at the edge (named per wave, pinned to the head).
 """
 from __future__ import annotations
@@ -42,11 +45,73 @@ def _alive_parts(entry: dict) -> dict[str, dict]:
     return out
 
 
+def scan_here(wave_ids: list[str], engine_lost: str | None = None) -> dict:
+    """What carries the markers of `wave_ids` on this machine (or this node: an isolated node's /proc, mounts and
+    cgroups are its own), and what could not be listed. A sandbox node's host answers this for the sweep actor."""
+    from fleet import markers as finder
+
+    errors: list = []
+    waves, _ = finder.markers(errors, engine_lost)
+    return {"waves": {w: waves[w] for w in wave_ids if w in waves}, "errors": errors}
+
+
+def reap_here(wave_id: str, sid: str) -> dict:
+    """Kill and remove one leaked sandbox on this machine: its cgroup (every member) and mount, then any process
+    that still carries its marker outside the cgroup (checked again by its environment right before the kill)."""
+    from fleet import markers as finder
+    from fleet.backends import reap_leftover
+
+    out = reap_leftover(wave_id, sid)
+    killed = []
+    for p in finder.markers()[0].get(wave_id, {}).get("processes", []):
+        if p.get("sandbox") != sid:
+            continue
+        m = finder.SANDBOX_MARK.search(finder._environ(str(p["pid"])))
+        if m and m.group(1).decode() == wave_id and m.group(2).decode() == sid:
+            try:
+                os.kill(p["pid"], signal.SIGKILL)
+                killed.append(p["pid"])
+            except ProcessLookupError:
+                pass
+    out["killed_outside_cgroup"] = killed
+    return out
+
+
+def merge_scans(answers: dict[str, dict]) -> tuple[dict, dict, list]:
+    """Node name -> that node's `scan_here`, as one listing: (waves, {(wave, sandbox): node}, errors). A pid is
+    its node's (never signalled from here): each process entry keeps its node."""
+    waves: dict[str, dict] = {}
+    where: dict[tuple, str] = {}
+    errors: list = []
+    for node, ans in sorted(answers.items()):
+        errors += [e for e in ans.get("errors", []) if e not in errors]
+        for w, e in ans.get("waves", {}).items():
+            into = waves.setdefault(w, {"processes": [], "cgroups": [], "mounts": [], "containers": [],
+                                        "mount_sandboxes": {}})
+            into["processes"] += [dict(p, node=node) for p in e.get("processes", [])]
+            into["cgroups"] += [c for c in e.get("cgroups", []) if c not in into["cgroups"]]
+            into["mounts"] += [f"{node}:{m}" for m in e.get("mounts", [])]
+            into["mount_sandboxes"].update({f"{node}:{m}": sid for m, sid in (e.get("mount_sandboxes") or {}).items()})
+            into["containers"] += [c for c in e.get("containers", []) if c not in into["containers"]]
+            for sid in [p.get("sandbox") for p in e.get("processes", [])] + list(e.get("cgroups", [])) + \
+                    list((e.get("mount_sandboxes") or {}).values()) + [c.get("sandbox") for c in e.get("containers", [])]:
+                if sid:
+                    where.setdefault((w, sid), node)
+    return waves, where, errors
+
+
 class WaveSweep:
     """The sweep of one wave: its findings, what it reaped, its timings."""
 
-    def __init__(self, wave_id: str, ledger: Any, settle_s: float, clock=time.time, period_s: float = 1.0):
+    def __init__(self, wave_id: str, ledger: Any, settle_s: float, clock=time.time, period_s: float = 1.0,
+                 lister=None):
         self.wave_id = wave_id
+        # the sandbox nodes are other machines: `lister([wave], engine_lost)` gathers their scans (NodeScans: (waves,
+        # {(wave, sandbox): node}, errors, {node: why it did not answer})), and a leak is reaped by its own node
+        self.lister = lister
+        self.where: dict[tuple, str] = {}
+        self.unanswered: dict[str, str] = {}  # at the last pass: node -> why its scan did not answer
+        self.scan_failures: dict[str, int] = {}  # node -> passes its scan did not answer
         self.ledger = ledger
         self.prefix = wave_id + "/"
         self.settle_s = settle_s
@@ -91,11 +156,19 @@ class WaveSweep:
         from fleet import markers as finder
 
         t0 = time.perf_counter()
-        if waves is None:
+        if waves is None and self.lister is not None:
+            waves, self.where, listing, self.unanswered = await self.lister([self.wave_id], self.engine_lost)
+            self.errors += [e for e in listing if e not in self.errors]
+        elif waves is None:
             listing: list = []
             waves, _ = await asyncio.to_thread(finder.markers, listing, self.engine_lost)
             self.errors += [e for e in listing if e not in self.errors]
+        for n in self.unanswered:
+            self.scan_failures[n] = self.scan_failures.get(n, 0) + 1
         alive = _alive_parts(waves.get(self.wave_id, {}))
+        for sid, parts in alive.items():
+            if (self.wave_id, sid) in self.where:
+                parts["node"] = self.where[(self.wave_id, sid)]
         active, latest = await self._leases()
         now = self.clock()
         for sid in [x for x in self.first_seen if x not in alive]:  # gone by itself: it was not a leak
@@ -139,6 +212,8 @@ class WaveSweep:
         is taken just before its sandbox starts)."""
         dangling = []
         for sid, row in sorted(active.items()):
+            if row.get("holder") in self.unanswered:  # its node could not be looked at this pass
+                continue
             if sid in alive and (alive[sid]["pids"] or alive[sid]["cgroup"] or alive[sid]["container"]):
                 self.dangling_since.pop(sid, None)
                 continue
@@ -161,7 +236,7 @@ class WaveSweep:
             if sid in active:
                 continue
             try:
-                r = await asyncio.to_thread(self._reap, sid)
+                r = await self._reap_on_its_node(sid)
             except Exception as exc:  # noqa: BLE001 - one sandbox's failed reap must not lose the others'
                 self.errors.append(f"reap {sid}: {type(exc).__name__}: {exc}"[:300])
                 continue
@@ -173,26 +248,17 @@ class WaveSweep:
     def _note(self, kind: str, sid: str, what: dict) -> None:
         self.findings.setdefault(f"{kind}:{sid}", {"kind": kind, "first_at": self.clock(), **what})
 
-    def _reap(self, sid: str) -> dict:
-        """Kill and remove one leaked sandbox: its cgroup (every member) and mount, then any process that still
-        carries its marker outside the cgroup (checked again by its environment right before the kill)."""
-        from fleet import markers as finder
-        from fleet.backends import reap_leftover
+    async def _reap_on_its_node(self, sid: str) -> dict:
+        """Reap where the sandbox is: on this machine, or by the host of the node whose scan found it."""
+        node = self.where.get((self.wave_id, sid))
+        if node is None or self.lister is None:
+            return await asyncio.to_thread(reap_here, self.wave_id, sid)
+        from fleet.host import awaitable
 
-        out = reap_leftover(self.wave_id, sid)
-        killed = []
-        for p in finder.markers()[0].get(self.wave_id, {}).get("processes", []):
-            if p.get("sandbox") != sid:
-                continue
-            m = finder.SANDBOX_MARK.search(finder._environ(str(p["pid"])))
-            if m and m.group(1).decode() == self.wave_id and m.group(2).decode() == sid:
-                try:
-                    os.kill(p["pid"], signal.SIGKILL)
-                    killed.append(p["pid"])
-                except ProcessLookupError:
-                    pass
-        out["killed_outside_cgroup"] = killed
-        return out
+        host = self.lister.hosts().get(node)
+        if host is None:
+            raise RuntimeError(f"node {node} is not a sandbox node of the fleet any more")
+        return dict(await asyncio.wait_for(awaitable(host.reap_marked.remote(self.wave_id, sid)), 30), node=node)
 
     def report(self, last: dict | None = None) -> dict:
         kinds: dict[str, list] = {}
@@ -203,7 +269,41 @@ class WaveSweep:
                 "scan_ms_p50": ms[len(ms) // 2], "scan_ms_max": ms[-1],
                 "leaked": kinds.get("leaked", []), "dangling_leases": kinds.get("dangling_lease", []),
                 "expired_but_running": kinds.get("expired_but_running", []), "reaped": self.reaped,
-                "left_at_end": (last or {}).get("leaked", []), "errors": self.errors}
+                "left_at_end": (last or {}).get("leaked", []), "errors": self.errors,
+                **({"nodes_scanned": sorted(self.lister.hosts()), "unanswered_nodes": self.unanswered,
+                    "node_scan_failures": self.scan_failures} if self.lister is not None else {})}
+
+
+class NodeScans:
+    """The sandbox nodes of a fleet whose nodes are other machines (isolated nodes, a real cluster): each pass asks
+    every node's host for its own scan (`SandboxHost.scan_markers`), in parallel, bounded. A node lost on purpose
+    (PK3) is not asked: its sandboxes went with it. One that does not answer is named, never taken as empty."""
+
+    def __init__(self, timeout_s: float = 10.0):
+        self.timeout_s = timeout_s
+        self.nodes: dict[str, Any] = {}  # node name -> its host actor
+        self.down: dict[str, str] = {}  # node name -> why it is not asked (lost, not back yet)
+
+    def hosts(self) -> dict[str, Any]:
+        return {n: h for n, h in self.nodes.items() if n not in self.down}
+
+    async def __call__(self, waves: list[str], engine_lost: str | None = None) -> tuple[dict, dict, list, dict]:
+        from fleet.host import awaitable
+
+        hosts = self.hosts()
+
+        async def one(n: str, h) -> dict:
+            return await asyncio.wait_for(awaitable(h.scan_markers.remote(waves, engine_lost)), self.timeout_s)
+
+        got = await asyncio.gather(*(one(n, h) for n, h in hosts.items()), return_exceptions=True)
+        answers, unanswered = {}, {}
+        for n, r in zip(hosts, got):
+            if isinstance(r, BaseException):
+                unanswered[n] = f"{type(r).__name__}: {str(r)[:160]}" if str(r) else type(r).__name__
+            else:
+                answers[n] = r
+        merged, where, errors = merge_scans(answers)
+        return merged, where, errors, unanswered
 
 
 class SweepActor:
@@ -215,6 +315,16 @@ class SweepActor:
         self.clock = clock
         self.waves: dict[str, WaveSweep] = {}
         self._loop_task: asyncio.Task | None = None
+        self.node_scans: NodeScans | None = None  # set when the sandbox nodes are other machines
+
+    async def set_nodes(self, nodes: dict, down: dict | None = None) -> list[str]:
+        """The fleet's sandbox nodes are other machines: scan each through its host (name -> host actor);
+        `down` (name -> why) are lost and not asked. Called again whenever a node is lost, back or replaced."""
+        if self.node_scans is None:
+            self.node_scans = NodeScans()
+        self.node_scans.nodes = dict(nodes)
+        self.node_scans.down = dict(down or {})
+        return sorted(self.node_scans.hosts())
 
     async def ping(self) -> int:
         return len(self.waves)
@@ -226,7 +336,8 @@ class SweepActor:
         return os.getpid()
 
     async def watch(self, wave_id: str, settle_s: float = 10.0) -> bool:
-        self.waves[wave_id] = WaveSweep(wave_id, self.ledger, settle_s, self.clock, self.period_s)
+        self.waves[wave_id] = WaveSweep(wave_id, self.ledger, settle_s, self.clock, self.period_s,
+                                        lister=self.node_scans)
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
         return True
@@ -236,8 +347,10 @@ class SweepActor:
 
         while self.waves:
             listing: list = []
+            waves = None
             try:
-                waves, _ = await asyncio.to_thread(finder.markers, listing)
+                if self.node_scans is None:  # else each wave's pass asks the nodes itself
+                    waves, _ = await asyncio.to_thread(finder.markers, listing)
             except Exception:  # noqa: BLE001
                 waves = None
             for w in list(self.waves.values()):

@@ -125,8 +125,10 @@ def wave_checks_of(w: WaveRecord, leaks: dict, ref_grades: list[dict], harness_e
     # a look that could not be whole proves nothing absent: the hosts' sweep with problems (a host that did not
     # answer, a cancel that timed out), a sweep actor that did not report or could not list the containers
     sweep, sweeper, audit = w.sweep, w.sweeper, w.audit
+    # (or a sandbox node whose own scan did not answer at the sweep actor's last pass: nothing is known of it)
     looked = (sweep is not None and not sweep.get("problems")) and (sweeper is None or not (
-        sweeper.get("unavailable") or any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or [])))
+        sweeper.get("unavailable") or sweeper.get("unanswered_nodes") or
+        any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or [])))
     return {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
         "no_leaked_sandbox": (UNKNOWN if w.hfault is not None else FAIL) if (leaks["sandboxes"] or

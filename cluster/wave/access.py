@@ -30,18 +30,21 @@ RUNNERS_DIR = BUILTIN_DIR
 def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
     """What a runner needs to see read-only (its code, its interpreter's prefix), and what to hide in it.
 
-    An absolute argv[0] brings its installation prefix (a venv, and the interpreter a venv points to);
-    other absolute paths on the command line bring their directory; `workdir` comes whole. Anything
-    under /usr or /etc is already there. Paths in `never` (results, the wave's private dir) are covered
+    An absolute argv[0] in a `bin` dir, or the interpreter its `#!` line names, brings its installation prefix (a
+    venv, and the interpreter a venv points to); any other absolute path on the command line brings its directory
+    (a script in /tmp/x brings /tmp/x, never all of /tmp); `workdir` comes whole. Anything under /usr or /etc is
+    already there. Paths in `never` (results, the wave's private dir) are covered
     by an empty tmpfs if a bind would show them."""
     binds: set[str] = {RUNNERS_DIR}
     if runner.get("workdir"):
         binds.add(runner["workdir"])
-    for i, a in enumerate(runner["command"]):
+    exe, args = runner["command"][0], runner["command"][1:]
+    for a, executable in [(exe, True)] + [(x, True) for x in _interpreter(exe)] + [(x, False) for x in args]:
         if not (os.path.isabs(a) and os.path.exists(a)):
             continue
         for p in {os.path.abspath(a), os.path.realpath(a)}:
-            binds.add(os.path.dirname(os.path.dirname(p)) if i == 0 else os.path.dirname(p))
+            d = os.path.dirname(p)
+            binds.add(os.path.dirname(d) if executable and os.path.basename(d) == "bin" else d)
     for b in list(binds):
         cfg = os.path.join(b, "pyvenv.cfg")
         if os.path.isfile(cfg):
@@ -53,6 +56,20 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
              if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
     hide = sorted({str(n) for n in never for b in binds if str(n).startswith(b.rstrip("/") + "/") or str(n) == b})
     return sorted(binds), hide
+
+
+def _interpreter(exe: str) -> list[str]:
+    """The interpreter a script's `#!` line names by its absolute path (`#!/opt/venv/bin/python`), as a second
+    argv[0]: the sandbox must see it too. `#!/usr/bin/env python3` names a PATH lookup: nothing more to show."""
+    try:
+        with open(exe, "rb") as f:
+            line = f.readline(512)
+    except OSError:
+        return []
+    if not line.startswith(b"#!"):
+        return []
+    words = line[2:].decode(errors="replace").split()
+    return [words[0]] if words and os.path.isabs(words[0]) and not words[0].startswith(("/usr/", "/bin/")) else []
 
 
 class Access:

@@ -1,7 +1,8 @@
 """Isolated nodes (`--isolated-nodes`): a head and two sandbox nodes on this machine that share nothing but a network
 the wave made. A wave with PK1, ST1 and CR1 passes with attempts on both sandbox nodes, while nothing of an attempt
 crosses to the head but Ray calls and the head's gate: no credential file is ever written on the head, every
-runner.log comes back, a runner workdir only root can read is shipped and runs. The machine's own network namespace
+runner.log comes back, a runner workdir only root can read is shipped and its script runs. The sweep actor reaps a
+leak on a sandbox node through that node's host and leaves its decoys. The machine's own network namespace
 keeps its addresses, routes and links, and nothing is left (processes, cgroups, mounts, the nodes' dirs)."""
 from __future__ import annotations
 
@@ -51,9 +52,12 @@ class _CredentialWatch:
     def _run(self):
         while not self._stop.is_set():
             for pattern_root in self.roots + list(Path("/tmp").glob("sandfleet-w-*")):
-                for p in Path(pattern_root).rglob("*"):
-                    if p.name in ("credentials.json", "aws-config") or p.name == "creds":
-                        self.seen.add(str(p))
+                try:
+                    for p in Path(pattern_root).rglob("*"):
+                        if p.name in ("credentials.json", "aws-config") or p.name == "creds":
+                            self.seen.add(str(p))
+                except OSError:  # a dir that went while it was walked: looked at again on the next round
+                    continue
             self.looks += 1
             self._stop.wait(0.02)
 
@@ -70,12 +74,17 @@ def test_a_wave_on_isolated_nodes_passes_and_nothing_but_ray_and_the_gate_crosse
     before_net, before = _machine_net(), leftovers.snapshot()
     work = Path(tempfile.mkdtemp(prefix="sf-runner-", dir="/tmp"))  # mode 0700: only root can read it here
     try:
-        for f in ("durable.py", "agentkit.py"):
-            shutil.copy(RUNNERS / f, work / f)
+        shutil.copy(RUNNERS / "agentkit.py", work / "agentkit.py")
+        # the runner is a script in that dir, its interpreter named by its #! line: on the nodes the script exists
+        # only in their staged copy of the dir
+        code = (RUNNERS / "durable.py").read_text()
+        (work / "agent").write_text(f"#!{sys.executable}\n" + code.split("\n", 1)[1] if code.startswith("#!")
+                                    else f"#!{sys.executable}\n" + code)
+        (work / "agent").chmod(0o755)
         assert os.stat(work).st_mode & 0o777 == 0o700
         with _CredentialWatch([tmp_path / "r"]) as watch:
             r = _cli(tmp_path, "--tasks", "4", "--concurrency", "2", "--faults", "PK1,ST1,CR1", "--seed", "5",
-                     "--nodes", "3", "--isolated-nodes", "--runner-cmd", f"{sys.executable} {work}/durable.py",
+                     "--nodes", "3", "--isolated-nodes", "--runner-cmd", f"{work}/agent",
                      "--runner-workdir", str(work))
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     finally:
@@ -133,3 +142,32 @@ def test_isolated_nodes_need_a_head_and_a_sandbox_node(tmp_path):
     r = _cli(tmp_path, "--tasks", "1", "--nodes", "1", "--isolated-nodes", timeout=60)
     assert r.returncode == 254, r.stderr
     assert "nodes 1 with node_isolation 'namespaces'" in r.stderr and "nodes >= 2" in r.stderr, r.stderr
+
+
+def test_the_sweep_actor_reaps_a_leak_on_a_sandbox_node_through_its_host_and_names_a_node_that_does_not_answer():
+    """A leak planted on node-1 (a sandbox cgroup with no lease whose process daemonized a child; pids of node-1's
+    own pid namespace) is found by node-1's own scan and reaped there; a sandbox under a live lease, another wave's
+    marked process and an unmarked one on that node are untouched. A node whose host is gone is named as not
+    answering, so the wave cannot claim that nothing leaked there."""
+    before_net, before = _machine_net(), leftovers.snapshot()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run([sys.executable, "-m", "tests.integration.isolated_sweep_probe"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    out = orjson.loads(r.stdout.strip().splitlines()[-1])
+    planted, rep = out["planted"], out["report"]
+    assert planted["pidns"] != out["head_pidns"] and len(planted["leak"]) == 2, planted  # node-1's pids
+    assert [(x["sandbox_id"], x["node"]) for x in out["first"]["leaked"]] == [("t900-a1", "node-1")], out["first"]
+    assert out["leak_alive_after"] == [], rep  # the leak and its daemonized child
+    assert sorted(out["kept_alive"]) == sorted([planted["live"]] + planted["decoys"]), rep
+    assert [(x["sandbox_id"], x["node"]) for x in rep["reaped"]] == [("t900-a1", "node-1")], rep["reaped"]
+    assert sorted(rep["reaped"][0]["pids"]) == sorted(planted["leak"]) and rep["reaped"][0]["leaked_for_s"] >= 2.0
+    assert rep["nodes_scanned"] == ["node-1", "node-2"] and rep["unanswered_nodes"] == {}, rep
+    assert not rep["left_at_end"] and not rep["errors"] and not rep["dangling_leases"], rep
+    gone = out["unanswered_report"]
+    assert list(gone["unanswered_nodes"]) == ["node-2"] and "ActorDiedError" in gone["unanswered_nodes"]["node-2"]
+
+    assert _machine_net() == before_net
+    left = leftovers.wait_clean(before)
+    assert not left, left
+    assert not isolated.leftover_node_cgroups()

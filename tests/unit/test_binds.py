@@ -19,3 +19,25 @@ def test_runner_binds_bring_code_and_interpreter_and_hide_results(tmp_path):
 def test_bare_commands_bind_nothing_extra():
     binds, hide = runtime_binds({"command": ["/bin/true"]}, ["/tmp/x"])
     assert binds == [RUNNERS_DIR] and hide == []
+
+
+def test_a_script_runner_brings_its_own_dir_not_the_dir_above_it(tmp_path):
+    """`/tmp/x/run.sh` shows /tmp/x, never all of /tmp (other waves' dirs, a node's credentials); an executable in
+    a `bin` dir still brings its installation prefix."""
+    work = tmp_path / "x"
+    (work / "bin").mkdir(parents=True)
+    for f in (work / "run.sh", work / "bin" / "agent"):
+        f.write_text("#!/bin/sh\n")
+    binds, _ = runtime_binds({"command": [str(work / "run.sh")]}, [])
+    assert binds == sorted([RUNNERS_DIR, str(work)]) and str(tmp_path) not in binds
+    binds, _ = runtime_binds({"command": [str(work / "bin" / "agent")]}, [])
+    assert str(work) in binds
+
+
+def test_the_interpreter_a_scripts_shebang_names_is_shown_too(tmp_path):
+    script = tmp_path / "agent"
+    script.write_text(f"#!{sys.executable} -u\nprint('hi')\n")
+    binds, _ = runtime_binds({"command": [str(script)]}, [])
+    assert os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))) in binds and str(tmp_path) in binds
+    script.write_text("#!/usr/bin/env python3\n")
+    assert runtime_binds({"command": [str(script)]}, [])[0] == sorted([RUNNERS_DIR, str(tmp_path)])

@@ -406,3 +406,19 @@ def test_a_plan_of_the_wrong_shape_is_unreadable_naming_what_is_wrong(tmp_path):
     (d / "plan.json").write_bytes(orjson.dumps(plan))
     with pytest.raises(Unreadable, match=r"tasks\[0\] \(t000\) has no seed"):
         grade_wave(d)
+
+
+def test_a_sandbox_node_whose_scan_did_not_answer_makes_no_leaked_sandbox_unknown():
+    """Nothing seen on a node that could not be looked at proves nothing absent there: unknown, never pass."""
+    from types import SimpleNamespace
+
+    from cluster.grade.wave import leaks_of, wave_checks_of
+
+    def checks(sweeper: dict) -> str:
+        w = SimpleNamespace(sweep={"leaked": [], "problems": []}, audit={"incomplete_uploads": []}, hfault=None,
+                            sweeper=dict({"reaped": [], "left_at_end": [], "errors": []}, **sweeper))
+        return wave_checks_of(w, leaks_of(w), [], [])["no_leaked_sandbox"]
+
+    assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {}}) == "pass"
+    assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {"node-2": "ActorDiedError"}}) == \
+        "unknown"

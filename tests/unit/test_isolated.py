@@ -23,3 +23,10 @@ def test_nodes_below_two_root_and_tools_are_named(monkeypatch):
 
 def test_node_addresses_are_from_the_benchmarking_range():
     assert isolated.HEAD_IP == isolated.node_ip(0) == "198.18.0.1" and isolated.node_ip(2) == "198.18.0.3"
+
+
+def test_isolation_without_nodes_names_the_default_it_was_checked_at():
+    from cluster.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"field `nodes`: value 1: nodes 1 with node_isolation 'namespaces'"):
+        load_config(None, {"node_isolation": "namespaces"})

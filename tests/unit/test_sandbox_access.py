@@ -39,3 +39,22 @@ def test_a_bare_command_is_looked_up_as_the_sandbox_would(tmp_path):
     os.chmod(shims, 0o700)
     assert command_problem(["python3", "-c", "pass"], f"{shims}:/usr/bin:/bin", []) is None
     assert "not executable by the sandbox user" in command_problem(["agent-x"], f"{shims}:/usr/bin", [str(shims)])
+
+
+def test_a_runner_named_by_its_path_inside_a_mount_is_checked_where_the_mount_comes_from(tmp_path):
+    """On an isolated node the runner's workdir exists only as the node's staged copy, mounted at the workdir's
+    path: a script named by that path (and a PATH entry under it) is found in the copy, not reported missing."""
+    staged = tmp_path / "staged"
+    (staged / "bin").mkdir(parents=True)
+    (staged / "run.sh").write_text("#!/bin/sh\n")
+    (staged / "bin" / "agent").write_text("#!/bin/sh\n")
+    for f in (staged / "run.sh", staged / "bin" / "agent"):
+        f.chmod(0o755)
+    inside = "/tmp/no-such-workdir-here"
+    mounts = {str(staged): inside}
+    assert "not found" in command_problem([f"{inside}/run.sh"], "/usr/bin", [])
+    assert command_problem([f"{inside}/run.sh"], "/usr/bin", [], mounts) is None
+    assert command_problem(["agent"], f"{inside}/bin:/usr/bin", [], mounts) is None
+    assert command_problem(["/bin/sh", f"{inside}/run.sh"], "/usr/bin", [], mounts) is None
+    (staged / "run.sh").chmod(0o700)  # the copy itself unreadable by the sandbox user: named
+    assert "not executable by the sandbox user" in command_problem([f"{inside}/run.sh"], "/usr/bin", [], mounts)
