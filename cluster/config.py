@@ -73,9 +73,18 @@ class WaveConfig(Strict):
         if "PK3" in wants and self.nodes < 3:
             raise ValueError(f"faults: PK3 loses a sandbox node and needs nodes >= 3 (a head and two sandbox nodes: "
                              f"one is lost while the other runs the tasks), got nodes {self.nodes} (use --nodes 3)")
+        network = [f for f in wants if f in ("NP1", "NP2")]
+        if network and self.node_isolation != "namespaces":
+            raise ValueError(f"faults: {', '.join(network)} cut or degrade a sandbox node's own link to the head, and "
+                             "need isolated nodes (node_isolation: namespaces, --isolated-nodes --nodes 3)")
+        if "NP1" in wants and self.nodes < 3:
+            raise ValueError(f"faults: NP1 cuts a sandbox node off and needs nodes >= 3 (a head and two sandbox "
+                             f"nodes: the cut one's tasks go to the other), got nodes {self.nodes} (use --nodes 3)")
         for fid, t in self.fault_timing.items():
             if fid != "PK3" and (t.mode is not None or t.down_s is not None):
                 raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")
+            if fid != "NP1" and t.fencing is not None:
+                raise ValueError(f"fault_timing.{fid}: fencing is an NP1 knob, not {fid}'s")
         return self
 
     @model_validator(mode="after")
@@ -194,8 +203,8 @@ def _trigger_of_its_kind(fid: str, t, boundary: list[str]) -> None:
     if armed_only and (wrong or (t.kills and fid in ("CR1", "DF1"))):
         raise ValueError(f"{fid}: {(wrong or ['kills'])[0]} is not one of its triggers: give at_s or "
                          "after_model_calls (when it is armed), and window_s")
-    if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6") and not armed_only:
-        raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6 (and after_model_calls to CR1, "
+    if boundary and fid not in ("PK1", "PK2", "PK3", "PK5", "PK6", "NP1") and not armed_only:
+        raise ValueError(f"{fid}: {boundary[0]} applies to PK1, PK2, PK3, PK6, NP1 (and after_model_calls to CR1, "
                          "DF1 and the storage faults ST*) only")
 
 

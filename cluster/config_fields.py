@@ -230,6 +230,9 @@ class FaultTiming(Strict):
     down_s: tuple[float, float] | None = Field(
         None, description="PK3: the lost node comes back (a new Ray node with the same name) a seeded [lo, hi] s "
                           "later; default [2, 6]")
+    fencing: bool | None = Field(
+        None, description="NP1: false leaves the cut-off attempts' keys valid (a negative control: their zombies' "
+                          "writes land, and the wave must fail); default true")
     variant: Literal["after", "ambiguous"] | None = Field(
         None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
                           "applied the write but the proxy holds its answer")

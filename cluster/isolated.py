@@ -78,6 +78,14 @@ def _ip(*args: str, ns_pid: int | None = None) -> None:
         raise IsolationError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()[:300]}")
 
 
+def _run_in(ns_pid: int, argv: list[str]) -> str | None:
+    """Run `argv` in the network namespace of `ns_pid` (nsenter: `ip netns exec` would remount /sys); None when it
+    worked, else its error's first line."""
+    r = subprocess.run(["nsenter", f"--net=/proc/{ns_pid}/ns/net", "--", *argv], capture_output=True, text=True,
+                       timeout=30)
+    return None if r.returncode == 0 else ((r.stderr or r.stdout).strip().splitlines() or ["exit %d" % r.returncode])[0]
+
+
 def ns_inodes(pid: int | str = "self", pid_ns: str = "pid") -> dict:
     out = {}
     for kind, name in (("net", "net"), ("mnt", "mnt"), ("pid", pid_ns)):
@@ -269,6 +277,67 @@ class IsolatedNodes:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.05)
+
+    # -- the link between a node and the head (NP1, NP2) -------------------------------------------------------
+
+    def cut(self, name: str) -> dict:
+        """NP1: the node's link to the head goes down (its veth's head end, in the head's namespace): nothing of
+        it reaches the head nor the head it (Ray, the gate, everything). The node itself runs on."""
+        node = self.nodes[name]
+        _ip("link", "set", node.ns["veth"], "down")
+        return {"link": node.ns["veth"], "at": time.time()}
+
+    def heal(self, name: str) -> dict:
+        node = self.nodes.get(name)
+        if node is None or node.proc.poll() is not None:
+            return {"healed": False, "why": f"node {name} is gone"}
+        _ip("link", "set", node.ns["veth"], "up")
+        return {"healed": True, "at": time.time()}
+
+    def degrade(self, name: str, loss_pct: float, rate_kbit: int, delay_ms: float, jitter_ms: float) -> dict:
+        """NP2: the node's side of its link (its eth0) loses, delays and slows what it carries, both ways as seen
+        from the node. With the kernel's netem: delay, jitter, loss and rate in one qdisc. Without it (this
+        machine's kernel has none): loss by a seeded-probability packet filter in the node's namespace (in and
+        out), rate by a token bucket, and delay/jitter named as not applied. Returns what was applied."""
+        node = self.nodes[name]
+        pid = node.proc.pid
+        netem = ["tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", f"{delay_ms}ms", f"{jitter_ms}ms",
+                 "loss", f"{loss_pct}%", "rate", f"{rate_kbit}kbit"]
+        if _run_in(pid, netem) is None:
+            node.ns["degraded"] = "netem"
+            return {"how": "netem", "loss_pct": loss_pct, "rate_kbit": rate_kbit, "delay_ms": delay_ms,
+                    "jitter_ms": jitter_ms, "not_applied": [], "at": time.time()}
+        applied: dict = {"how": "filter+tbf", "not_applied": [], "at": time.time()}
+        p = f"{loss_pct / 100:.4f}"
+        for chain in ("INPUT", "OUTPUT"):
+            why = _run_in(pid, ["iptables", "-w", "-A", chain, "-m", "statistic", "--mode", "random",
+                                "--probability", p, "-j", "DROP"])
+            if why:
+                applied["not_applied"].append(f"loss ({why})")
+                break
+        else:
+            applied["loss_pct"] = loss_pct
+        why = _run_in(pid, ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{rate_kbit}kbit",
+                            "burst", "32kbit", "latency", "400ms"])
+        if why:
+            applied["not_applied"].append(f"rate ({why})")
+        else:
+            applied["rate_kbit"] = rate_kbit
+        applied["not_applied"].append(f"delay {delay_ms} ms and jitter {jitter_ms} ms (no netem qdisc in this "
+                                      "kernel: nothing here can hold packets back)")
+        node.ns["degraded"] = "filter+tbf"
+        return applied
+
+    def restore(self, name: str) -> dict:
+        """The node's link carries as before (what `degrade` added is removed)."""
+        node = self.nodes.get(name)
+        if node is None or node.proc.poll() is not None:
+            return {"restored": False, "why": f"node {name} is gone"}
+        pid, how = node.proc.pid, node.ns.pop("degraded", None)
+        errors = [e for e in [_run_in(pid, ["tc", "qdisc", "del", "dev", "eth0", "root"])] if e]
+        if how == "filter+tbf":
+            errors += [e for e in (_run_in(pid, ["iptables", "-w", "-F", c]) for c in ("INPUT", "OUTPUT")) if e]
+        return {"restored": not errors, "errors": errors, "at": time.time()}
 
     def describe(self) -> list[dict]:
         return [{"name": "node-0", "ray_node_id": self.head.get("ray_node_id"), "address": HEAD_IP, "head": True,

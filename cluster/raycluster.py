@@ -221,6 +221,18 @@ class FleetSession:
         out = {"node": name, "back_after_s": round(time.time() - t, 3)}
         return out if self.remote else dict(out, host_pid=self.host_info[i]["pid"])
 
+    def link(self, name: str, action: str, **knobs) -> dict:
+        """NP1 and NP2 on a sandbox node's link to the head: `cut`, `heal`, `degrade` (loss_pct, rate_kbit,
+        delay_ms, jitter_ms) or `restore`. Only isolated nodes have a link of their own: elsewhere a RuntimeError
+        (the fault is then not applied)."""
+        iso = self.ray_session.isolated
+        if not self.remote or iso is None:
+            raise RuntimeError("network faults need isolated nodes (--isolated-nodes): a simulated node shares the "
+                               "machine's loopback and has no link to cut")
+        if name not in iso.nodes:
+            raise RuntimeError(f"node {name} is not a sandbox node of this fleet")
+        return getattr(iso, action)(name, **knobs)
+
     def heal(self, timeout_s: float = 15.0) -> list[str]:
         """Replace a ledger or host actor that died (a lent fleet outlives the wave that lost it). The ledger
         reopens its SQLite file, so leases and fences carry on. Returns what was replaced."""

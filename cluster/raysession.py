@@ -18,6 +18,10 @@ from cluster import results
 # Node death must be seen in about a second, not Ray's default 15 s+ (PK3 kills nodes on purpose).
 HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                  "health_check_initial_delay_ms": 0, "health_check_timeout_ms": 500}
+# Isolated nodes have a link to the head that NP1 cuts: a partition of a few seconds must not be a node's death (as on
+# a real cluster, whose defaults are 3 s x 5), so a node is dead after about 10 s of failed checks there.
+HEALTH_CHECKS_ISOLATED = dict(HEALTH_CHECKS, health_check_period_ms=1000, health_check_failure_threshold=10,
+                              health_check_timeout_ms=1000)
 
 
 def node_resource(name: str) -> str:
@@ -103,7 +107,8 @@ class RaySession:
         # shutdown_at_exit=False: the session stops its nodes itself (Ray's exit hooks fail on removed nodes);
         # a driver that dies leaves them to `sandfleet sweep`, which finds them by this session's temp dir
         self.cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
-                               head_node_args=dict(self._node_args("node-0"), _system_config=HEALTH_CHECKS))
+                               head_node_args=dict(self._node_args("node-0"), _system_config=HEALTH_CHECKS_ISOLATED
+                                                    if self.isolation == "namespaces" else HEALTH_CHECKS))
         self.ray_nodes["node-0"] = self.cluster.head_node
         if self.isolation == "namespaces":  # (joined nodes are seen through the driver's connection)
             ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)

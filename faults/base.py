@@ -88,6 +88,13 @@ class FaultContext(Protocol):
     async def node_back(self, node: str) -> dict:
         """Until a lost node is back (bounded); what its return was."""
 
+    async def partition(self, node: str, cut_s: float, instance: str, task_id: str, fencing: bool) -> dict:
+        """NP1: the node's link to the head down for `cut_s` (its attempts given up, fenced unless `fencing` is
+        off), then healed; what was cut, when, and whether the node answered again."""
+
+    async def degrade_link(self, node: str, window_s: float, instance: str, **knobs) -> dict:
+        """NP2: the node's link degraded (loss_pct, rate_kbit, delay_ms, jitter_ms) for `window_s`, then restored."""
+
     async def abandon(self, task_id: str, sandbox_id: str, instance: str) -> None:
         """PK6: give up on the frozen attempt (its keys die now, its lease runs out); the next one starts."""
 

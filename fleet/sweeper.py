@@ -248,11 +248,14 @@ class WaveSweep:
     def _note(self, kind: str, sid: str, what: dict) -> None:
         self.findings.setdefault(f"{kind}:{sid}", {"kind": kind, "first_at": self.clock(), **what})
 
+    def _reap(self, sid: str) -> dict:
+        return reap_here(self.wave_id, sid)
+
     async def _reap_on_its_node(self, sid: str) -> dict:
         """Reap where the sandbox is: on this machine, or by the host of the node whose scan found it."""
         node = self.where.get((self.wave_id, sid))
         if node is None or self.lister is None:
-            return await asyncio.to_thread(reap_here, self.wave_id, sid)
+            return await asyncio.to_thread(self._reap, sid)
         from fleet.host import awaitable
 
         host = self.lister.hosts().get(node)

@@ -168,8 +168,9 @@ def _zombie_activity(h: TaskHistory, facts: Facts, sid: str, t0: float) -> tuple
 
 
 def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
-    """PK6: after the zombie was thawed, nothing it did may count: no store write of its key landed, no model
-    call or effect of its attempt was answered. Every request it made must have been refused."""
+    """PK6, NP1: after the zombie was thawed (or its node's link healed), nothing it did may count: no store write
+    of its key landed, no model call or effect of its attempt was answered. Every request it made must have been
+    refused."""
     found, bad, refused, seen = [], [], 0, 0
     for r in h.receipts:
         if (r["task_id"] != facts.tid or not adds_check(r.get("fault_id"), "fenced_writes_rejected")
@@ -183,7 +184,7 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
         bad, seen, refused = bad + b, seen + n, refused + k
         found.append(f"{r['instance']} (zombie {sid})")
     if not found:
-        return {"verdict": NOT_APPLIED, "detail": "no PK6 of this task froze an attempt: no zombie to follow"}
+        return {"verdict": NOT_APPLIED, "detail": "no fault of this task left a zombie (a PK6 freeze, an NP1 cut): none to follow"}
     if h.requests is None or h.calls is None:
         return {"verdict": UNKNOWN, "detail": "the proxy or model log is missing: the zombie cannot be followed"}
     if bad:
@@ -192,7 +193,7 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
     if not seen:
         return {"verdict": NOT_APPLIED, "detail": f"{', '.join(found)}: the zombie made no request after it was "
                                                   "thawed, so the fencing was not exercised"}
-    return {"verdict": PASS, "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw were "
+    return {"verdict": PASS, "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw (or heal) were "
                                        "refused (revoked key / stale fence); none took effect"}
 
 

@@ -259,14 +259,16 @@ class Attempts:
         """Record how the attempt ended and say what it means for its task."""
         tid, tl = run.plan.task_id, self.timeline
         code = result.exit_code
-        if result.abandoned:  # PK6: frozen past its lease; its lease runs out, its keys die now
+        if result.abandoned:  # PK6 (frozen), NP1 (cut off): its lease runs out, its keys die now
             ab = result.abandoned
-            await asyncio.to_thread(self.access.revoke, sandbox_id, True)
+            if ab.get("fence", True):  # (NP1's negative control leaves them valid)
+                await asyncio.to_thread(self.access.revoke, sandbox_id, True)
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                killed_by=ab["instance"], ended_at=ab["at"], node=node,
-               cause=f"killed: frozen, abandoned to run out its lease ({ab['instance']}); a zombie now")
+               cause=ab.get("cause") or f"killed: frozen, abandoned to run out its lease ({ab['instance']}); "
+                                        "a zombie now")
             on_change()
-            return self._retry(run, attempt, None, f"attempt {attempt} abandoned (frozen)")
+            return self._retry(run, attempt, None, f"attempt {attempt} abandoned ({ab['instance']})")
         if result.host_lost and node in self.nodes.lost:
             # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it; a lost
             # machine cannot say it is done); its key dies now

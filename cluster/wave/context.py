@@ -98,6 +98,14 @@ class WaveContext:
         """Wait until a lost node is back (the fault's clear)."""
         return await self.nodes.back(node)
 
+    async def partition(self, node: str, cut_s: float, instance: str, task_id: str, fencing: bool) -> dict:
+        """NP1: the node's link to the head is cut for `cut_s`, its attempts given up (and fenced), then healed."""
+        return await self.nodes.partition(node, cut_s, instance, task_id, fencing)
+
+    async def degrade_link(self, node: str, window_s: float, instance: str, **knobs) -> dict:
+        """NP2: the node's link carries less for `window_s`."""
+        return await self.nodes.degrade(node, window_s, instance, **knobs)
+
     async def abandon(self, task_id: str, sandbox_id: str, instance: str) -> None:
         """PK6: the driver gives up on a frozen attempt (its lease will run out) and starts the next one; the
         attempt's keys are revoked now. The frozen sandbox lives on as a zombie until the fault ends it."""

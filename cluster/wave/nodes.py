@@ -112,6 +112,109 @@ class Nodes:
         self.tasks.append(asyncio.get_running_loop().create_task(self._bring_back(node, down_s, instance)))
         return out
 
+    # -- the node's link to the head (NP1, NP2: isolated nodes only) ----------------------------------------------
+
+    def _link_refusal(self, node: str, fid: str) -> str | None:
+        if not getattr(self.fleet, "remote", False):
+            return (f"{fid} needs isolated nodes (--isolated-nodes): a simulated node shares the machine's loopback "
+                    "and has no link of its own")
+        if node in self.out:
+            return f"node {node} was already cut off, draining or lost"
+        return None
+
+    def _on(self, node: str) -> list[str]:
+        return sorted(sid for sid, n in self.placed.items() if n == node and
+                      any(r.current is not None and r.current[1] == sid for r in self.runs.values()))
+
+    async def partition(self, node: str, cut_s: float, instance: str, task_id: str, fencing: bool) -> dict:
+        """NP1. The node's link goes down for `cut_s`. Nothing is placed there meanwhile, its host is not probed,
+        and every attempt running there is given up (as a driver must when a machine stops answering: it cannot
+        tell a cut from a death) with its keys revoked, unless `fencing` is off (the negative control). Then the
+        link heals and the node is used again once its host answers (bounded)."""
+        from fleet.host import awaitable
+
+        why = self._link_refusal(node, "NP1")
+        if why:
+            return {"applied": False, "why": why}
+        t_other = time.monotonic()
+        while not self._live_besides(node) and self.faults and time.monotonic() - t_other < self.BACK_WAIT_S:
+            await asyncio.sleep(0.05)  # another node is cut off or lost and on its way back
+        waited = round(time.monotonic() - t_other, 3) if time.monotonic() - t_other >= 0.05 else 0.0
+        if node in self.out or not self._live_besides(node):
+            return {"applied": False, "why": f"node {node} is the last live sandbox node; its tasks would have "
+                                             "nowhere to go while it is cut off"
+                                             + (f" (waited {waited:.1f} s for another node)" if waited else "")}
+        self.out.add(node)
+        t_wait = time.monotonic()
+        while time.monotonic() - t_wait < 60 and self._reference_on(node):  # a positive control: never cut
+            await asyncio.sleep(0.05)
+        own = self.runs[task_id]
+        if self._reference_on(node) or not (own.current is not None and own.node == node):
+            self.out.discard(node)
+            return {"applied": False, "why": f"the task's attempt was no longer on {node} when its link could be cut"
+                                             if not self._reference_on(node) else
+                                             f"a reference run (the positive control) still ran on {node} after 60 s"}
+        on_node = self._on(node)
+        self.faults[node] = instance
+        try:
+            cut = await asyncio.to_thread(self.fleet.link, node, "cut")
+        except Exception as exc:  # noqa: BLE001
+            self.out.discard(node)
+            self.faults.pop(node, None)
+            return {"applied": False, "why": f"the link could not be cut: {type(exc).__name__}: {str(exc)[:200]}"}
+        try:
+            self.timeline("link_cut", node=node, fault=instance, link=cut["link"], sandboxes=on_node,
+                          fencing=fencing)
+            cause = (f"cut off: node {node}'s link to the head went down ({instance}); abandoned, a zombie now"
+                     + ("" if fencing else " (fencing off: its keys were left valid)"))
+            for r in self.runs.values():
+                if r.current is not None and r.node == node and r.abandon_ev is not None:
+                    r.abandon = {"instance": instance, "at": cut["at"], "fence": fencing, "cause": cause}
+                    r.abandon_ev.set()
+            await asyncio.sleep(max(0.0, cut["at"] + cut_s - time.time()))
+        finally:  # a cut link is always healed, whatever happened meanwhile
+            healed = await asyncio.to_thread(self.fleet.link, node, "heal")
+        self.timeline("link_healed", node=node, fault=instance, **healed)
+        out = {"applied": True, "node": node, "link": cut["link"], "at": cut["at"], "healed_at": healed.get("at"),
+               "cut_s": round((healed.get("at") or time.time()) - cut["at"], 3), "sandboxes": on_node}
+        host, t0 = self.host(node), time.monotonic()
+        while time.monotonic() - t0 < 60:  # its Ray reconnects (gRPC backs off): seconds
+            try:
+                await asyncio.wait_for(awaitable(host.ping.remote()), 5)
+                out.update(host_back=True, back_after_heal_s=round(time.monotonic() - t0, 3))
+                break
+            except Exception as exc:  # noqa: BLE001
+                out["why_not_back"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                await asyncio.sleep(0.2)
+        self.faults.pop(node, None)
+        if out.get("host_back"):
+            self.out.discard(node)
+            out.pop("why_not_back", None)
+        else:  # Ray gave the node up for dead: it stays out of the wave (nothing is left there to sweep)
+            self.fleet.down.add(node)
+            self.timeline("node_lost", node=node, fault=instance, mode="partition", sandboxes=on_node)
+        return out
+
+    async def degrade(self, node: str, window_s: float, instance: str, **knobs) -> dict:
+        """NP2. The node's link carries less (loss, rate, delay, jitter) for `window_s`, then as before."""
+        why = self._link_refusal(node, "NP2")
+        if why:
+            return {"applied": False, "why": why}
+        on_node = self._on(node)
+        try:
+            got = await asyncio.to_thread(self.fleet.link, node, "degrade", **knobs)
+        except Exception as exc:  # noqa: BLE001
+            return {"applied": False, "why": f"the link could not be degraded: {type(exc).__name__}: {str(exc)[:200]}"}
+        if not [k for k in ("loss_pct", "rate_kbit", "delay_ms") if k in got]:
+            restored = await asyncio.to_thread(self.fleet.link, node, "restore")
+            return {"applied": False, "node": node, "why": f"nothing could be applied: {'; '.join(got['not_applied'])}",
+                    "restored": restored}
+        self.timeline("link_degraded", node=node, fault=instance, **{k: v for k, v in got.items() if k != "at"})
+        await asyncio.sleep(max(0.0, got["at"] + window_s - time.time()))
+        restored = await asyncio.to_thread(self.fleet.link, node, "restore")
+        self.timeline("link_restored", node=node, fault=instance, **restored)
+        return dict(got, applied=True, node=node, sandboxes=on_node, restored=restored)
+
     def _live_besides(self, node: str) -> list[str]:
         return [n for n in self.fleet.node_ids if n != node and n not in self.out and n not in self.fleet.down]
 

@@ -33,6 +33,10 @@ class Event(str, enum.Enum):
     KEY_ROTATED = "key_rotated"
     NODE_LOST = "node_lost"
     NODE_BACK = "node_back"
+    LINK_CUT = "link_cut"  # NP1: a node's link to the head went down
+    LINK_HEALED = "link_healed"
+    LINK_DEGRADED = "link_degraded"  # NP2
+    LINK_RESTORED = "link_restored"
     NODE_NOT_BACK = "node_not_back"
     BOUNDARIES_ENUMERATED = "boundaries_enumerated"
     PART_PROBE_FAILED = "part_probe_failed"

@@ -171,3 +171,76 @@ def test_the_sweep_actor_reaps_a_leak_on_a_sandbox_node_through_its_host_and_nam
     left = leftovers.wait_clean(before)
     assert not left, left
     assert not isolated.leftover_node_cgroups()
+
+
+def _np1_wave(tmp_path: Path, fencing: bool) -> tuple[subprocess.CompletedProcess, Path]:
+    """Two tasks on three isolated nodes; each task's node is cut off right after its 2nd model answer (the
+    runner's next act is a store write, made into the cut and delivered after the heal)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "np1.yaml"
+    cfg.write_text("tasks: 2\nconcurrency: 1\nseed: 11\nfaults: [NP1]\nnodes: 3\nnode_isolation: namespaces\n"
+                   "fault_timing: {NP1: {after_model_calls: [2, 2], window_s: [1.5, 2.0]"
+                   + ("" if fencing else ", fencing: false") + "}}\nworkload: {steps: 6, think_ms: 50}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
+                        str(tmp_path / "r"), "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=400)
+    return r, (tmp_path / "r" / "latest").resolve()
+
+
+def _grades(wave: Path) -> dict:
+    return {p.name.split(".")[0]: orjson.loads(p.read_bytes()) for p in wave.glob("t*.grade.json")}
+
+
+def test_np1_a_cut_off_nodes_zombies_are_refused_after_the_heal_and_without_fencing_the_wave_fails(tmp_path):
+    """NP1 on real links: the cut node's attempts are given up and run elsewhere; after the heal the zombies'
+    requests are all refused (fenced_writes_rejected passes). The same wave with fencing off (the cut attempts keep
+    their keys) fails on that check: the detection is real. The machine's own namespace is unchanged."""
+    before_net, before = _machine_net(), leftovers.snapshot()
+    r, wave = _np1_wave(tmp_path / "on", fencing=True)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    receipts = orjson.loads((wave / "faults.json").read_bytes())
+    np1 = [x for x in receipts if x["fault_id"] == "NP1"]
+    assert np1 and all(x["status"] == "applied" for x in np1), [(x["status"], x["detail"]) for x in np1]
+    for x in np1:
+        assert x["target"]["link"].startswith("sfv") and x["target"]["healed_at"] > x["target"]["cut_at"], x
+        assert "cut for" in x["detail"] and "keys revoked" in x["detail"], x["detail"]
+    grades = _grades(wave)
+    checked = [g["checks"]["fenced_writes_rejected"] for g in grades.values()]
+    assert checked and all(c["verdict"] == "pass" for c in checked), checked
+    tl = [orjson.loads(line) for line in (wave / "timeline.jsonl").read_bytes().splitlines()]
+    assert {e["event"] for e in tl} >= {"link_cut", "link_healed"}
+    for x in np1:  # the cut attempt was given up; a newer one (higher fence) finished the task
+        t = x["task_id"]
+        starts = [e for e in tl if e["event"] == "attempt_start" and e["task"] == t]
+        assert len(starts) >= 2 and starts[0]["node"] == x["target"]["node"], (t, starts)
+        assert starts[-1]["fence"] > starts[0]["fence"] and starts[1]["wall"] > x["target"]["cut_at"]
+
+    r, wave = _np1_wave(tmp_path / "off", fencing=False)
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    grades = _grades(wave)
+    bad = [g["checks"]["fenced_writes_rejected"] for g in grades.values()
+           if g["checks"].get("fenced_writes_rejected", {}).get("verdict") == "fail"]
+    assert bad and "took effect" in bad[0]["detail"], [g["checks"].get("fenced_writes_rejected") for g in
+                                                     grades.values()]
+    assert _machine_net() == before_net
+    left = leftovers.wait_clean(before)
+    assert not left, left
+    assert not isolated.leftover_node_cgroups()
+
+
+def test_np2_a_degraded_link_is_ridden_out_and_its_receipt_says_what_applied(tmp_path):
+    cfg = tmp_path / "np2.yaml"
+    cfg.write_text("tasks: 2\nconcurrency: 2\nseed: 3\nfaults: [NP2]\nnodes: 3\nnode_isolation: namespaces\n"
+                   "fault_timing: {NP2: {at_s: [0.2, 0.4], window_s: [2.0, 2.5]}}\nworkload: {steps: 5, think_ms: 50}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
+                        str(tmp_path / "r"), "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=400)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    wave = (tmp_path / "r" / "latest").resolve()
+    np2 = [x for x in orjson.loads((wave / "faults.json").read_bytes()) if x["fault_id"] == "NP2"]
+    assert np2 and all(x["status"] == "applied" for x in np2), [(x["status"], x["detail"]) for x in np2]
+    for x in np2:
+        assert "restored" in x["detail"] and "NOT restored" not in x["detail"], x["detail"]
+        assert "loss" in x["detail"] or "delay" in x["detail"], x["detail"]
