@@ -92,6 +92,8 @@ class Gateway:
                 if s is not None:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await asyncio.gather(_pipe(reader, upstream), _pipe(ureader, writer))
+        except asyncio.CancelledError:  # the gate is stopping: this connection ends here (asyncio's stream
+            return  # callback would print a cancelled handler's traceback to stderr)
         finally:
             for w in (upstream, writer):
                 if w is not None:

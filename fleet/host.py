@@ -443,6 +443,36 @@ class SandboxHost:
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
 
+    PROBE_PATHS = {"s3": "/.sandfleet/health", "model": "/v1/models", "effects": "/"}  # (the proxy's: unlogged)
+
+    async def probe_head(self, targets: dict[str, str], token: str, timeout_s: float) -> dict[str, str | None]:
+        """From this node, each of the head's services through its gate, end to end as a sandbox's relay goes
+        (`host:port/service`, the relay token line, then an HTTP request): service -> None (it answered) or why
+        not. Run where the sandboxes are, so a broken node-to-head path is seen as that node's."""
+        from fleet.gateway import preface
+
+        async def one(service: str, target: str) -> str | None:
+            addr, _, name = target.partition("/")
+            host, _, port = addr.rpartition(":")
+            w = None
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+                w.write(preface(token, name) + f"GET {self.PROBE_PATHS.get(service, '/')} HTTP/1.0\r\n"
+                                               f"Host: {host}\r\n\r\n".encode())
+                await w.drain()
+                got = await asyncio.wait_for(r.read(1), timeout_s)
+                return None if got else f"the gate at {addr} closed the {name} connection without an answer"
+            except asyncio.TimeoutError:
+                return f"no answer from the {name} service through the gate at {addr} within {timeout_s:g} s"
+            except OSError as exc:
+                return f"no connection to the gate at {addr} ({exc.strerror or exc})"
+            finally:
+                if w is not None:
+                    w.close()
+
+        got = await asyncio.gather(*(one(s, t) for s, t in targets.items()))
+        return dict(zip(targets, got))
+
     async def scan_markers(self, wave_ids: list[str], engine_lost: str | None = None) -> dict:
         """The sweep actor's look at this node (its own /proc, mounts and cgroups): what carries the waves'
         markers here (fleet/sweeper.py `scan_here`)."""

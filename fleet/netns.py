@@ -127,7 +127,7 @@ class SandboxNet:
                     if s is not None:
                         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await asyncio.gather(_pipe(creader, uwriter), _pipe(ureader, cwriter))
-            except OSError:
+            except (OSError, asyncio.CancelledError):  # (cancelled: the sandbox's relays are closing)
                 pass
             finally:
                 for w in (uwriter, cwriter):

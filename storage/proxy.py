@@ -339,6 +339,12 @@ def error_response(rule: Rule, req: S3Request, close: bool, answer: tuple[int, s
     return head + (b"" if req.method == "HEAD" else body)
 
 
+# The harness's own end-to-end probe of the path to the proxy (from a sandbox node, through the head's gate): answered
+# by the proxy itself, never forwarded nor logged (it is no request of any task's)
+HEALTH_PATH = "/.sandfleet/health"
+HEALTH_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
 def bad_request(why: str) -> bytes:
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadRequest</Code><Message>'
             f"{why[:200].replace('<', ' ').replace('&', ' ')}</Message></Error>").encode()
@@ -675,6 +681,10 @@ class FaultProxy:
                 if head is None:
                     return
                 method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
+                if method == "GET" and target == HEALTH_PATH:
+                    cwriter.write(HEALTH_ANSWER)
+                    await cwriter.drain()
+                    return
                 try:
                     req = S3Request.parse(method, target)
                     cl = head.get("content-length")

@@ -187,6 +187,35 @@ class Health:
         got = await asyncio.gather(*(one(a) for _, a in actors))
         return {part: r for (part, _), r in zip(actors, got)}
 
+    async def probe_node_paths(self) -> dict[str, tuple[str, bool] | None]:
+        """Sandbox nodes that are other machines: from each live node, the head's services through its gate, end
+        to end (`SandboxHost.probe_head`). A broken path is that node's harness fault: `path node-1 -> head`."""
+        from fleet.host import awaitable
+
+        p = self.parts
+        gw = getattr(p, "gateway", None)
+        if gw is None:
+            return {}
+        targets = {s: gw.target(s) for s in ("s3", "model", "effects")}
+        gone = self.nodes.out | set(getattr(p.fleet, "down", ()) or ())
+        live = [(n, h) for n, h in zip(p.fleet.node_ids, p.hosts) if n not in gone]
+        timeout = self.cfg.health.answer_s
+
+        async def one(h):
+            try:
+                return await asyncio.wait_for(awaitable(h.probe_head.remote(targets, gw.token.decode(), timeout)),
+                                              timeout + self.cfg.health.actor_timeout_s)
+            except Exception:  # noqa: BLE001 - the host itself not answering is probe_actors' to say
+                return None
+
+        out: dict[str, tuple[str, bool] | None] = {}
+        for (n, _), got in zip(live, await asyncio.gather(*(one(h) for _, h in live))):
+            if got is None:
+                continue
+            bad = [f"{svc}: {why}" for svc, why in got.items() if why]
+            out[f"path {n} -> head"] = ("; ".join(bad), False) if bad else None
+        return out
+
     async def watch(self, probe, every: float, strikes_needed: int) -> None:
         """Run `probe` every `every` s; a part certainly lost, or failing `strikes_needed` probes in a row, is a
         harness fault. Strikes and the last good time are kept per part."""
@@ -210,6 +239,7 @@ class Health:
         """Every part the wave started or uses, watched until the wave ends; and the host's load."""
         await asyncio.gather(self.watch(self.probe_services, self.PROBE_S, self.cfg.health.strikes),
                              self.watch(self.probe_actors, self.ACTOR_PROBE_S, self.cfg.health.actor_strikes),
+                             self.watch(self.probe_node_paths, self.ACTOR_PROBE_S, self.cfg.health.strikes),
                              self.sample_load())
 
     async def sample_load(self) -> None:

@@ -84,3 +84,39 @@ def test_the_host_relay_opens_its_upstream_with_the_token_line():
         srv.close()
     asyncio.run(main())
     assert got and got[0].startswith(b"SFGW1 abc model\n")
+
+
+def test_a_nodes_probe_of_the_head_goes_through_the_gate_end_to_end():
+    """`SandboxHost.probe_head` (the per-node health probe): answered through the gate with the token; a wrong
+    token is closed unanswered and named; a gate that is not there is named."""
+    import asyncio
+    import http.server
+
+    from fleet.host import SandboxHost
+
+    class _Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    gw = Gateway("127.0.0.1", "t0ken", {"model": ("127.0.0.1", web.server_address[1])}).start()
+    try:
+        host = SandboxHost.__new__(SandboxHost)
+        targets = {"model": gw.target("model")}
+        assert asyncio.run(host.probe_head(targets, "t0ken", 5.0)) == {"model": None}
+        bad = asyncio.run(host.probe_head(targets, "wrong", 5.0))["model"]
+        assert "closed the model connection without an answer" in bad, bad
+        port = gw.port
+    finally:
+        gw.stop()
+        web.shutdown()
+        web.server_close()
+    gone = asyncio.run(SandboxHost.probe_head(host, {"model": f"127.0.0.1:{port}/model"}, "t0ken", 2.0))["model"]
+    assert "no connection to the gate" in gone, gone
