@@ -53,6 +53,7 @@ bench: setup docker
 	command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy
 	$(BIN)/python -m tests.bench.run
 	$(BIN)/python -m tests.bench.scale
+	$(BIN)/python -m tests.bench.isolated
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.
