@@ -113,6 +113,8 @@ class FleetSession:
             if not self.node_placement:
                 raise RuntimeError("no sandbox node: no alive Ray node offers a `sandfleet` resource")
             self.node_ids = sorted(self.node_placement)
+        elif self.ray_session.address != "local" and self._discover_cluster_nodes():
+            pass  # an existing cluster's sandbox nodes: as isolated nodes are (remote: shipped code, the gate)
         else:
             self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
         self.hosts = [self._start_host(n) for n in self.node_ids]
@@ -124,6 +126,25 @@ class FleetSession:
         if self.want_store:
             self._store_ready()
         return self
+
+    def _discover_cluster_nodes(self) -> bool:
+        """`--address`: the sandbox nodes are the alive nodes that offer a `sandfleet` resource, or, when none
+        does, every alive node but the driver's own. Found: they are treated as other machines (their hosts pinned
+        by node id, the runner's code shipped, services through the gate on the driver's node address). None (a
+        one-node cluster): False, and the driver's node runs the sandboxes, as the only machine there is."""
+        import ray
+
+        found = discover_sandbox_nodes()
+        if not found:
+            mine = ray.get_runtime_context().get_node_id()
+            found = {node_name(n): n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != mine}
+        if not found:
+            return False
+        self.remote = True
+        self.cluster_ip = ray.util.get_node_ip_address()
+        self.node_placement = found
+        self.node_ids = sorted(found)
+        return True
 
     def _tell_sweeper(self) -> None:
         """Sandbox nodes that are other machines are scanned by their own hosts: the sweep actor is told which

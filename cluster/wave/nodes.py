@@ -115,7 +115,7 @@ class Nodes:
     # -- the node's link to the head (NP1, NP2: isolated nodes only) ----------------------------------------------
 
     def _link_refusal(self, node: str, fid: str) -> str | None:
-        if not getattr(self.fleet, "remote", False):
+        if getattr(getattr(self.fleet, "ray_session", None), "isolated", None) is None:
             return (f"{fid} needs isolated nodes (--isolated-nodes): a simulated node shares the machine's loopback "
                     "and has no link of its own")
         if node in self.out:

@@ -58,6 +58,11 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
 
 def placement(cfg: WaveConfig) -> dict:
     """Where attempts run, as the plan shows it to the user."""
+    if cfg.address != "local":
+        return {"policy": "least-loaded over the cluster's sandbox nodes, found when the fleet starts: the alive "
+                          "nodes offering a `sandfleet` resource, else every alive node but the driver's; a one-node "
+                          "cluster runs them on its only node (nodes.json lists what was found)",
+                "sandbox_nodes": "discovered", "head": "the driver's node (ledger, store, proxy, model, effects)"}
     if cfg.nodes == 1:
         return {"policy": "one node", "sandbox_nodes": ["node-0"],
                 "head": "node-0 (the harness and every sandbox)"}

@@ -38,7 +38,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_wave_runs_on_a_separately_started_ray_head(tmp_path):
+@pytest.mark.parametrize("offers", [False, True], ids=["plain head", "head offers sandfleet"])
+def test_a_wave_runs_on_a_separately_started_ray_head(tmp_path, offers):
+    """A plain one-node cluster runs the sandboxes on the driver's node. A node that offers a `sandfleet`
+    resource is discovered as a sandbox node and used as another machine would be (its host pinned by node id,
+    the runner's code shipped, the services through the gate on the driver's node address)."""
     tmp = tempfile.mkdtemp(prefix="sfhead-", dir="/tmp")  # short: Ray's unix sockets live under it
     port = _free_port()
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
@@ -46,7 +50,8 @@ def test_a_wave_runs_on_a_separately_started_ray_head(tmp_path):
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(port),
                              "--temp-dir", tmp, "--include-dashboard", "false", "--node-ip-address", "127.0.0.1",
-                             "--num-cpus", "2", "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL,
+                             "--num-cpus", "2", "--disable-usage-stats"]
+                            + (["--resources", '{"sandfleet": 1}'] if offers else []), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -65,6 +70,14 @@ def test_a_wave_runs_on_a_separately_started_ray_head(tmp_path):
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
         assert "pass (pass 2)" in r.stdout
+        wave = (tmp_path / "r" / "latest").resolve()
+        plan = __import__("orjson").loads((wave / "plan.json").read_bytes())
+        starts = [line for line in (wave / "timeline.jsonl").read_text().splitlines() if '"attempt_start"' in line]
+        assert starts and all('"node":"node-127.0.0.1"' in s_ if offers else '"node":"node-0"' in s_ for s_ in starts), \
+            (starts[:2], plan.get("placement"))
+        if offers:  # the remote path: every runner.log came back in its attempt's result
+            assert all((wave / "sandboxes" / __import__("json").loads(s_)["sandbox"] / "runner.log").is_file()
+                       for s_ in starts)
         # every listener of that Ray is on loopback
         ss = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
         pids = set(_ours(tmp))
