@@ -60,7 +60,27 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
                 harness.append(d)
         except OSError:
             pass
-    return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {}}
+    return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
+            "node_cgroups": dead_node_cgroups() if not wave else []}
+
+
+def dead_node_cgroups(min_age_s: float = 30.0) -> list[str]:
+    """Cgroup dirs of isolated nodes (`sandfleet-node.<ray tmpdir>.<node>`, their marker) with no process anywhere
+    below them: what a wave whose driver died left of its nodes (the nodes themselves die with their driver). A
+    dir younger than `min_age_s` is skipped: a node being made has its dir a moment before its first process."""
+    from cluster.isolated import leftover_node_cgroups
+
+    out = []
+    for d in leftover_node_cgroups():
+        try:
+            if time.time() - os.stat(d).st_mtime < min_age_s:
+                continue
+            if any(Path(p, "cgroup.procs").read_text().split() for p, _, _ in os.walk(d)):
+                continue
+        except OSError:
+            continue
+        out.append(d)
+    return out
 
 
 FLEET_GLOB = "sandfleet-fleet-*"
@@ -116,6 +136,14 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
+    for d in found.get("node_cgroups", []):
+        for sub, _, _ in sorted(os.walk(d), key=lambda w: len(w[0]), reverse=True):  # the deepest first
+            try:
+                os.rmdir(sub)
+            except OSError:
+                pass
+        if not os.path.isdir(d):
+            done.append(f"removed the dead isolated node's cgroup {d}")
     return done + _remove_harness_cgroups(found)
 
 
@@ -202,4 +230,41 @@ def summary(found: dict) -> list[str]:
                      + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
+    for d in found.get("node_cgroups", []):
+        lines.append(f"empty cgroup of a dead wave's isolated node {d}")
     return lines
+
+
+def here(wave: str | None, dry_run: bool) -> dict:
+    """One machine's sweep, as `sandfleet sweep` does it: what was found, and what was done unless `dry_run`.
+    `sandfleet sweep --cluster` runs it on every node of a cluster (each node ends only its own leftovers)."""
+    import socket
+
+    unseen: list = []
+    found = find(wave, unseen)
+    return {"host": socket.gethostname(), "found": summary(found), "unseen": unseen,
+            "done": [] if dry_run or not summary(found) else remove(found)}
+
+
+def on_cluster(address: str, wave: str | None, dry_run: bool, timeout_s: float = 120.0) -> dict:
+    """`here` on every alive node of the Ray cluster at `address` (a task pinned to each by node id), by node
+    address; a node whose task did not come back is named with why."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        task = ray.remote(num_cpus=0, max_retries=0)(here)
+        refs = {n["NodeManagerAddress"] + f" ({n['NodeID'][:8]})": task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(wave, dry_run)
+            for n in nodes}
+        out = {}
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref, timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - one node's failure is that node's line
+                out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        return out
+    finally:
+        ray.shutdown()

@@ -70,3 +70,73 @@ def test_sweep_never_reaps_a_leased_sandbox(fleet, tmp_path):
         report = ray.get(fleet.hosts[0].sweep.remote(wave, []))
     assert [r["sandbox_id"] for r in report["reaped"]] == ["live-1"]
     assert cgroups.list_sandboxes(wave) == []
+
+
+def test_sweep_cluster_runs_on_every_node_through_ray_and_reaps_there(fleet, tmp_path):
+    """`sandfleet sweep --cluster HOST:PORT`: a task on every alive node of that Ray (here the session's, one
+    node) runs the sweep there; a dead wave's sandbox is reaped by it and the output names the node."""
+    wave = "w-20261203T000000-s5-c1a5"
+    pid = _leak(tmp_path, wave, "t000-a1")
+    try:
+        _sweep_cluster(wave, pid)
+    finally:
+        ray.get(fleet.hosts[0].sweep.remote(wave, []))
+
+
+def _sweep_cluster(wave: str, pid: int) -> None:
+    import os
+
+    gcs = ray.get_runtime_context().gcs_address
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    dry = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--cluster", gcs, "--wave", wave, "--dry-run"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert f"would remove: {wave}: " in dry.stdout and "1 sandbox cgroup(s)" in dry.stdout, dry.stdout
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--cluster", gcs, "--wave", wave],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    node = ray.nodes()[0]["NodeManagerAddress"]
+    assert f"node {node} (" in r.stdout and f"reaped sandbox {wave}/t000-a1" in r.stdout, r.stdout
+    from fleet.markers import markers
+
+    assert _dead(pid) and cgroups.list_sandboxes(wave) == []
+    assert not markers()[0].get(wave, {}).get("processes"), markers()[0].get(wave)
+    bad = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--cluster", "nohost"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 254 and "--cluster: value 'nohost'" in bad.stderr, bad.stderr
+
+
+def test_sweep_removes_an_empty_cgroup_a_dead_isolated_node_left_and_not_a_busy_one():
+    import os
+    import signal
+
+    from cluster import isolated, sweep
+
+    base = cgroups.ROOT / "pids" / cgroups.own_path("pids").lstrip("/")
+    empty, busy = base / f"{isolated.NODE_MARK}.sfray-t{os.getpid()}.node-8", \
+        base / f"{isolated.NODE_MARK}.sfray-t{os.getpid()}.node-9"
+    p = None
+    try:
+        for d in (empty, busy):
+            (d / "sub").mkdir(parents=True)
+        p = subprocess.Popen(["sleep", "300"])
+        (busy / "sub" / "cgroup.procs").write_text(str(p.pid))
+        assert sweep.dead_node_cgroups() == []  # both too young: a node being made
+        old = time.time() - 60
+        for d in (empty, busy):
+            os.utime(d, (old, old))
+        assert sweep.dead_node_cgroups() == [str(empty)]
+        done = sweep.remove({"waves": {}, "harness_cgroups": [], "node_cgroups": [str(empty)]})
+        assert not empty.exists() and busy.is_dir() and any("isolated node" in x for x in done), done
+    finally:
+        if p is not None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+        for d in (empty, busy):
+            for sub in (d / "sub", d):
+                deadline = time.monotonic() + 5
+                while sub.is_dir() and time.monotonic() < deadline:
+                    try:
+                        sub.rmdir()
+                    except OSError:
+                        time.sleep(0.05)
