@@ -13,7 +13,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from cluster.config_fields import (CONTRACT_VARS, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
-                                   ConfigError, FaultTiming, HealthConfig, RequestTrigger, RunnerSpec, SandboxConfig,
+                                   ConfigError, FaultTiming, HealthConfig, ModelConfig, RequestTrigger, RunnerSpec,
+                                   SandboxConfig,
                                    StoreConfig, Strict, WorkloadConfig, parse_runner, resolve_runner)
 from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml  # noqa: F401
 from faults.base import CATALOG
@@ -29,6 +30,7 @@ class WaveConfig(Strict):
     faults: list[str] = Field(default_factory=list)
     fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)

@@ -113,6 +113,25 @@ def parse_runner(v):
     return v
 
 
+class ModelConfig(Strict):
+    """How the scripted model speaks (fleet/dialects.py): detected per request unless pinned."""
+
+    dialect: Literal["auto", "tools", "shell", "text"] = Field(
+        "auto", description="tools: calls of the workload's tools; shell: calls of the agent's one command tool; "
+                            "text: one fenced bash block per answer; auto: from each request")
+    finish: str | None = Field(None, min_length=1, max_length=500,
+                               description="text dialect: the command the last answer runs to finish, as the "
+                                           "agent's protocol defines it (default: echo "
+                                           "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT, mini-swe-agent's)")
+
+    @field_validator("finish")
+    @classmethod
+    def _finish(cls, v):
+        if v is not None and ("\0" in v or "```" in v):
+            raise ValueError("finish is one shell command: no NUL byte and no ``` fence")
+        return v
+
+
 class SandboxConfig(Strict):
     backend: Literal["process", "docker"] = Field(
         "process", description="process: namespaces + cgroups (bubblewrap); docker: containers of a local image")

@@ -161,7 +161,8 @@ class WaveRun:
             self.parts.endpoint = self.parts.store.launch()
         self.parts.proxy = ProxyProcess(self.parts.endpoint.url, str(self.out.proxy_requests)).launch()
         self.parts.model = ModelEndpoint(self.parts.registry, think_ms=self.cfg.workload.think_ms,
-                                   log_path=self.out.model_calls).start()
+                                         log_path=self.out.model_calls, dialect=self.cfg.model.dialect,
+                                         finish=self.cfg.model.finish).start()
         self.parts.effects = EffectsService(self.parts.registry, log_path=self.out.effects).start()
         self.parts.fenced_log = CallLog(self.out.fenced)  # calls refused because their attempt was fenced
         self.parts.model.fenced = self.parts.effects.fenced = self.parts.fenced_log

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 
 import orjson
 
-from fleet import workloads
+from fleet import dialects, workloads
 from fleet.services import HttpError, JsonService, TaskEntry, TaskRegistry
 
 MODEL_ID = "sandfleet-script"
@@ -52,9 +52,12 @@ class ModelEndpoint(JsonService):
 
     name = "model-endpoint"
 
-    def __init__(self, registry: TaskRegistry | None = None, think_ms: int = 0, log_path=None):
+    def __init__(self, registry: TaskRegistry | None = None, think_ms: int = 0, log_path=None,
+                 dialect: str = "auto", finish: str | None = None):
         super().__init__(registry or TaskRegistry(), log_path)
         self.think_ms = think_ms
+        self.pinned = None if dialect == "auto" else dialect  # fleet/dialects.py
+        self.finish = finish
         self._scripts: dict[tuple, list] = {}
         self._delivered: dict[str, int] = {}
 
@@ -92,22 +95,40 @@ class ModelEndpoint(JsonService):
         attempt = entry.attempt
         body = self.read_json(h)
         msgs, stream, opts = validate(body)
-        step = count_tool_results(msgs)
         script = self._script(entry)
+        wl = workloads.get(entry.workload)
+        try:
+            dialect, mismatch = dialects.detect(body, {t["function"]["name"] for t in wl.tools()}, self.pinned)
+        except dialects.DialectError as exc:
+            self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
+                             "attempt_at_end": entry.attempt, "step": None, "kind": "refused", "tool": None,
+                             "id": None, "stream": stream, "prompt_tokens": 0, "completion_tokens": 0, "tokens": 0,
+                             "delivered": False, "dialect": None, "refused": str(exc)[:300]})
+            raise HttpError(400, f"sandfleet cannot answer this request: {exc}", param="tools",
+                            code="unsupported_dialect") from None
+        step = dialects.step_of(msgs, dialect)
         if self.think_ms:
             time.sleep(self.think_ms / 1000)
         prompt_tokens = 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)
         cid = "chatcmpl-" + secrets.token_hex(12)
         created = int(t0)
         model = body["model"]
-        if step < len(script):
+        if step < len(script) and dialect.kind == "text":
             s = script[step]
+            text = dialects.text_answer(s)
+            message = {"role": "assistant", "content": text, "refusal": None}
+            finish, completion_tokens, kind, tool = "stop", s.completion_tokens, "tool", s.tool
+        elif step < len(script):
+            s = script[step]
+            name, args = dialects.tool_call_arguments(s, dialect)
             call = {"id": "call_" + secrets.token_hex(12), "type": "function",
-                    "function": {"name": s.tool, "arguments": orjson.dumps(s.arguments).decode()}}
+                    "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish, completion_tokens, kind, tool = "tool_calls", s.completion_tokens, "tool", s.tool
         else:
-            text = workloads.get(entry.workload).final_message(entry.seed, entry.steps)
+            text = wl.final_message(entry.seed, entry.steps)
+            if dialect.kind == "text":
+                text = dialects.text_final(text, self.finish)
             message = {"role": "assistant", "content": text, "refusal": None}
             finish, completion_tokens, kind, tool = "stop", 4 + len(text) // 4, "final", None
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -126,7 +147,8 @@ class ModelEndpoint(JsonService):
         self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
                          "attempt_at_end": entry.attempt, "step": step, "kind": kind, "tool": tool, "id": cid,
                          "stream": stream, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                         "tokens": usage["total_tokens"], "delivered": delivered})
+                         "tokens": usage["total_tokens"], "delivered": delivered, "dialect": dialect.kind,
+                         **({"dialect_mismatch": mismatch} if mismatch else {})})
 
     @staticmethod
     def _stream(h, cid, created, model, message, finish, usage, include_usage) -> bool:

@@ -33,6 +33,7 @@ class TaskHistory:
     log_tails: dict[int, str] = field(default_factory=dict)  # attempt -> last lines of its runner.log
     limits: dict = field(default_factory=dict)  # max_attempts, liveness_s, retry_loop_n from the plan
     fenced: list[dict] = field(default_factory=list)  # its calls the services refused (revoked attempt keys)
+    refused: list[dict] = field(default_factory=list)  # its requests the model could not answer (no dialect fits)
     host_load: list[dict] = field(default_factory=list)  # {"t", "running", "cores"}: runnable tasks on the host
 
 
@@ -173,7 +174,9 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
         requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
         fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
         task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
-        calls=_of_task(w.calls, tid), effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),
+        calls=None if w.calls is None else [c for c in _of_task(w.calls, tid) if c.get("kind") != "refused"],
+        refused=[c for c in _of_task(w.calls, tid) or [] if c.get("kind") == "refused"],
+        effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),
         artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
         harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if at.owner else None,
         leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))

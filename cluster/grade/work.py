@@ -73,9 +73,16 @@ def _work_came_from_the_model(h: TaskHistory, facts: Facts) -> dict | None:
 def completed(h: TaskHistory, facts: Facts) -> dict:
     """The task ended done, its whole artifact has every step's marker and every effect is applied, and the work
     came from the model (each step answered to this task before its effect)."""
+    refused, answered = h.refused, [c for c in h.calls or [] if c.get("kind") in ("tool", "final")]
     for part in (_ended_with_an_artifact, _every_step_done, _work_came_from_the_model):
         got = part(h, facts)
         if got is not None:
+            if refused and not answered:  # the model endpoint could not speak the agent's dialect
+                got = dict(got, detail=f"the agent never ran a step: {refused[0].get('refused', '?')} ("
+                                       f"{got['detail']})")
+            mismatch = next((c["dialect_mismatch"] for c in h.calls or [] if c.get("dialect_mismatch")), None)
+            if mismatch:
+                got = dict(got, dialect_mismatch=mismatch)
             return got
     return {"verdict": PASS, "detail": "exited 0; every step was answered by the model and its change and "
                                        "effect are there"}

@@ -2,6 +2,7 @@
 only from what the harness recorded (captured workspace, model/effects/proxy logs)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,23 @@ def test_evidence_of_a_failed_task_never_shows_its_keys(run_wave):
     assert "fatal: giving up" in text
     assert not re.findall(shapes, text) and not re.findall(r'"SecretAccessKey": ?"(?!<redacted>)', text), text[:2000]
     assert re.search(r'"SecretAccessKey": ?"<redacted>', text)  # the secret was in the log tail the evidence shows
+
+
+@pytest.mark.parametrize("agent,dialect", [("shell_agent.py", "shell"), ("text_agent.py", "text")])
+def test_an_agent_that_speaks_only_one_dialect_passes_an_uninterrupted_wave(tmp_path, agent, dialect):
+    """A tiny agent that knows none of the workload's tools (a `bash` tool only, or one fenced bash block per
+    answer) does every step through the model's commands: its wave passes (the positive control), and every model
+    call of it was answered in its dialect."""
+    import orjson
+
+    runner = Path(__file__).resolve().parents[1] / "runners" / agent
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", "--tasks", "2", "--concurrency", "2",
+                        "--faults", "none", "--steps", "6", "--runner-cmd", f"python3 {runner}", "--results",
+                        str(tmp_path / "r"), "--no-progress"], cwd=Path(__file__).resolve().parents[2],
+                       capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")})
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    wave = (tmp_path / "r" / "latest").resolve()
+    calls = [orjson.loads(x) for x in (wave / "model-calls.jsonl").read_bytes().splitlines()]
+    assert calls and {c["dialect"] for c in calls} == {dialect}, {c["dialect"] for c in calls}
+    assert {c["kind"] for c in calls} == {"tool", "final"}
