@@ -18,6 +18,7 @@ tool message after an assistant turn) for `text`. So a resumed conversation is a
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Dialect:
     kind: str  # tools | shell | text
     tool: str | None = None  # shell: the command tool's name
     param: str | None = None  # shell: its string parameter
+    fence: str = "bash"  # text: the info string of the block the agent's instructions show (```mswea_bash_command)
 
 
 def _functions(body: dict) -> list[dict]:
@@ -67,7 +69,8 @@ def detect(body: dict, workload_tools: set[str], pinned: str | None = None) -> t
     names = {f.get("name") for f in fns}
     seen: Dialect
     if not fns:  # no tools: a text agent when its prompt shows a fenced block, else the contract's tool calls
-        seen = Dialect("text" if pinned == "text" or _asks_for_text(body.get("messages") or []) else "tools")
+        fence = _fence_asked(body.get("messages") or [])
+        seen = Dialect("text", fence=fence or "bash") if pinned == "text" or fence else Dialect("tools")
     elif workload_tools and workload_tools <= names:
         seen = Dialect("tools")
     else:
@@ -90,17 +93,22 @@ def detect(body: dict, workload_tools: set[str], pinned: str | None = None) -> t
     return seen, None
 
 
-def _asks_for_text(messages: list) -> bool:
-    """Whether the agent's own instructions (its system or first user message) describe a fenced code block: a
-    text-protocol agent always says how its actions are to be written (mini-swe-agent: "exactly ONE bash code
-    block"). A runner that declares no tools and says nothing of the kind gets the workload's tool calls."""
+_FENCE = re.compile(r"```([A-Za-z0-9_.+-]*)")
+
+
+def _fence_asked(messages: list) -> str | None:
+    """The info string of the fenced block the agent's own instructions (its first messages) show, "" for a bare
+    fence, None when they show none: a text-protocol agent always says how its actions are written
+    (mini-swe-agent 2.x: ```mswea_bash_command). A runner that declares no tools and shows no fence gets the
+    workload's tool calls."""
     for m in messages[:3]:
         c = m.get("content") if m.get("role") in ("system", "developer", "user") else None
         text = c if isinstance(c, str) else " ".join(p.get("text", "") for p in c if isinstance(p, dict)) \
             if isinstance(c, list) else ""
-        if "```" in text:
-            return True
-    return False
+        found = _FENCE.search(text)
+        if found:
+            return found.group(1) or "bash"
+    return None
 
 
 def step_of(messages: list, dialect: Dialect) -> int:
@@ -162,9 +170,9 @@ def tool_call_arguments(step: ToolStep, dialect: Dialect) -> tuple[str, dict]:
     return step.tool, step.arguments
 
 
-def text_answer(step: ToolStep) -> str:
-    return (f"THOUGHT: step {step.step + 1}: {step.tool.replace('_', ' ')}.\n\n```bash\n{command(step)}\n```")
+def text_answer(step: ToolStep, fence: str = "bash") -> str:
+    return f"THOUGHT: step {step.step + 1}: {step.tool.replace('_', ' ')}.\n\n```{fence}\n{command(step)}\n```"
 
 
-def text_final(final: str, finish: str | None) -> str:
-    return f"THOUGHT: {final}\n\n```bash\n{finish or DEFAULT_FINISH}\n```"
+def text_final(final: str, finish: str | None, fence: str = "bash") -> str:
+    return f"THOUGHT: {final}\n\n```{fence}\n{finish or DEFAULT_FINISH}\n```"

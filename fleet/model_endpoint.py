@@ -115,7 +115,7 @@ class ModelEndpoint(JsonService):
         model = body["model"]
         if step < len(script) and dialect.kind == "text":
             s = script[step]
-            text = dialects.text_answer(s)
+            text = dialects.text_answer(s, dialect.fence)
             message = {"role": "assistant", "content": text, "refusal": None}
             finish, completion_tokens, kind, tool = "stop", s.completion_tokens, "tool", s.tool
         elif step < len(script):
@@ -128,7 +128,7 @@ class ModelEndpoint(JsonService):
         else:
             text = wl.final_message(entry.seed, entry.steps)
             if dialect.kind == "text":
-                text = dialects.text_final(text, self.finish)
+                text = dialects.text_final(text, self.finish, dialect.fence)
             message = {"role": "assistant", "content": text, "refusal": None}
             finish, completion_tokens, kind, tool = "stop", 4 + len(text) // 4, "final", None
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

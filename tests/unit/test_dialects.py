@@ -37,6 +37,8 @@ def test_a_request_says_its_dialect():
     assert detect({"tools": [BASH]}, WL_TOOLS) == (Dialect("shell", "bash", "command"), None)
     assert detect({"tools": [EDIT, BASH]}, WL_TOOLS)[0] == Dialect("shell", "bash", "command")
     assert detect({"messages": [{"role": "system", "content": "one ```bash block```"}]}, WL_TOOLS)[0].kind == "text"
+    msa = {"role": "system", "content": "Format:\n```mswea_bash_command\nyour_command_here\n```"}  # mini-swe-agent 2
+    assert detect({"messages": [msa]}, WL_TOOLS)[0] == Dialect("text", fence="mswea_bash_command")
     # no tools and no fenced block in the instructions: a runner of the contract's first form
     assert detect({"messages": [{"role": "user", "content": "go"}]}, WL_TOOLS)[0].kind == "tools"
     assert detect({"messages": [{"role": "user", "content": "go"}]}, WL_TOOLS, pinned="text")[0].kind == "text"
