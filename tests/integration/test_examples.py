@@ -50,3 +50,27 @@ def test_frameworks_with_state_in_the_workspace_are_caught_reasking_the_model(ru
     # its effects carry an Idempotency-Key and its workspace is fresh: the cost is recalls, not corruption
     assert pk1["checks"]["no_double_apply"]["verdict"] == "pass"
     assert pk1["checks"]["resume_equivalent"]["verdict"] == "pass"
+
+
+def _unmodified(name: str) -> dict:
+    work = ROOT / "examples" / name
+    if not (work / ".venv" / "bin" / "python").exists():
+        pytest.fail(f"examples/{name}/.venv is missing: run `make examples` (make test does)")
+    return {"name": name, "command": ".venv/bin/python run.py", "workdir": str(work)}
+
+
+def test_mini_swe_agent_unmodified_passes_uninterrupted_and_gets_a_named_verdict_under_pk1(run_wave):
+    """mini-swe-agent as shipped (its DefaultAgent, text-based LiteLLM model, local environment and
+    mini_textbased.yaml; no tool of ours): the model speaks its text dialect. Uninterrupted it passes (the positive
+    control); under PK1 it starts over in a fresh workspace (it keeps no state in the store), which the grader
+    names rather than passes."""
+    result, d = run_wave(runner=_unmodified("mini_swe_agent"), tasks=2, concurrency=2, seed=6, faults=[],
+                         workload={"steps": 6, "think_ms": 50}, deadline_s=120)
+    assert result["verdict"] == "pass", {g["task_id"]: g["checks"] for g in result["tasks"]}
+    calls = [__import__("orjson").loads(x) for x in (d / "model-calls.jsonl").read_bytes().splitlines()]
+    assert {c["dialect"] for c in calls} == {"text"}
+    result, d = run_wave(runner=_unmodified("mini_swe_agent"), **WAVE)
+    pk1 = _by_fault(result)["PK1"]
+    assert pk1["interrupted"] and pk1["verdict"] in ("pass", "fail"), pk1
+    if pk1["verdict"] == "fail":
+        assert pk1["signature"], pk1
