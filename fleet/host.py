@@ -443,6 +443,13 @@ class SandboxHost:
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
 
+    async def load(self) -> dict:
+        """Runnable tasks where this host runs (`procs_running` of /proc/stat, less this call's own thread) and
+        its cores: the wave samples each node's, and the grader reads a silent attempt's by its node."""
+        line = next(x for x in Path("/proc/stat").read_text().splitlines() if x.startswith("procs_running"))
+        return {"t": round(time.time(), 3), "running": int(line.split()[1]) - 1, "cores": os.cpu_count() or 1,
+                "node": self.node_id}
+
     PROBE_PATHS = {"s3": "/.sandfleet/health", "model": "/v1/models", "effects": "/"}  # (the proxy's: unlogged)
 
     async def probe_head(self, targets: dict[str, str], token: str, timeout_s: float) -> dict[str, str | None]:

@@ -34,7 +34,10 @@ def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
 def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:
     """A runner starved of CPU looks like a hung one: when the host had far more runnable tasks than cores through
     the silence (the harness ran too many sandboxes at once), it cannot be told apart (unknown)."""
-    load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3]]
+    node = (next((st for st in h.events if st.get("event") == "attempt_start" and st.get("attempt") == worst[1]),
+                 {}) or {}).get("node")
+    # the silent attempt's own node's load (rows with no node are the one machine's: every node's)
+    load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3] and x.get("node") in (None, node)]
     if not load:
         return None
     cores = load[0].get("cores") or 1

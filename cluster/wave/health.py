@@ -246,6 +246,8 @@ class Health:
         """Runnable tasks on the host every 0.5 s (`procs_running` of /proc/stat), for the grader: a runner silent
         while the host was overloaded is starved, not provably hung (`liveness` is then unknown)."""
         cores = os.cpu_count() or 1
+        if getattr(self.parts.fleet, "remote", False):  # other machines: each node's own, by its host
+            return await self._sample_node_loads()
         while self.harness_fault is None:
             try:
                 line = next(x for x in Path("/proc/stat").read_text().splitlines() if x.startswith("procs_running"))
@@ -253,6 +255,18 @@ class Health:
                                           "cores": cores})  # minus this sampler itself
             except (OSError, StopIteration, ValueError):
                 pass
+            await asyncio.sleep(0.5)
+
+    async def _sample_node_loads(self) -> None:
+        from fleet.host import awaitable
+
+        while self.harness_fault is None:
+            p = self.parts
+            gone = self.nodes.out | set(getattr(p.fleet, "down", ()) or ())
+            live = [h for n, h in zip(p.fleet.node_ids, p.hosts) if n not in gone]
+            got = await asyncio.gather(*(asyncio.wait_for(awaitable(h.load.remote()), 2.0) for h in live),
+                                       return_exceptions=True)
+            self.load_samples += [r for r in got if isinstance(r, dict)]
             await asyncio.sleep(0.5)
 
     def diagnose(self, exc: BaseException) -> bool:

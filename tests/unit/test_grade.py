@@ -422,3 +422,21 @@ def test_a_sandbox_node_whose_scan_did_not_answer_makes_no_leaked_sandbox_unknow
     assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {}}) == "pass"
     assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {"node-2": "ActorDiedError"}}) == \
         "unknown"
+
+
+def test_a_silent_attempt_is_judged_by_its_own_nodes_load():
+    """On nodes that are other machines each node's load is its own: a silence on node-1 while node-2 was
+    overloaded is not starvation; rows with no node (one machine's) count for every node."""
+    from types import SimpleNamespace
+
+    from cluster.grade.runs import _starved
+
+    events = [{"event": "attempt_start", "attempt": 1, "node": "node-1"}]
+    worst = (40.0, 1, 100.0, 140.0)
+    busy = [{"t": 100.0 + i, "running": 50, "cores": 2, "node": "node-2"} for i in range(40)]
+    idle = [{"t": 100.0 + i, "running": 0, "cores": 2, "node": "node-1"} for i in range(40)]
+    assert _starved(SimpleNamespace(host_load=busy + idle, events=events), worst, 30.0) is None
+    hot = [dict(x, node="node-1") for x in busy]
+    assert _starved(SimpleNamespace(host_load=hot, events=events), worst, 30.0)["verdict"] == "unknown"
+    machine = [{k: v for k, v in x.items() if k != "node"} for x in busy]
+    assert _starved(SimpleNamespace(host_load=machine, events=events), worst, 30.0)["verdict"] == "unknown"
