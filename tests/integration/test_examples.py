@@ -59,17 +59,19 @@ def _unmodified(name: str) -> dict:
     return {"name": name, "command": ".venv/bin/python run.py", "workdir": str(work)}
 
 
-def test_mini_swe_agent_unmodified_passes_uninterrupted_and_gets_a_named_verdict_under_pk1(run_wave):
-    """mini-swe-agent as shipped (its DefaultAgent, text-based LiteLLM model, local environment and
-    mini_textbased.yaml; no tool of ours): the model speaks its text dialect. Uninterrupted it passes (the positive
-    control); under PK1 it starts over in a fresh workspace (it keeps no state in the store), which the grader
-    names rather than passes."""
-    result, d = run_wave(runner=_unmodified("mini_swe_agent"), tasks=2, concurrency=2, seed=6, faults=[],
+@pytest.mark.parametrize("name,dialect", [("mini_swe_agent", "text"), ("openai_agents_sdk", "shell")])
+def test_an_agent_run_unmodified_passes_uninterrupted_and_gets_a_named_verdict_under_pk1(run_wave, name, dialect):
+    """Agents as shipped, each launched only as its docs show (mini-swe-agent: its DefaultAgent, text-based LiteLLM
+    model, local environment and mini_textbased.yaml; the Agents SDK: Agent + Runner in Chat Completions mode, one
+    generic shell tool), with no tool of the workload's: the model speaks each one's dialect. Uninterrupted each
+    passes (the positive control); under PK1 each starts over in a fresh workspace (neither keeps state in the
+    store), which the grader names rather than passes."""
+    result, d = run_wave(runner=_unmodified(name), tasks=2, concurrency=2, seed=6, faults=[],
                          workload={"steps": 6, "think_ms": 50}, deadline_s=120)
     assert result["verdict"] == "pass", {g["task_id"]: g["checks"] for g in result["tasks"]}
     calls = [__import__("orjson").loads(x) for x in (d / "model-calls.jsonl").read_bytes().splitlines()]
-    assert {c["dialect"] for c in calls} == {"text"}
-    result, d = run_wave(runner=_unmodified("mini_swe_agent"), **WAVE)
+    assert {c["dialect"] for c in calls} == {dialect}
+    result, d = run_wave(runner=_unmodified(name), **WAVE)
     pk1 = _by_fault(result)["PK1"]
     assert pk1["interrupted"] and pk1["verdict"] in ("pass", "fail"), pk1
     if pk1["verdict"] == "fail":
