@@ -59,11 +59,12 @@ def _unmodified(name: str) -> dict:
     return {"name": name, "command": ".venv/bin/python run.py", "workdir": str(work)}
 
 
-@pytest.mark.parametrize("name,dialect", [("mini_swe_agent", "text"), ("openai_agents_sdk", "shell")])
+@pytest.mark.parametrize("name,dialect", [("mini_swe_agent", "text"), ("openai_agents_sdk", "shell"),
+                                          ("pydantic_ai", "shell")])
 def test_an_agent_run_unmodified_passes_uninterrupted_and_gets_a_named_verdict_under_pk1(run_wave, name, dialect):
     """Agents as shipped, each launched only as its docs show (mini-swe-agent: its DefaultAgent, text-based LiteLLM
     model, local environment and mini_textbased.yaml; the Agents SDK: Agent + Runner in Chat Completions mode, one
-    generic shell tool), with no tool of the workload's: the model speaks each one's dialect. Uninterrupted each
+    generic shell tool; pydantic-ai: Agent on OpenAIChatModel, one generic shell tool), with no tool of the workload's: the model speaks each one's dialect. Uninterrupted each
     passes (the positive control); under PK1 each starts over in a fresh workspace (neither keeps state in the
     store), which the grader names rather than passes."""
     result, d = run_wave(runner=_unmodified(name), tasks=2, concurrency=2, seed=6, faults=[],
