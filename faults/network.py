@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from faults.base import APPLIED, FaultContext, FaultSpec, Receipt, register
-from faults.preempt import SigkillSandbox, run_to_end
+from faults.preempt import SigkillSandbox, run_to_end, zombie_evidence
 
 
 @register
@@ -74,16 +74,13 @@ class Partition(SigkillSandbox):
         r = super().receipt(spec, injected, cleared)
         if r.status != APPLIED:
             return r
-        act = injected.get("activity") or {}
-        store = act.get("store") or []
-        landed = [x for x in store if x["method"] in ("PUT", "POST", "DELETE") and 200 <= (x["status"] or 0) < 300]
+        act, store, landed, r.evidence = zombie_evidence(injected)
         node, cut = injected.get("node"), injected.get("cut_s")
         r.target = {"sandbox_id": injected.get("sandbox_id"), "node": node, "link": injected.get("link"),
                     "sandboxes": injected.get("sandboxes"), "zombie": injected.get("zombie"),
                     "newer": injected.get("newer"), "cut_at": injected.get("at"),
                     "healed_at": injected.get("healed_at"), "thawed_at": injected.get("healed_at"),
                     "fencing": spec.params["fencing"]}
-        r.evidence = {"zombie_store_requests": store[:50], "refused_calls": (act.get("refused_calls") or [])[:50]}
         back = (f"its Ray node answered again {injected.get('back_after_heal_s')} s after the heal"
                 if injected.get("host_back") else f"its Ray node did NOT answer after the heal "
                                                   f"({injected.get('why_not_back', '?')})")

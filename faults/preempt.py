@@ -399,12 +399,9 @@ class FreezeZombie(SigkillSandbox):
         r = super().receipt(spec, injected, cleared)
         if r.status != APPLIED:
             return r
-        act = injected.get("activity") or {}
-        store = act.get("store") or []
-        landed = [x for x in store if x["method"] in ("PUT", "POST", "DELETE") and 200 <= (x["status"] or 0) < 300]
+        act, store, landed, r.evidence = zombie_evidence(injected)
         r.target = dict(r.target, zombie=injected.get("sandbox_id"), newer=injected.get("newer"),
                         thawed_at=injected.get("thawed_at"))
-        r.evidence = {"zombie_store_requests": store[:50], "refused_calls": (act.get("refused_calls") or [])[:50]}
         r.detail = (f"sandbox {injected.get('sandbox_id')} frozen and its lease left to run out; "
                     + (f"attempt {injected.get('newer')} took the task, then " if injected.get("newer") else
                        "NO newer attempt started within 120 s; ")
@@ -413,6 +410,16 @@ class FreezeZombie(SigkillSandbox):
                       f"call(s) refused; " + ("killed after " + str(self.observe_s) + " s" if injected.get(
                           "zombie_killed") else "it exited by itself"))
         return r
+
+
+def zombie_evidence(injected: dict) -> tuple[dict, list, list, dict]:
+    """What a zombie (PK6 thawed, NP1 healed) did: (activity, its store requests, the writes of them that landed,
+    the receipt's evidence)."""
+    act = injected.get("activity") or {}
+    store = act.get("store") or []
+    landed = [x for x in store if x["method"] in ("PUT", "POST", "DELETE") and 200 <= (x["status"] or 0) < 300]
+    return act, store, landed, {"zombie_store_requests": store[:50],
+                                "refused_calls": (act.get("refused_calls") or [])[:50]}
 
 
 _PROGRESS: dict[str, list] = {}  # PK4 instance -> kills so far (kept if the task ends mid-loop)
