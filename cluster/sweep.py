@@ -60,20 +60,31 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
                 harness.append(d)
         except OSError:
             pass
+    # the dead waves' own Ray temp dirs name their isolated nodes' cgroups (`sandfleet-node.<its basename>.<node>`)
+    dead_tags = {os.path.basename(t) for e in dead.values()
+                 for t in [e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)]
+                 if t}
+    nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
     return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
-            "node_cgroups": dead_node_cgroups() if not wave else []}
+            "node_cgroups": nodes}
 
 
-def dead_node_cgroups(min_age_s: float = 30.0) -> list[str]:
+def _node_tag(d: str) -> str:
+    return Path(d).name.split(".")[1] if Path(d).name.count(".") >= 2 else ""
+
+
+def dead_node_cgroups(dead_tags: set[str] = frozenset(), min_age_s: float = 30.0) -> list[str]:
     """Cgroup dirs of isolated nodes (`sandfleet-node.<ray tmpdir>.<node>`, their marker) with no process anywhere
-    below them: what a wave whose driver died left of its nodes (the nodes themselves die with their driver). A
-    dir younger than `min_age_s` is skipped: a node being made has its dir a moment before its first process."""
+    below them: what a wave whose driver died left of its nodes (the nodes themselves die with their driver). One of
+    a dead wave (its Ray temp dir's name in `dead_tags`) goes at once; another one younger than `min_age_s` whose
+    Ray temp dir is there is skipped: a node being made has its dir a moment before its first process."""
     from cluster.isolated import leftover_node_cgroups
 
     out = []
     for d in leftover_node_cgroups():
         try:
-            if time.time() - os.stat(d).st_mtime < min_age_s:
+            tag = _node_tag(d)
+            if tag not in dead_tags and Path("/tmp", tag).exists() and time.time() - os.stat(d).st_mtime < min_age_s:
                 continue
             if any(Path(p, "cgroup.procs").read_text().split() for p, _, _ in os.walk(d)):
                 continue

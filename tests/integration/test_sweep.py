@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 import time
 
@@ -121,11 +122,22 @@ def test_sweep_removes_an_empty_cgroup_a_dead_isolated_node_left_and_not_a_busy_
             (d / "sub").mkdir(parents=True)
         p = subprocess.Popen(["sleep", "300"])
         (busy / "sub" / "cgroup.procs").write_text(str(p.pid))
-        assert sweep.dead_node_cgroups() == []  # both too young: a node being made
+        tmp = Path(f"/tmp/sfray-t{os.getpid()}")
+
+        def mine(tags=frozenset()):  # (only this test's dirs: not another run's leftovers)
+            return [d for d in sweep.dead_node_cgroups(tags) if tmp.name in d]
+
+        tmp.mkdir()  # its wave's Ray is there: both too young, a node being made
+        try:
+            assert mine() == []
+            assert mine({tmp.name}) == [str(empty)]  # that wave is dead: at once
+        finally:
+            tmp.rmdir()
+        assert mine() == [str(empty)]  # no Ray of its wave left: not a node being made
         old = time.time() - 60
         for d in (empty, busy):
             os.utime(d, (old, old))
-        assert sweep.dead_node_cgroups() == [str(empty)]
+        assert mine() == [str(empty)]
         done = sweep.remove({"waves": {}, "harness_cgroups": [], "node_cgroups": [str(empty)]})
         assert not empty.exists() and busy.is_dir() and any("isolated node" in x for x in done), done
     finally:
