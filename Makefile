@@ -34,13 +34,14 @@ $(STAMP): pyproject.toml
 wave: setup
 	$(BIN)/sandfleet wave run configs/quickstart.yaml
 
-test: setup docker examples
+# the linter first (seconds), as CI does: a lint error fails `make test` here, not only on CI
+test: setup lint docker examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
 
-# the edit-test loop: the unit and harness tiers only (no Ray, no store, no sandbox; well under a minute)
 lint: setup
 	$(BIN)/ruff check .
 
+# the edit-test loop: the unit and harness tiers only (no Ray, no store, no sandbox; well under a minute)
 test-quick: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness
 

@@ -61,9 +61,9 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
         except OSError:
             pass
     # the dead waves' own Ray temp dirs name their isolated nodes' cgroups (`sandfleet-node.<its basename>.<node>`)
-    dead_tags = {os.path.basename(t) for e in dead.values()
-                 for t in [e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)]
-                 if t}
+    def ray_tmpdir(e):
+        return e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)
+    dead_tags = {os.path.basename(t) for e in dead.values() for t in [ray_tmpdir(e)] if t}
     nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
     return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
             "node_cgroups": nodes}

@@ -84,11 +84,12 @@ class Partition(SigkillSandbox):
         back = (f"its Ray node answered again {injected.get('back_after_heal_s')} s after the heal"
                 if injected.get("host_back") else f"its Ray node did NOT answer after the heal "
                                                   f"({injected.get('why_not_back', '?')})")
+        sandboxes = injected.get("sandboxes") or []
         fence = ("their keys revoked at once" if spec.params["fencing"] else
                  "FENCING OFF (negative control): their keys were left valid")
         r.detail = (f"node {node}'s link to the head ({injected.get('link')}) cut for {cut} s: Ray, the store, the "
                     f"model endpoint and the effects service out of reach of its "
-                    f"{len(injected.get('sandboxes') or [])} sandbox(es) ({', '.join(injected.get('sandboxes') or [])}); "
+                    f"{len(sandboxes)} sandbox(es) ({', '.join(sandboxes)}); "
                     f"the driver gave them up, {fence}; healed: {back}; the zombie {injected.get('zombie')} then made "
                     f"{len(store)} store request(s) ({len(landed)} write(s) landed) and "
                     f"{len(act.get('refused_calls') or [])} model/effects call(s) refused; "

@@ -93,8 +93,10 @@ def merge_scans(answers: dict[str, dict]) -> tuple[dict, dict, list]:
             into["mounts"] += [f"{node}:{m}" for m in e.get("mounts", [])]
             into["mount_sandboxes"].update({f"{node}:{m}": sid for m, sid in (e.get("mount_sandboxes") or {}).items()})
             into["containers"] += [c for c in e.get("containers", []) if c not in into["containers"]]
-            for sid in [p.get("sandbox") for p in e.get("processes", [])] + list(e.get("cgroups", [])) + \
-                    list((e.get("mount_sandboxes") or {}).values()) + [c.get("sandbox") for c in e.get("containers", [])]:
+            sids = ([p.get("sandbox") for p in e.get("processes", [])] + list(e.get("cgroups", []))
+                    + list((e.get("mount_sandboxes") or {}).values())
+                    + [c.get("sandbox") for c in e.get("containers", [])])
+            for sid in sids:
                 if sid:
                     where.setdefault((w, sid), node)
     return waves, where, errors

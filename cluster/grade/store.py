@@ -184,7 +184,8 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
         bad, seen, refused = bad + b, seen + n, refused + k
         found.append(f"{r['instance']} (zombie {sid})")
     if not found:
-        return {"verdict": NOT_APPLIED, "detail": "no fault of this task left a zombie (a PK6 freeze, an NP1 cut): none to follow"}
+        return {"verdict": NOT_APPLIED,
+                "detail": "no fault of this task left a zombie (a PK6 freeze, an NP1 cut): none to follow"}
     if h.requests is None or h.calls is None:
         return {"verdict": UNKNOWN, "detail": "the proxy or model log is missing: the zombie cannot be followed"}
     if bad:
@@ -193,7 +194,8 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
     if not seen:
         return {"verdict": NOT_APPLIED, "detail": f"{', '.join(found)}: the zombie made no request after it was "
                                                   "thawed, so the fencing was not exercised"}
-    return {"verdict": PASS, "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw (or heal) were "
-                                       "refused (revoked key / stale fence); none took effect"}
+    return {"verdict": PASS,
+            "detail": f"{', '.join(found)}: all {refused} of its request(s) after the thaw (or heal) were "
+                      "refused (revoked key / stale fence); none took effect"}
 
 

@@ -87,7 +87,8 @@ def test_shell_commands_do_what_the_workloads_tools_do(tmp_path):
                                                                    "SANDFLEET_REPO": str(b / "repo")},
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 0, (s, p.stderr)
-    files = lambda root: {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    def files(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert files(a) == files(b)
 
 
