@@ -22,10 +22,23 @@ from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format,
 from faults.base import CATALOG
 
 
+class FaultSet(Strict):
+    """A fault set with wave fields of its own, over the league's `wave` (e.g. `enumerate_boundaries` for PK1 beside
+    storage faults on a fixed task count)."""
+    faults: list[str]
+    label: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9 +@._-]{0,40}$",
+                              description="the row's name in LEAGUE.md (default: the fault ids joined by +)")
+    wave: dict = Field(default_factory=dict, description="wave fields of this set's waves, over the league's")
+
+    def name(self) -> str:
+        return self.label or "+".join(self.faults) or "none"
+
+
 class LeagueConfig(Strict):
     name: str = Field("league", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
     runners: list[str | RunnerSpec] = Field(..., min_length=1)
-    fault_sets: list[list[str]] = Field(default_factory=lambda: [["PK1"], ["ST1"], ["PK1", "ST1"]], min_length=1)
+    fault_sets: list[list[str] | FaultSet] = Field(default_factory=lambda: [["PK1"], ["ST1"], ["PK1", "ST1"]],
+                                                   min_length=1)
     wave: dict = Field(default_factory=dict, description="wave fields shared by every wave (tasks, seed, ...)")
 
     @field_validator("runners", mode="before")
@@ -39,17 +52,21 @@ class LeagueConfig(Strict):
     @classmethod
     def _faults(cls, v):
         for fs in v:
-            bad = [f for item in fs for f in item.split("+") if f not in CATALOG]
+            bad = [f for item in (fs.faults if isinstance(fs, FaultSet) else fs) for f in item.split("+")
+                   if f not in CATALOG]
             if bad:
                 raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
         return v
 
-    def waves(self) -> list[tuple[str, list[str], WaveConfig]]:
+    def sets(self) -> list[FaultSet]:
+        return [fs if isinstance(fs, FaultSet) else FaultSet(faults=fs) for fs in self.fault_sets]
+
+    def waves(self) -> list[tuple[str, FaultSet, WaveConfig]]:
         out = []
         for r in self.runners:
-            for fs in self.fault_sets:
-                cfg = build_config({**self.wave, "runner": r.model_dump() if isinstance(r, RunnerSpec) else r,
-                                    "faults": fs}, source="league wave")
+            for fs in self.sets():
+                cfg = build_config({**self.wave, **fs.wave, "runner": r.model_dump() if isinstance(r, RunnerSpec)
+                                    else r, "faults": fs.faults}, source=f"league wave ({fs.name()})")
                 out.append((cfg.runner_spec()["name"], fs, cfg))
         return out
 
@@ -141,7 +158,7 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
             wave = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
             result = wave.run()
             m = wave_metrics(result, wave.dir)
-            m.update(runner=name, faults=fs, wall_s=round(time.perf_counter() - t, 1),
+            m.update(runner=name, faults=fs.faults, label=fs.name(), wall_s=round(time.perf_counter() - t, 1),
                      harness_errors=result.get("harness_errors", []), manifest=wave.plan.get("manifest"))
             rows.append(m)
             (out / results.LEAGUE_JSON).write_bytes(
@@ -169,6 +186,10 @@ def manifest_warnings(rows: list[dict]) -> list[str]:
     return ["", "**Warning: these waves ran on different things; compare them with care:**", ""] + out if out else []
 
 
+def _label(row: dict) -> str:
+    return row.get("label") or "+".join(row["faults"]) or "none"
+
+
 def _med(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1000:.0f} ms (n={len(xs)})" if xs else "n/a"
 
@@ -176,7 +197,7 @@ def _med(xs: list[float]) -> str:
 def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
     seed = league.wave.get("seed", 1)
     lines = [f"# Durability league `{league.name}`", "",
-             f"Seed {seed}; {rows[0]['tasks'] if rows else 0} tasks per wave; every wave is stored under "
+             f"Seed {seed}; tasks per wave in the pass column; every wave is stored under "
              f"`waves/` and can be re-graded with `sandfleet grade`. Rates are over the tasks whose attempts were "
              "really interrupted (n given).", "",
              "| runner | faults | verdict | pass | resume survival | double-apply tasks | recalls | "
@@ -186,7 +207,7 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
         rsr = f"{r['survived']}/{r['interrupted']}" if r["interrupted"] else "n/a (0 interrupted)"
         per = (f"{r['wasted_calls'] / r['interruptions']:.2f} / {r['wasted_tokens'] / r['interruptions']:.0f}"
                f" (n={r['interruptions']})" if r["interruptions"] else "n/a")
-        lines.append(f"| {r['runner']} | {'+'.join(r['faults']) or 'none'} | {r['verdict']} | "
+        lines.append(f"| {r['runner']} | {_label(r)} | {r['verdict']} | "
                      f"{r['pass']}/{r['tasks']} | "
                      f"{rsr} | {r['double_apply']}/{r['tasks']} | {r['recalls']} | {per} | {_med(r['resume_s'])} | "
                      f"`{r['wave_id']}` |")
@@ -225,13 +246,13 @@ def _plot(path: Path, rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     runners = list(dict.fromkeys(r["runner"] for r in rows))
-    fsets = list(dict.fromkeys("+".join(r["faults"]) or "none" for r in rows))
+    fsets = list(dict.fromkeys(_label(r) for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.5 + 0.2 * len(runners)))
     width = 0.8 / max(1, len(fsets))
     for j, fs in enumerate(fsets):
         rsr, wasted = [], []
         for name in runners:
-            r = next((x for x in rows if x["runner"] == name and ("+".join(x["faults"]) or "none") == fs), None)
+            r = next((x for x in rows if x["runner"] == name and _label(x) == fs), None)
             rsr.append(r["survived"] / r["interrupted"] if r and r["interrupted"] else 0)
             wasted.append(r["wasted_calls"] / r["interruptions"] if r and r["interruptions"] else 0)
         xs = [i + j * width for i in range(len(runners))]

@@ -241,6 +241,24 @@ def bench_sandboxes(rows: list, n: int = 20) -> None:
                  f"{statistics.median(kills):.1f} / {max(kills):.1f}", "", ""))
 
 
+def _conversation(tool: str | None, tools: list | None, turns: int = 20) -> bytes:
+    """A request at step 20 in one dialect: tool calls of `tool` and their results, or (no tool) a text agent's
+    fenced-block instructions and observation turns."""
+    import json
+
+    if tool is None:
+        msgs = [{"role": "system", "content": "Answer with one ```bash block```."}, {"role": "user", "content": "go"}]
+        for _ in range(turns):
+            msgs += [{"role": "assistant", "content": "```bash\ntrue\n```"}, {"role": "user", "content": "exit 0"}]
+    else:
+        msgs = [{"role": "user", "content": "go"}]
+        for i in range(turns):
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": tool, "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"}]
+    return json.dumps({"model": "m", "messages": msgs, **({"tools": tools} if tools else {})}).encode()
+
+
 def bench_model(rows: list, n: int = 600) -> None:
     """Model endpoint and effects service: added latency per call, keep-alive, no think time."""
     import http.client
@@ -256,32 +274,39 @@ def bench_model(rows: list, n: int = 600) -> None:
     model = ModelEndpoint(reg).start()
     fx = EffectsService(reg).start()
     try:
-        msgs = [{"role": "user", "content": "go"}]
-        for i in range(20):
-            msgs += [{"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"c{i}", "type": "function", "function": {"name": "apply_patch", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"}]
-        body = json.dumps({"model": "m", "messages": msgs}).encode()
+        bash = {"type": "function", "function": {"name": "bash", "parameters": {
+            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
         eids = list(workloads.get("patch-repo").effect_steps(5, 40))
-        for svc, path, payload in ((model, "/v1/chat/completions", lambda i: body),
-                                   (fx, "/v1/effects", lambda i: json.dumps({"effect_id": eids[i % len(eids)]}).encode())):
+        cases = [("model endpoint, tools dialect: chat completion (20 tool results in messages)", "tools", model,
+                  "/v1/chat/completions", _conversation("apply_patch", None)),
+                 ("model endpoint, shell dialect: chat completion (one bash tool, 20 of its results)", "shell", model,
+                  "/v1/chat/completions", _conversation("bash", [bash])),
+                 ("model endpoint, text dialect: chat completion (a fenced block, 20 observation turns)", "text",
+                  model, "/v1/chat/completions", _conversation(None, None)),
+                 ("effects service: POST /v1/effects", None, fx, "/v1/effects", None)]
+        for name, dialect, svc, path, body in cases:
             conn = http.client.HTTPConnection("127.0.0.1", svc.server.server_address[1])
             lat = []
+            mark = len(svc.log.snapshot())
             for i in range(n):
+                payload = body if body is not None else json.dumps({"effect_id": eids[i % len(eids)]}).encode()
                 t = time.perf_counter()
-                conn.request("POST", path, payload(i), {"Authorization": f"Bearer {key}",
-                                                        "Content-Type": "application/json"})
+                conn.request("POST", path, payload, {"Authorization": f"Bearer {key}",
+                                                     "Content-Type": "application/json"})
                 r = conn.getresponse()
                 r.read()
+                assert r.status == 200, (name, r.status)
                 lat.append((time.perf_counter() - t) * 1000)
             conn.close()
-            server = [(r["t_done"] - r["t"]) * 1000 for r in svc.log.snapshot() if "t_done" in r]
-            name = "model endpoint: chat completion (20 tool results in messages)" if svc is model else \
-                "effects service: POST /v1/effects"
+            logged = svc.log.snapshot()[mark:]
+            if dialect:
+                assert {r.get("dialect") for r in logged} == {dialect}, (name, {r.get("dialect") for r in logged})
+            server = [(r["t_done"] - r["t"]) * 1000 for r in logged[50:] if "t_done" in r]
             lat = lat[50:]
             rows.append((f"{name}, n={n}: client round trip p50 / p99 (ms)",
                          f"{statistics.median(lat):.2f} / {pct(lat, 99):.2f}", "",
-                         f"server side p50 {statistics.median(server):.2f} ms" if server else "keep-alive, 1 client"))
+                         f"server side p50 / p99 {statistics.median(server):.2f} / {pct(server, 99):.2f} ms"
+                         if server else "keep-alive, 1 client"))
     finally:
         model.stop()
         fx.stop()
@@ -316,10 +341,12 @@ def bench_runners(rows: list) -> None:
     from cluster.league import LeagueConfig, run_league
 
     runners = ["durable", "naive"]
-    for name in ("openai_journal", "langgraph_s3", "langgraph_sqlite", "dbos_sqlite"):
+    for name in ("openai_journal", "langgraph_s3", "langgraph_sqlite", "dbos_sqlite",  # our tools, on a framework
+                 "mini_swe_agent", "openai_agents_sdk", "pydantic_ai"):  # unmodified agents, the model's dialects
         work = ROOT / "examples" / name
+        script = "agent.py" if (work / "agent.py").exists() else "run.py"
         if (work / ".venv" / "bin" / "python").exists():
-            runners.append({"name": name, "command": ".venv/bin/python agent.py", "workdir": str(work)})
+            runners.append({"name": name, "command": f".venv/bin/python {script}", "workdir": str(work)})
     root = Path(tempfile.mkdtemp(prefix="sfbench-runners-"))
     try:
         league = LeagueConfig(name="bench", runners=runners, fault_sets=[[]],

@@ -109,12 +109,18 @@ def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
 
 
 def test_league_writes_its_table_and_picture(fleet, tmp_path):
-    """`sandfleet league` through the CLI, on the session's Ray (its own actors and store): two runners, one fault
-    set, one task each; every wave's plan carries the manifest the league compares (no warning: one machine)."""
+    """`sandfleet league` through the CLI, on the session's Ray (its own actors and store): the built-in two and an
+    agent nobody here wrote (pydantic-ai, unmodified), one labelled fault set, one task each; every wave's plan
+    carries the manifest the league compares (no warning: one machine)."""
     import ray
 
+    agent = ROOT / "examples" / "pydantic_ai"
+    if not (agent / ".venv" / "bin" / "python").exists():
+        pytest.fail("examples/pydantic_ai/.venv is missing: run `make examples` (make test does)")
     cfg = tmp_path / "league.yaml"
-    cfg.write_text("name: tiny\nrunners: [durable, naive]\nfault_sets: [[PK1]]\n"
+    cfg.write_text("name: tiny\n"
+                   f"runners: [durable, naive, {{name: pydantic-ai, command: .venv/bin/python run.py, workdir: {agent}}}]\n"
+                   "fault_sets: [{faults: [PK1], label: PK1 at 3}]\n"
                    "wave: {tasks: 1, concurrency: 1, seed: 5, workload: {steps: 6, think_ms: 20},\n"
                    f"       address: '{ray.get_runtime_context().gcs_address}',\n"
                    "       fault_timing: {PK1: {after_model_calls: [3, 3]}}}\n")
@@ -126,10 +132,14 @@ def test_league_writes_its_table_and_picture(fleet, tmp_path):
     assert f"LEAGUE: {out / 'LEAGUE.md'}" in p.stdout
     table = (out / "LEAGUE.md").read_text()
     assert (out / "league.png").stat().st_size > 1000
-    rows = [line for line in table.splitlines() if line.startswith("| durable | PK1 |")]
+    rows = [line for line in table.splitlines() if line.startswith("| durable | PK1 at 3 |")]
     assert rows and "| pass | 1/1 | 1/1 |" in rows[0], table
+    # the agent keeps no state anywhere a new sandbox finds it: it starts over, and the table says so
+    agent_row = next(line for line in table.splitlines() if line.startswith("| pydantic-ai | PK1 at 3 |"))
+    assert "| fail | 0/1 | 0/1 |" in agent_row, table
     data = orjson.loads((out / "league.json").read_bytes())
-    assert [(r["runner"], r["faults"]) for r in data["rows"]] == [("durable", ["PK1"]), ("naive", ["PK1"])]
+    assert [(r["runner"], r["faults"], r["label"]) for r in data["rows"]] == [
+        ("durable", ["PK1"], "PK1 at 3"), ("naive", ["PK1"], "PK1 at 3"), ("pydantic-ai", ["PK1"], "PK1 at 3")]
     assert all(r["interrupted"] == 1 for r in data["rows"])  # the boundary trigger landed mid-run
     for r in data["rows"]:
         m = orjson.loads(next((out / "waves").glob(f"{r['wave_id']}/plan.json")).read_bytes())["manifest"]

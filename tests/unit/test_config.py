@@ -88,9 +88,29 @@ def test_league_config_errors_name_the_field(tmp_path):
         load_league(p)
     p.write_text("runners: [durable, naive]\nfault_sets: [[PK1], []]\nwave: {seed: 3}\n")
     waves = load_league(p).waves()
-    assert [(n, f) for n, f, _ in waves] == [("durable", ["PK1"]), ("durable", []), ("naive", ["PK1"]),
-                                              ("naive", [])]
+    assert [(n, f.faults) for n, f, _ in waves] == [("durable", ["PK1"]), ("durable", []), ("naive", ["PK1"]),
+                                                     ("naive", [])]
     assert all(c.seed == 3 for _, _, c in waves)
+
+
+def test_a_league_fault_set_carries_wave_fields_of_its_own(tmp_path):
+    """PK1 at every boundary beside the storage family in one league: a set's own wave fields override the
+    league's, its label names its rows, and a bad fault id or field inside a set is named."""
+    from cluster.league import load_league
+
+    p = tmp_path / "league.yaml"
+    p.write_text("runners: [durable]\nwave: {seed: 3, tasks: 2}\nfault_sets:\n"
+                 "  - {faults: [PK1], label: PK1@boundaries, wave: {enumerate_boundaries: true, boundaries: 4}}\n"
+                 "  - [ST1]\n")
+    (_, pk, c1), (_, st, c2) = load_league(p).waves()
+    assert (pk.name(), c1.enumerate_boundaries, c1.boundaries) == ("PK1@boundaries", True, 4)
+    assert (st.name(), c2.enumerate_boundaries, c2.tasks, c2.seed) == ("ST1", False, 2, 3)
+    p.write_text("runners: [durable]\nfault_sets: [{faults: [PK9]}]\n")
+    with pytest.raises(ConfigError, match="PK9"):
+        load_league(p)
+    p.write_text("runners: [durable]\nfault_sets: [{faults: [ST1], wave: {enumerate_boundaries: true}}]\n")
+    with pytest.raises(ConfigError, match="enumerate_boundaries"):
+        load_league(p)
 
 
 @pytest.mark.parametrize("data, field", [
