@@ -361,10 +361,17 @@ class WaveRun:
             if self.timeline:
                 harness_error = self._end(harness_error, t_wave)  # 5. faults cleared, sweeps, audit, parts stop
             Signals.restore(previous)
-        secrets = self.access.issued_secrets() if self.access else ()
-        redact_runner_logs(self.out, secrets)  # 6. no secret left in results/, then grade and report
-        result = grade.grade_wave(self.dir, secrets=secrets)
-        report.write_summary(self.dir, result)
+        picture = report.start_timeline_png(self.dir)  # (the timeline is closed: drawn while the wave grades)
+        try:
+            secrets = self.access.issued_secrets() if self.access else ()
+            redact_runner_logs(self.out, secrets)  # 6. no secret left in results/, then grade and report
+            result = grade.grade_wave(self.dir, secrets=secrets)
+        except BaseException:
+            if picture is not None:
+                picture.kill()
+                picture.wait()
+            raise
+        report.write_summary(self.dir, result, picture)
         try:
             cache_passed_references(self.cache, self.wave_id, self.out, result)
         except OSError as exc:

@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from cluster import results
@@ -309,14 +310,23 @@ class FleetSession:
     def stop(self) -> None:
         import ray
 
+        store = None
+        if self.store is not None:  # its data goes with the state dir: no grace (as a wave's own store); it stops
+            store = threading.Thread(target=self.store.stop, kwargs={"grace_s": 0.0}, daemon=True)  # beside Ray
+            store.start()
         if ray.is_initialized():
-            for n, h in zip(self.node_ids, self.hosts):
-                if n in self.down:
-                    continue
+            live = [h for n, h in zip(self.node_ids, self.hosts) if n not in self.down]
+            asked = []
+            for h in live:  # every host ends its sandboxes at once, not one host after the other
                 try:
-                    ray.get(h.shutdown.remote(1.0), timeout=30)
+                    asked.append(h.shutdown.remote(1.0))
                 except Exception:  # noqa: BLE001
                     pass
+            try:
+                ray.wait(asked, num_returns=len(asked), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+            for h in live:
                 ray.kill(h)
             for info in getattr(self, "host_info", []) if not self.remote else []:
                 _drop_harness_dir(info)  # a host that died could not leave its harness cgroup itself
@@ -325,9 +335,9 @@ class FleetSession:
             if self.ledger is not None:
                 ray.kill(self.ledger)
         self.hosts, self.ledger, self.sweeper = [], None, None
-        if self.store is not None:  # its data goes with the state dir: no grace (as a wave's own store)
-            self.store.stop(grace_s=0.0)
-            self.store, self.keys = None, None
         self.ray_session.stop()
+        if store is not None:
+            store.join()
+            self.store, self.keys = None, None
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)

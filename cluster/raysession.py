@@ -52,6 +52,7 @@ class RaySession:
         self.cluster = None  # ray.cluster_utils.Cluster when nodes > 1
         self.error_log: str | None = None  # where a simulated cluster's raylet deaths are written
         self.ray_nodes: dict[str, object] = {}  # node name -> ray._private.node.Node (simulated cluster)
+        self.head = None  # ray._private.node.Node of a one-node private Ray
         self.ended_leftovers: list[str] = []  # processes of this Ray that outlived its shutdown, ended by its marker
 
     def start(self):
@@ -78,14 +79,29 @@ class RaySession:
             if self.nodes > 1:
                 self._start_cluster(ray)
                 return ray
-            ray.init(address="local", _temp_dir=self.tmpdir, include_dashboard=False,
-                     _node_ip_address="127.0.0.1",
-                     num_cpus=self.num_cpus or os.cpu_count(), log_to_driver=False,
-                     configure_logging=False)
-            self.owned = True
+            self._start_single(ray)
         else:
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
         return ray
+
+    def _start_single(self, ray) -> None:
+        """One node: the head `ray.init(address="local")` would start (same reaper, same defaults), but without the
+        autoscaler monitor and the log monitor (`ray.init` has no knob for either): a private Ray never scales and
+        its workers' logs are never sent to the driver. The dashboard process (its usage-stats module only, with
+        `include_dashboard=False`) and the raylet's two agents have no knob: the raylet starts and needs them."""
+        from ray._private.node import Node
+        from ray._private.parameter import RayParams
+
+        params = RayParams(node_ip_address="127.0.0.1", num_cpus=self.num_cpus or os.cpu_count(),
+                           include_dashboard=False, temp_dir=self.tmpdir, no_monitor=True, include_log_monitor=False)
+        self.head = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+        self.ray_nodes["node-0"] = self.head
+        try:
+            ray.init(address=self.head.address, log_to_driver=False, configure_logging=False)
+        except BaseException:
+            self.head.kill_all_processes(check_alive=False, allow_graceful=False)
+            raise
+        self.owned = True
 
     def _node_args(self, name: str) -> dict:
         # no autoscaler monitor and no log monitor: a simulated cluster never scales, and its workers' logs are
@@ -200,7 +216,7 @@ class RaySession:
         for a cluster this session did not start (its processes are on other machines or not ours)."""
         if not self.owned:
             return []
-        if self.cluster is not None:
+        if self.ray_nodes:
             nodes = dict(self.ray_nodes)
         else:
             import ray._private.worker as rw
@@ -221,6 +237,10 @@ class RaySession:
 
         if self.owned and ray.is_initialized():
             ray.shutdown()
+        if self.head is not None:
+            self.head.destroy_external_storage()
+            self.head.kill_all_processes(check_alive=False, allow_graceful=True)
+            self.head, self.ray_nodes = None, {}
         if self.isolated is not None:
             self.isolated.stop()
         if self.cluster is not None:

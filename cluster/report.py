@@ -2,6 +2,9 @@
 (`cluster/htmlreport.py`)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -141,7 +144,9 @@ def _cells_and_signatures(d: Path, grades: list[dict]) -> list[str]:
     return lines
 
 
-def write_summary(d: Path, result: dict) -> Path:
+def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None) -> Path:
+    """SUMMARY.md, the timeline picture (drawn here, or by `picture`: the child `start_timeline_png` started while
+    the wave was graded) and the web page."""
     d = Path(d)
     grades, refs = result["tasks"], result.get("references", [])
     lines = _head(d, result) + _durability(d, result) + _cells_and_signatures(d, grades)
@@ -155,7 +160,7 @@ def write_summary(d: Path, result: dict) -> Path:
     lines += ["", "Files: " + ", ".join(f"`{name}`" for name, _ in results.LAYOUT if name != results.SUMMARY) + ".",
               ""]
     try:
-        _timeline_png(d)
+        finish_timeline_png(picture) if picture is not None else _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed
         lines.append(f"(timeline picture not drawn: {exc})")
     try:
@@ -247,6 +252,31 @@ def _count(x) -> str:
     return "unknown" if x is None else str(len(x))
 
 
+def start_timeline_png(d: Path) -> subprocess.Popen | None:
+    """Draw `timeline.png` in a child process from the closed timeline (matplotlib's import alone is most of a
+    CPU-second): the wave grades on the other core meanwhile. None when the child cannot start (drawn inline)."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        return subprocess.Popen([sys.executable, "-m", "cluster.report", "timeline-png", str(d)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except OSError:
+        return None
+
+
+def finish_timeline_png(child: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Wait for the child that draws the picture; its error, if any, is raised (the summary names it)."""
+    try:
+        _, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise RuntimeError(f"the drawing did not end in {timeout_s:.0f} s") from None
+    if child.returncode != 0:
+        tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or [f"exit {child.returncode}"]
+        raise RuntimeError(tail[0])
+
+
 def _timeline_png(d: Path) -> None:
     import matplotlib
 
@@ -277,3 +307,9 @@ def _timeline_png(d: Path) -> None:
     fig.tight_layout()
     fig.savefig(d / results.TIMELINE_PNG, dpi=80)
     plt.close(fig)
+
+
+if __name__ == "__main__":  # `python -m cluster.report timeline-png DIR`: start_timeline_png's child
+    if sys.argv[1:2] != ["timeline-png"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m cluster.report timeline-png WAVE_DIR")
+    _timeline_png(Path(sys.argv[2]))

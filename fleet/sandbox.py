@@ -586,7 +586,8 @@ class ProcessBackend(SandboxBackend):
                 a += ["--symlink", os.readlink(host), host]
             elif os.path.isdir(host):
                 a += ["--ro-bind", host, host]
-        a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--ro-bind", "/sys", "/sys"]
+        # /tmp: private, and writable by the runner (sticky, as on any machine: the contract's TMPDIR)
+        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/sys", "/sys"]
         made = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev", "/sys"}
 
         def parents(path: str) -> list[str]:

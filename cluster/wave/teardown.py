@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from typing import Callable
 
 import orjson
@@ -203,6 +204,9 @@ class Teardown:
                 self._try(errors, f"stop {type(svc).__name__}", svc.stop)
         if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):
             self._try(errors, "revoke keys", self._revoke_lent_keys)
+        # the proxy, the wave's own store and an own fleet share nothing: they stop side by side (each mostly
+        # waits on its processes' exits; one after the other was the wave's longest teardown phase)
+        steps = []
         for name, part in (("fault proxy", self.parts.proxy),
                            ("store", None if self.parts.store_lent else self.parts.store)):
             if part is not None:
@@ -210,9 +214,11 @@ class Teardown:
                 # its data dir goes with the private dir below, and weed's graceful stop took 1.2-5 s per wave
                 # (a SIGKILLed weed keeps its committed objects anyway: DESIGN.md, "Real parts")
                 grace = {"grace_s": 0.0} if self.health.lost(name) or name == "store" else {}
-                self._try(errors, f"stop {type(part).__name__}", lambda part=part, grace=grace: part.stop(**grace))
+                steps.append((f"stop {type(part).__name__}", lambda part=part, grace=grace: part.stop(**grace)))
         if self.own_fleet and self.parts.fleet is not None:
-            self._try(errors, "fleet stop", self.parts.fleet.stop)
+            steps.append(("fleet stop", self.parts.fleet.stop))
+        side_by_side(errors, steps)
+        if self.own_fleet and self.parts.fleet is not None:
             ended = self.parts.fleet.ray_session.ended_leftovers
             if ended:  # a dead GCS orphans its agents: they were ended by the session's temp dir (its marker)
                 self.timeline("ray_leftovers_ended", processes=ended)
@@ -223,12 +229,7 @@ class Teardown:
         if errors:
             self.timeline("teardown_errors", errors=errors)
 
-    @staticmethod
-    def _try(errors: list[str], what: str, fn) -> None:
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - named, and the teardown goes on
-            errors.append(f"{what}: {exc}")
+    _try = staticmethod(lambda errors, what, fn: try_step(errors, what, fn))
 
     def _keep_records(self) -> None:
         elog = getattr(getattr(self.parts.fleet, "ray_session", None), "error_log", None)
@@ -321,3 +322,21 @@ class Teardown:
             pass
         sys.stderr.write(f"{name} again: stopped at once; results so far in {self.out.path}\n")
         os._exit(130 if name == "SIGINT" else 143)
+
+
+def try_step(errors: list[str], what: str, fn) -> None:
+    """One teardown step: a failure is named in `errors`, and the teardown goes on."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - named, and the teardown goes on
+        errors.append(f"{what}: {exc}")
+
+
+def side_by_side(errors: list[str], steps: list[tuple[str, object]]) -> None:
+    """Teardown steps that share nothing, each in a thread of its own; returns when every one has ended."""
+    threads = [threading.Thread(target=try_step, args=(errors, what, fn), name=f"teardown: {what}", daemon=True)
+               for what, fn in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -97,8 +97,14 @@ def test_a_process_that_outlives_an_exit_0_is_named_and_fails_its_check(run_wave
 
 
 def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
-    result, d = run_wave(runner={"command": ["/bin/true"], "name": "lazy"}, faults=[], tasks=1, concurrency=1,
-                         seed=4)
+    """It also writes where the contract says a runner may (its TMPDIR, private /tmp): the write must succeed (an
+    agent's session file there could not be opened when bwrap made /tmp root's 0755)."""
+    lazy = 'set -e; test "$TMPDIR" = /tmp; echo a > "$TMPDIR/session.db"; mkdir /tmp/d; echo b > /tmp/d/f; cat /tmp/d/f'
+    result, d = run_wave(runner={"command": ["/bin/sh", "-c", lazy], "name": "lazy"}, faults=[], tasks=1,
+                         concurrency=1, seed=4)
+    ends = [e for e in map(orjson.loads, (d / "timeline.jsonl").read_bytes().splitlines())
+            if e["event"] == "attempt_end" and e.get("task") == "t000"]
+    assert [e["exit_code"] for e in ends] == [0], (ends, (d / "sandboxes" / "t000-a1" / "runner.log").read_text())
     g = result["tasks"][0]
     assert g["checks"]["completed"]["verdict"] == "fail"
     assert "without doing every step" in g["checks"]["completed"]["detail"]
