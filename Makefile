@@ -36,7 +36,7 @@ wave: setup
 
 # the linter first (seconds), as CI does: a lint error fails `make test` here, not only on CI
 test: setup lint docker examples
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/harness tests/integration
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/harness tests/integration
 
 lint: setup
 	$(BIN)/ruff check .
@@ -55,6 +55,7 @@ bench: setup docker
 	$(BIN)/python -m tests.bench.run
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.isolated
+	$(BIN)/python -m tests.bench.cost
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.

@@ -253,12 +253,14 @@ def _plot(path: Path, rows: list[dict]) -> None:
         rsr, wasted = [], []
         for name in runners:
             r = next((x for x in rows if x["runner"] == name and _label(x) == fs), None)
-            rsr.append(r["survived"] / r["interrupted"] if r and r["interrupted"] else 0)
-            wasted.append(r["wasted_calls"] / r["interruptions"] if r and r["interruptions"] else 0)
+            # no bar (not a zero) where nothing was interrupted: a rate over no tasks is not 0 %
+            rsr.append(r["survived"] / r["interrupted"] if r and r["interrupted"] else float("nan"))
+            wasted.append(r["wasted_calls"] / r["interruptions"] if r and r["interruptions"] else float("nan"))
         xs = [i + j * width for i in range(len(runners))]
         axes[0].bar(xs, rsr, width, label=fs)
         axes[1].bar(xs, wasted, width, label=fs)
-    for ax, title in ((axes[0], "resume survival rate"), (axes[1], "wasted model calls per interruption")):
+    for ax, title in ((axes[0], "resume survival rate (no bar: nothing interrupted)"),
+                      (axes[1], "wasted model calls per interruption")):
         ax.set_xticks([i + width * (len(fsets) - 1) / 2 for i in range(len(runners))], runners, rotation=15)
         ax.set_title(title)
     axes[0].set_ylim(0, 1.05)

@@ -44,6 +44,7 @@ class TaskRegistry:
         self.by_task: dict[str, TaskEntry] = {}
         self.by_sandbox: dict[str, str] = {}  # sandbox id -> its attempt's key
         self.revoked: dict[str, TaskEntry] = {}  # keys of attempts whose lease ended (fenced)
+        self.seen: dict[str, float] = {}  # key -> wall time of the latest request that named it (liveness)
 
     def register(self, task_id: str, seed: int, steps: int, workload: str) -> str:
         with self.lock:
@@ -80,7 +81,16 @@ class TaskRegistry:
 
     def lookup(self, key: str) -> TaskEntry | None:
         with self.lock:
-            return self.by_key.get(key)
+            entry = self.by_key.get(key)
+            if entry is not None:
+                self.seen[key] = time.time()
+            return entry
+
+    def last_seen(self, sandbox_id: str) -> float | None:
+        """Wall time of the latest model call or effect by the attempt's own key (None: none yet)."""
+        with self.lock:
+            key = self.by_sandbox.get(sandbox_id)
+            return self.seen.get(key) if key else None
 
 
 class CallLog:

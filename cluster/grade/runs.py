@@ -59,10 +59,13 @@ def liveness(h: TaskHistory, facts: Facts) -> dict:
         return {"verdict": UNKNOWN, "detail": "no readable model call or proxy log"}
     worst, gap = _silences(h, facts)
     if worst[0] > bound:
+        ended = next((a.get("killed_by") for a in facts.attempts if a.get("attempt") == worst[1]
+                      and str(a.get("killed_by") or "").startswith("silent")), None)
+        how = f"; ended by the harness ({ended}), so the next attempt had its chance" if ended else ""
         return _starved(h, worst, bound) or {
             "verdict": FAIL, "longest_silence_s": round(worst[0], 2),
             "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store request "
-                      f"(bound {bound:g} s): hung"}
+                      f"(bound {bound:g} s): hung{how}"}
     if gap[0] > bound:
         return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
                 "detail": f"{gap[0]:.1f} s with no live attempt before attempt {gap[1]} (bound {bound:g} s): the "

@@ -25,6 +25,7 @@ from cluster.artifacts import write_artifact
 from cluster.wave.access import CREDS_IN
 from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
+from cluster.wave.silence import CHECK_EVERY_S, Activity
 from cluster.wave.timeline import TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import drawn
@@ -73,6 +74,7 @@ class Attempts:
         self.fired = (resumed or {}).get("fired", set())
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
         self.zombies: list = []  # futures of abandoned attempts (PK6) still running
+        self.activity = Activity(parts.registry, out.proxy_requests if parts.proxy is not None else None)
 
     # ------------------------------------------------------------------ a task
     async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
@@ -226,11 +228,21 @@ class Attempts:
         deadline and what the host raised (RayActorError) as before."""
         fut = asyncio.wrap_future(ref.future())
         ab = asyncio.ensure_future(run.abandon_ev.wait())
+        loop = asyncio.get_running_loop()
+        until, started = loop.time() + timeout, time.time()
         try:
-            done, _ = await asyncio.wait({fut, ab}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            while True:  # at most CHECK_EVERY_S at a time: a silent attempt is ended, not waited for
+                left = until - loop.time()
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait({fut, ab}, timeout=min(left, CHECK_EVERY_S),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if done:
+                    break
+                await self._end_if_silent(run, sandbox_id, started)
         finally:
             ab.cancel()
-        if fut in done:
+        if fut.done():
             return fut.result()
         if run.abandon is not None:
             def ended(f, sid=sandbox_id, task=run.plan.task_id):
@@ -247,6 +259,27 @@ class Attempts:
             self.zombies.append(fut)
             return AttemptResult(abandoned=run.abandon)
         raise asyncio.TimeoutError
+
+    async def _end_if_silent(self, run: TaskRun, sandbox_id: str, started: float) -> None:
+        """Kill the attempt when it did nothing observable (a model call, an effect, a store request) for longer
+        than `liveness_s`: `killed: silent for N s`; the task goes on to its next attempt."""
+        bound = float(self.cfg.liveness_s)
+        if run.current is None or run.silenced == sandbox_id:
+            return
+        seen = self.activity.last_seen(sandbox_id, self.access.akids.get(sandbox_id), started, bound)
+        quiet = time.time() - seen
+        if quiet <= bound:
+            return
+        run.silenced = sandbox_id
+        host = run.current[0]
+        self.timeline("attempt_silent", task=run.plan.task_id, sandbox=sandbox_id, silent_s=round(quiet, 2),
+                      bound_s=bound)
+        from ray.exceptions import RayActorError
+
+        try:
+            await host.kill.remote(sandbox_id, 1.0, f"silent for {quiet:.0f} s (liveness_s {bound:g})")
+        except RayActorError:
+            pass  # the host's loss is seen through the attempt's own result
 
     def _retry(self, run: TaskRun, attempt: int, code, why: str) -> AttemptEnd:
         run.life.to(TaskState.RETRYING, why)

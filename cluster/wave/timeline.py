@@ -26,6 +26,7 @@ class Event(str, enum.Enum):
     LEASE_BUSY = "lease_busy"
     ATTEMPT_END = "attempt_end"
     ZOMBIE_END = "zombie_end"
+    ATTEMPT_SILENT = "attempt_silent"  # silent past liveness_s: the harness ends it (cluster/wave/silence.py)
     TASK_RETRY = "task_retry"
     TASK_END = "task_end"
     FAULT_INJECT = "fault_inject"
@@ -89,6 +90,7 @@ class TaskRun:
     abandon: dict | None = None  # PK6: set to give up on the running attempt (frozen past its lease)
     arms: dict = field(default_factory=dict)  # instance -> {"arm": watch started with each attempt, "future"}
     abandon_ev: asyncio.Event | None = None
+    silenced: str | None = None  # the sandbox the silence watch ended (once per attempt)
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
 

@@ -96,6 +96,24 @@ def test_a_process_that_outlives_an_exit_0_is_named_and_fails_its_check(run_wave
     assert exit_code(result) == 1
 
 
+def test_an_attempt_silent_past_liveness_is_ended_and_the_next_one_finishes_within_the_deadline(run_wave):
+    """A runner whose first attempt hangs without a sound (no model call, effect or store request): the harness
+    ends it once it was silent for `liveness_s` (3 s here, far from the 120 s deadline), and the second attempt
+    finishes the task. The silence is still graded: `liveness` fails and says the harness ended it."""
+    result, d = run_wave(runner=defective("hang"), faults=[], tasks=1, concurrency=1, seed=4, liveness_s=3,
+                         workload={"steps": 6, "think_ms": 20}, deadline_s=120)
+    events = [orjson.loads(x) for x in (d / "timeline.jsonl").read_bytes().splitlines()]
+    ends = [e for e in events if e["event"] == "attempt_end" and e.get("task") == "t000"]
+    assert len(ends) == 2 and ends[0]["cause"].startswith("killed: silent for "), ends
+    assert ends[1]["exit_code"] == 0, ends
+    silent = [e for e in events if e["event"] == "attempt_silent"]
+    assert [e["sandbox"] for e in silent] == ["t000-a1"] and silent[0]["silent_s"] > 3, silent
+    g = result["tasks"][0]
+    assert g["checks"]["completed"]["verdict"] == "pass", g["checks"]["completed"]
+    live = g["checks"]["liveness"]
+    assert live["verdict"] == "fail" and "ended by the harness" in live["detail"], live
+
+
 def test_a_runner_that_exits_0_without_the_steps_fails_completed(run_wave):
     """It also writes where the contract says a runner may (its TMPDIR, private /tmp): the write must succeed (an
     agent's session file there could not be opened when bwrap made /tmp root's 0755)."""

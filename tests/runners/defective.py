@@ -25,6 +25,8 @@ on every run, not by the luck of a kill's timing:
   running when it exits 0 (`no_outliving_process`).
 - storm: the durable pattern, but a failed store call is retried at once, with no backoff: an outage (ST1)
   turns into hundreds of identical failing requests a second (`retry_loop`'s retry storm).
+- hang: attempt 1 (not a reference) goes silent for good right after committing its 2nd step: no model call,
+  effect or store request (the harness must end it at `liveness_s`, not at the deadline).
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -144,6 +146,11 @@ def run() -> None:
         if DEFECT == "recall" and env.attempt == 1 and step == 2:
             log("dying right after a commit")
             os._exit(3)
+        if DEFECT == "hang" and env.attempt == 1 and step == 1 and not env.task_id.startswith("ref-"):
+            import time
+
+            log("hanging, silent")
+            time.sleep(3600)
         messages += tool_messages(call, result if result is not None else run_tool(env, call))
         step += 1
     if DEFECT == "noise":

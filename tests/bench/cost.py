@@ -1,0 +1,269 @@
+"""The harness's own cost (issue 19), side by side in one run; writes the `Harness cost` section of BENCHMARKS.md.
+
+Every measured thing runs as a child in a cpuacct cgroup of its own (`sfbench-cost-*`, removed after), so its CPU is
+the whole tree's: Ray's processes, the store, the actors, the sandboxes. Rows:
+
+- Ray's start, two ways in one run: `ray.init(address="local", include_dashboard=False)` (what a wave did until
+  issue 19) beside sandfleet's one-node `RaySession` (no autoscaler monitor, no log monitor): wall to the first task,
+  CPU-seconds of the tree over the start, 5 s idle and the stop, processes started.
+- A wave of N durable tasks (`sandfleet wave run`, its own Ray and store, faults none) at two sizes: its wall, its
+  phases from its timeline (set-up: process start to `parts_ready`; tasks; end: last attempt to `wave_end`; after:
+  grading, report, exit), its CPU split by part (each harness process's own CPU, sampled every 0.25 s; the
+  sandboxes are the rest of the tree's CPU: a process in a sandbox's cpu cgroup is never counted as harness), and
+  the marginal CPU per extra attempt (the slope between the two sizes), all in and without the sandboxes.
+
+`python -m tests.bench.cost` (part of `make bench`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "<!-- cost -->"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+TICK = os.sysconf("SC_CLK_TCK")
+
+RAY_PLAIN = """
+import json, os, secrets, sys, tempfile, time
+os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+                  RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+t0 = time.perf_counter()
+import ray
+tmp = tempfile.mkdtemp(prefix="sfbc-", dir="/tmp")
+ray.init(address="local", _temp_dir=tmp, include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2,
+         log_to_driver=False, configure_logging=False)
+"""
+RAY_OURS = """
+import json, os, sys, time
+sys.path.insert(0, %r)
+t0 = time.perf_counter()
+from cluster.raysession import RaySession
+s = RaySession(num_cpus=2)
+ray = s.start()
+"""
+RAY_AFTER = """
+ray.get(ray.remote(lambda: 1).remote())
+t1 = time.perf_counter()
+procs = len(open("/sys/fs/cgroup/cpuacct/" + sys.argv[1] + "/cgroup.procs").read().split())
+time.sleep(5)
+t2 = time.perf_counter()
+%s
+print(json.dumps({"start_s": t1 - t0, "stop_s": time.perf_counter() - t2, "procs": procs}))
+"""
+
+
+class Cgroup:
+    def __init__(self, tag: str):
+        self.name = f"sfbench-cost-{tag}-{os.getpid()}"
+        self.dir = CPUACCT / self.name
+        self.dir.mkdir()
+
+    def usage_s(self) -> float:
+        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in (self.dir / "cgroup.procs").read_text().split()]
+
+    def run(self, argv: list[str], sample: bool = False, **kw) -> tuple[subprocess.CompletedProcess, dict]:
+        """Run argv inside the cgroup (it joins before exec); with `sample`, each process's last CPU reading."""
+        seen: dict[int, dict] = {}
+        stop = threading.Event()
+
+        def sampler():
+            while not stop.is_set():
+                for pid in self.pids():
+                    st = _stat(pid)
+                    if st is not None:
+                        if not st["cmd"] and pid in seen:  # exiting: what it was is known from before
+                            st.update(cmd=seen[pid]["cmd"], sandbox=seen[pid]["sandbox"])
+                        seen[pid] = st
+                stop.wait(0.25)
+
+        procs = str(self.dir / "cgroup.procs")
+        th = threading.Thread(target=sampler, daemon=True)
+        if sample:
+            th.start()
+        try:
+            p = subprocess.run(argv, preexec_fn=lambda: _join(procs), capture_output=True, text=True, **kw)
+        finally:
+            stop.set()
+            if sample:
+                th.join()
+        return p, seen
+
+    def remove(self) -> None:
+        for _ in range(100):
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def _join(procs: str) -> None:
+    fd = os.open(procs, os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+
+
+def _stat(pid: int) -> dict | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        cg = next((line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                   if line.split(":")[1] == "cpu"), "")
+    except (OSError, IndexError):
+        return None
+    f = raw[raw.rindex(")") + 2:].split()
+    return {"cpu": (int(f[11]) + int(f[12])) / TICK, "cmd": cmd, "sandbox": "/sandfleet/" in cg + "/"}
+
+
+def _part(cmd: str) -> str:
+    for key, name in (("weed ", "store (weed)"), ("storage.proxy", "fault proxy"), ("gcs_server", "Ray GCS"), ("raylet/raylet", "raylet"),
+                      ("ray::SandboxHost", "host actor"), ("ray::LeaseLedger", "ledger actor"),
+                      ("ray::SweepActor", "sweep actor"), ("DashboardAgent", "Ray agents"),
+                      ("RuntimeEnvAgent", "Ray agents"), ("dashboard.py", "Ray agents"), ("monitor.py", "Ray agents"),
+                      ("cluster.cli", "driver (services, grading)"), ("ray::IDLE", "Ray idle workers"),
+                      ("cluster.report", "driver (services, grading)"), ("sandfleet-wrap", "sandbox start (bash wrap)"),
+                      ("bwrap", "sandbox start (bwrap)"), ("nsenter", "sandbox start (nsenter)"),
+                      ("setpriv", "sandbox start (setpriv)")):
+        if key in cmd:
+            return name
+    return "other"
+
+
+def bench_ray(rows: list) -> None:
+    out = {}
+    for label, code in (("ray.init(address='local', include_dashboard=False)",
+                         RAY_PLAIN + RAY_AFTER % "ray.shutdown()\nimport shutil; shutil.rmtree(tmp, True)"),
+                        ("sandfleet RaySession (no autoscaler monitor, no log monitor)",
+                         RAY_OURS % str(ROOT) + RAY_AFTER % "s.stop()")):
+        cg = Cgroup("ray")
+        try:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+            p, _ = cg.run([sys.executable, "-c", code, cg.name], env=env, timeout=300)
+            if p.returncode != 0:
+                raise SystemExit(f"{label}: {p.stderr[-2000:]}")
+            out[label] = dict(json.loads(p.stdout.strip().splitlines()[-1]), cpu_s=cg.usage_s())
+        finally:
+            cg.remove()
+    (a, ra), (b, rb) = out.items()
+    rows.append(("Ray start: wall to the first task", f"{ra['start_s']:.2f} s", f"{rb['start_s']:.2f} s",
+                 f"x{rb['start_s'] / ra['start_s']:.2f}"))
+    rows.append(("Ray: CPU of the whole tree over start + 5 s idle + stop", f"{ra['cpu_s']:.2f} s",
+                 f"{rb['cpu_s']:.2f} s", f"x{rb['cpu_s'] / ra['cpu_s']:.2f}"))
+    rows.append(("Ray: processes once started (driver included)", str(ra["procs"]), str(rb["procs"]), ""))
+    rows.append(("Ray stop", f"{ra['stop_s']:.2f} s", f"{rb['stop_s']:.2f} s", ""))
+
+
+def _wave(tasks: int, root: Path) -> dict:
+    cfg = root / f"w{tasks}.yaml"
+    cfg.write_text(f"name: cost{tasks}\ntasks: {tasks}\nconcurrency: 8\nseed: 5\nrunner: durable\nfaults: none\n"
+                   "workload: {steps: 10, think_ms: 50}\ndeadline_s: 300\n")
+    cg = Cgroup(f"w{tasks}")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        t = time.perf_counter()
+        p, seen = cg.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
+                          str(root / "r"), "--no-progress"], sample=True, cwd=ROOT, env=env, timeout=900)
+        wall = time.perf_counter() - t
+        if p.returncode != 0:
+            raise SystemExit(f"wave of {tasks}: exit {p.returncode}: {p.stderr[-2000:]}")
+        total = cg.usage_s()
+    finally:
+        cg.remove()
+    d = sorted((root / "r").glob("w-*"))[-1]
+    events = [json.loads(x) for x in (d / "timeline.jsonl").read_text().splitlines()]
+    at = {e["event"]: e["t"] for e in events}
+    ends = [e["t"] for e in events if e["event"] == "attempt_end"]
+    start_wall = next(e["wall"] for e in events if e["event"] == "wave_start") - next(
+        e["t"] for e in events if e["event"] == "wave_start")
+    parts: dict[str, float] = {}
+    for st in seen.values():
+        if not st["sandbox"]:  # (a sandbox's processes are in its cpu cgroup under sandfleet/)
+            name = _part(st["cmd"])
+            parts[name] = parts.get(name, 0.0) + st["cpu"]
+            if name == "other" and os.environ.get("SFBENCH_DEBUG"):
+                print(f"other: {st['cpu']:.2f} {st['cmd'][:150]}", file=sys.stderr)
+    # the sandboxes: the tree's CPU less every harness process seen (a runner's last moments escape a sampler)
+    sandboxes = total - sum(parts.values())
+    attempts = len(ends)
+    shutil_rm(d)
+    return {"tasks": tasks, "attempts": attempts, "wall": wall, "cpu": total, "sandboxes": sandboxes,
+            "parts": parts, "setup": at["parts_ready"], "run": max(ends) - at["parts_ready"],
+            "end": at["wave_end"] - max(ends), "start_wall": start_wall}
+
+
+def shutil_rm(d: Path) -> None:
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def bench_waves(rows: list) -> None:
+    root = Path(tempfile.mkdtemp(prefix="sfbench-cost-"))
+    try:
+        small, big = _wave(8, root), _wave(24, root)
+    finally:
+        shutil_rm(root)
+    for w in (small, big):
+        rows.append((f"wave of {w['tasks']} durable tasks (10 steps x 50 ms, concurrency 8, faults none): wall; "
+                     f"set-up / tasks / end (timeline)",
+                     f"{w['wall']:.1f} s", f"{w['setup']:.1f} / {w['run']:.1f} / {w['end']:.1f} s",
+                     f"{w['attempts']} attempts (references included)"))
+        harness = w["cpu"] - w["sandboxes"]
+        rows.append((f"wave of {w['tasks']}: CPU all in / sandboxes / harness", f"{w['cpu']:.1f} s",
+                     f"{w['sandboxes']:.1f} s / {harness:.1f} s",
+                     f"harness {harness / w['attempts'] * 1000:.0f} ms per attempt; x{harness / max(w['sandboxes'], 1e-9):.2f} "
+                     "of the sandboxes"))
+        split = sorted(w["parts"].items(), key=lambda kv: -kv[1])
+        rows.append((f"wave of {w['tasks']}: harness CPU by part", "", "", "; ".join(
+            f"{k} {v:.1f} s" for k, v in split if v >= 0.05)))
+    da = big["attempts"] - small["attempts"]
+    all_in = (big["cpu"] - small["cpu"]) / da
+    sb = (big["sandboxes"] - small["sandboxes"]) / da
+    rows.append((f"marginal CPU per extra attempt ({small['tasks']} -> {big['tasks']} tasks)",
+                 f"{all_in * 1000:.0f} ms all in", f"{sb * 1000:.0f} ms sandboxes",
+                 f"harness {(all_in - sb) * 1000:.0f} ms per attempt (goal: 60 ms)"))
+    parts = sorted(set(small["parts"]) | set(big["parts"]))
+    per = {k: (big["parts"].get(k, 0) - small["parts"].get(k, 0)) / da * 1000 for k in parts}
+    rows.append(("marginal harness CPU per extra attempt, by part", "", "", "; ".join(
+        f"{k} {v:.0f} ms" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if abs(v) >= 1)))
+    fixed = small["cpu"] - small["attempts"] * all_in
+    rows.append(("fixed cost of a wave from nothing (its own Ray and store)", f"{small['setup']:.1f} s set-up",
+                 f"{small['end']:.1f} s end", f"about {fixed:.1f} CPU-s not per attempt (goal: 8 s wall from nothing)"))
+
+
+def main() -> None:
+    if os.geteuid() != 0 or not CPUACCT.is_dir():
+        raise SystemExit("the cost bench needs root and the cpuacct cgroup controller")
+    sys.path.insert(0, str(ROOT))
+    rows: list = []
+    bench_ray(rows)
+    bench_waves(rows)
+    table = ["| measurement | value / before | value / after | note |", "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    section = (f"{MARK}\n## Harness cost (issue 19)\n\nProduced by `python -m tests.bench.cost` (part of "
+               f"`make bench`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; one run, side by side; CPU from "
+               "a cpuacct cgroup around each measured tree.\n\n" + "\n".join(table) + "\n" + MARK + "\n")
+    bench = ROOT / "BENCHMARKS.md"
+    old = bench.read_text() if bench.exists() else ""
+    if old.count(MARK) >= 2:
+        a, _, rest = old.partition(MARK)
+        _, _, b = rest.partition(MARK)
+        new = a + section.rstrip("\n") + b
+    else:
+        new = old.rstrip("\n") + "\n\n" + section
+    bench.write_text(new)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
