@@ -320,6 +320,143 @@ def league_cmd(
     return EXIT_OK
 
 
+@app.command("serve")
+def serve_cmd(
+    results_root: Path = typer.Argument(Path("results"), help="a results root (every wave under it)"),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="the port on 127.0.0.1 (0: one it picks)"),
+) -> int:
+    """Every wave under a results root as a web page on 127.0.0.1: by date, runner, faults and verdict, each
+    cell's trend across waves, flaky cells marked."""
+    from cluster.serve import serve
+
+    if not results_root.is_dir():
+        what = "does not exist" if not results_root.exists() else "is not a directory"
+        _err(f"error: argument RESULTS_ROOT: {results_root} {what}; pass a results root (e.g. results)")
+        return EXIT_BAD_INPUT
+    try:
+        serve(results_root, port, lambda url: out.print(f"serving {results_root.resolve()} at {url} (Ctrl-C stops)",
+                                                        highlight=False, soft_wrap=True))
+    except OSError as exc:
+        _err(f"error: cannot listen on 127.0.0.1:{port}: {exc}")
+        return EXIT_HARNESS
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+@app.command("shrink")
+def shrink_cmd(
+    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: a task that failed"),
+    budget: int = typer.Option(20, "--budget", min=1, max=200, help="at most this many runs (the first replays "
+                                                                    "the task as it ran)"),
+    anyway: bool = typer.Option(False, "--anyway", help="shrink even if the runner's code changed since the wave"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> int:
+    """Find the smallest fault plan that still fails the task with the same failure signature."""
+    import orjson
+
+    from cluster import shrink
+    from cluster.config import ConfigError, build_config
+    from cluster.driver import HarnessError, preflight
+
+    wave_dir, task_id = task_path.parent, task_path.name
+    try:
+        plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
+        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
+             "results/<wave id>/<task id>, e.g. results/latest/t003")
+        return EXIT_BAD_INPUT
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    task = next((t for t in plan.get("tasks", []) if t["task_id"] == task_id), None)
+    grade_file = wave_dir / f"{task_id}.grade.json"
+    if task is None or not grade_file.is_file():
+        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no graded task {task_id!r}; its tasks: "
+             f"{', '.join(t['task_id'] for t in plan.get('tasks', [])[:20])}")
+        return EXIT_BAD_INPUT
+    try:
+        grade = orjson.loads(grade_file.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        _err(f"error: {grade_file} is damaged ({exc}); `sandfleet grade {wave_dir}` grades the wave again")
+        return EXIT_HARNESS
+    if grade.get("verdict") != "fail" or not grade.get("signature"):
+        out.print(f"task {task_id} of wave {plan.get('wave_id')} is `{grade.get('verdict')}`, not a failure with a "
+                  "signature: nothing to shrink (nothing was run)", highlight=False, soft_wrap=True)
+        return EXIT_OK
+    changed = shrink.code_changed(plan)
+    if changed and not anyway:
+        _err(f"error: the runner's code is not what wave {plan.get('wave_id')} ran, so its failure may not be the "
+             f"same failure any more: {'; '.join(changed)}. Pass --anyway to shrink it on the code as it is now")
+        return EXIT_BAD_INPUT
+    for line in changed:
+        _err(f"warning: manifest differs: {line}")
+    signature = grade["signature"]
+    from cluster.raycluster import FleetSession
+
+    fleet = None
+    try:
+        preflight(cfg)
+        fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
+        with _shrink_progress(budget, no_progress) as step:
+            s = shrink.Shrinker(plan, task_id, wave_dir.parent, cfg, fleet, budget, on_step=step)
+            outcome = s.search(task, signature)
+    except HarnessError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    finally:
+        if fleet is not None:
+            fleet.stop()
+    record = shrink.write_record(wave_dir, task_id, signature, outcome, s.tried, budget)
+    best = outcome["smallest"]
+    if not outcome["reproduced"]:
+        _err(f"the failure did not reproduce: replayed as it ran, task {task_id} was `{best['verdict']}` "
+             f"({best['signature'] or 'no signature'}), not `fail` ({signature}); a flaky failure cannot be shrunk "
+             f"(record: {record})")
+        return EXIT_HARNESS
+    gone = len(task.get("faults") or []) - len(best["faults"])
+    out.print(f"smallest plan that still fails `{signature}` ({len(s.tried)} run(s)"
+              f"{', budget used up' if outcome['exhausted'] else ''}): {len(best['faults'])} fault(s) "
+              f"({gone} dropped), {best['steps']} steps: "
+              + "; ".join(f"{f['instance']} {f['fault_id']} {f['trigger']}"
+                          + (f" after {f['params'].get('after')}" if f['trigger'] != 'time' else f" at {f['at_s']} s")
+                          + (f", window {f['window_s']} s" if f.get('window_s') else "") for f in best["faults"]),
+              highlight=False, soft_wrap=True)
+    out.print(f"replay it: {shrink.replay_command(wave_dir.parent, best, task_id)}", highlight=False, soft_wrap=True)
+    out.print(f"SHRINK: {record}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+class _shrink_progress:
+    """A progress bar over the budget of runs (one line per run tried when there is no terminal)."""
+
+    def __init__(self, budget: int, off: bool):
+        self.budget, self.off, self.bar = budget, off, None
+
+    def __enter__(self):
+        if not self.off:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.bar = Progress(TextColumn("shrink"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.id = self.bar.add_task("replaying the task as it ran", total=self.budget)
+        return self.step
+
+    def step(self, st: dict) -> None:
+        line = f"run {st['step'] + 1}: {st['what']} -> {st['verdict']} {st['signature'] or ''}"
+        if self.bar is not None:
+            self.bar.update(self.id, advance=1, description=line[:80])
+        else:
+            print(line, file=sys.stderr)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @campaign_app.command("storage")
 def campaign_storage(
     fault: str = typer.Option(..., "--fault", help="ST1 ST2 ST3 ST4 ST5 ST7 ST8 or CR1"),

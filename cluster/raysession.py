@@ -66,6 +66,13 @@ class RaySession:
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         import ray
 
+        if self.address == "local":
+            # Ray reads that switch once, when it is first imported: a Ray imported before this start (by a test, a
+            # library) would still turn 127.0.0.1 into the host's address (the driver then dials the host's address
+            # of a GCS that listens on loopback only, and waits forever). The module's value is what it checks.
+            import ray._private.ray_constants as ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = False
         if ray.is_initialized():
             return ray
         if self.address == "local":

@@ -172,7 +172,19 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
         lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
     out = d / results.SUMMARY
     out.write_text("\n".join(lines))
+    _write_verdict(d, result)
     return out
+
+
+def _write_verdict(d: Path, result: dict) -> None:
+    """`verdict.json`: what `sandfleet serve` lists a wave by, so its index reads one small file per wave."""
+    from cluster.serve import summary_of
+
+    (d / results.VERDICT).write_bytes(orjson.dumps({
+        "wave_id": result["wave_id"], "verdict": result["verdict"],
+        "harness_errors": list(result.get("harness_errors") or []) + ([result["harness_error"]]
+                                                                     if result.get("harness_error") else []),
+        "tasks": [summary_of(g) for g in result["tasks"]]}, option=orjson.OPT_INDENT_2))
 
 
 def _fault_coverage(d: Path) -> list[str]:

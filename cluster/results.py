@@ -32,6 +32,7 @@ STORE_AUDIT = "store-audit.json"
 RAY_ERRORS = "ray-errors.log"
 NODES = "nodes.json"
 SUMMARY = "SUMMARY.md"
+VERDICT = "verdict.json"
 INDEX_HTML = "index.html"
 PAGES = "pages"
 EVIDENCE_RUNNER_LOGS = "runner-logs.txt"
@@ -85,6 +86,8 @@ LAYOUT: list[tuple[str, str]] = [
     (f"{SANDBOXES}/<sandbox>/{RUNNER_LOG}", "one attempt's runner output"),
     (f"{EVIDENCE}/<task>/", "redacted evidence: grade, attempts, store writes, events around each fault, log tails"),
     (SUMMARY, "the human summary: verdict, cells, controls, replay commands"),
+    (VERDICT, "the wave's verdict and each task's verdict, cell and signature, in one small file (`sandfleet serve` "
+              "lists waves from it)"),
     (TIMELINE_PNG, "the timeline as a picture"),
     (INDEX_HTML, "the report as a self-contained web page: verdict, timeline, fault x outcome, tasks (filterable)"),
     (f"{PAGES}/<task>.html", "one task's page: attempts, receipts, checks, redacted log tails, replay command"),

@@ -66,7 +66,24 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
     dead_tags = {os.path.basename(t) for e in dead.values() for t in [ray_tmpdir(e)] if t}
     nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
     return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
-            "node_cgroups": nodes}
+            "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
+
+
+def dead_private_rays(root: str = "/tmp") -> dict[str, list[dict]]:
+    """Private Rays (`<root>/sfray-*`: the prefix a RaySession gives its temp dir, the project's marker) whose GCS
+    and raylets are all gone while some of their processes live on: a killed GCS or driver orphans its agents
+    (retitled `ray::DashboardAgent`, `ray::RuntimeEnvAgent`, found by the files they hold open there) for
+    minutes, and a driver killed before it recorded its Ray names them nowhere else. A Ray with a live GCS or
+    raylet is never listed."""
+    from fleet.markers import of_ray
+
+    procs = list(_processes())
+    out = {}
+    for tmp in sorted(str(p) for p in Path(root).glob("sfray-*") if p.is_dir()):
+        mine = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in procs if of_ray(pid, cmd, tmp)]
+        if mine and not any("gcs_server" in p["cmd"] or "/raylet" in p["cmd"] for p in mine):
+            out[tmp] = mine
+    return out
 
 
 def _node_tag(d: str) -> str:
@@ -147,6 +164,10 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
+    for tmp, procs in found.get("dead_rays", {}).items():
+        done += _kill_listed(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+        done.append(f"removed the dead Ray's temp dir {tmp}")
     for d in found.get("node_cgroups", []):
         for sub, _, _ in sorted(os.walk(d), key=lambda w: len(w[0]), reverse=True):  # the deepest first
             try:
@@ -243,6 +264,9 @@ def summary(found: dict) -> list[str]:
         lines.append(f"empty harness cgroup {d}")
     for d in found.get("node_cgroups", []):
         lines.append(f"empty cgroup of a dead wave's isolated node {d}")
+    for tmp, procs in sorted(found.get("dead_rays", {}).items()):
+        lines.append(f"a dead private Ray {tmp} (no GCS, no raylet): {len(procs)} orphaned process(es) "
+                     f"({', '.join(sorted({p['cmd'].split()[0][:40] for p in procs}))})")
     return lines
 
 

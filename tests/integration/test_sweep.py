@@ -152,3 +152,50 @@ def test_sweep_removes_an_empty_cgroup_a_dead_isolated_node_left_and_not_a_busy_
                         sub.rmdir()
                     except OSError:
                         time.sleep(0.05)
+
+
+def test_sweep_ends_the_orphaned_agents_of_a_dead_private_ray_and_leaves_a_live_one():
+    """A private Ray (`/tmp/sfray-*`) whose GCS and raylets are gone, with agents living on (retitled
+    `ray::DashboardAgent`, holding its log open: what a killed driver or GCS leaves for minutes), is listed and
+    ended, its temp dir removed; one whose GCS still runs is left alone. Real processes, started here."""
+    import os
+    import signal
+
+    from cluster import sweep
+
+    dead, live = Path(f"/tmp/sfray-d{os.getpid()}"), Path(f"/tmp/sfray-l{os.getpid()}")
+    procs = []
+    try:
+        for d in (dead, live):
+            (d / "logs").mkdir(parents=True)
+            (d / "logs" / "dashboard_agent.out").write_text("")
+        for d, title in ((dead, "ray::DashboardAgent"), (dead, "ray::RuntimeEnvAgent"), (live, "ray::DashboardAgent"),
+                         (live, f"{live}/gcs_server")):
+            procs.append(subprocess.Popen(["bash", "-c", f'exec -a "{title}" sleep 300 3<"{d}/logs/dashboard_agent.out"']))
+        deadline = time.monotonic() + 10
+        titles = [f"/proc/{p.pid}/cmdline" for p in procs]
+        while time.monotonic() < deadline:  # until every title is in place (each exec done)
+            if all(Path(t).read_bytes().startswith(b"ray::") or Path(t).read_bytes().startswith(str(live).encode())
+                   for t in titles):
+                break
+            time.sleep(0.05)
+        found = sweep.dead_private_rays()
+        assert sorted(p["pid"] for p in found[str(dead)]) == sorted(p.pid for p in procs[:2]), found
+        assert str(live) not in found, found
+        lines = sweep.summary({"waves": {}, "harness_cgroups": [], "dead_rays": {str(dead): found[str(dead)]}})
+        assert any("a dead private Ray" in x and "2 orphaned" in x for x in lines), lines
+        done = sweep.remove({"waves": {}, "harness_cgroups": [], "dead_rays": {str(dead): found[str(dead)]}})
+        assert any("temp dir" in x for x in done), done
+        for p in procs[:2]:
+            assert p.wait(10) == -signal.SIGKILL
+        assert not dead.exists() and live.is_dir()
+        assert all(p.poll() is None for p in procs[2:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+        for d in (dead, live):
+            import shutil
+
+            shutil.rmtree(d, ignore_errors=True)

@@ -171,3 +171,61 @@ def test_an_external_stores_secret_never_reaches_the_plan_and_comes_back_from_th
     monkeypatch.setenv(STORE_SECRET_ENV, secret)
     assert build_config(plan["config"]).store.secret_key == secret
     assert build_plan(build_config({}), "w-test")["config"]["store"]["secret_key"] is None  # embedded: nothing to hide
+
+
+def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
+    """A passed task: nothing to shrink (exit 0, nothing run); a runner whose code changed since the wave: refused
+    (254) unless --anyway; candidates are each one step smaller, in a fixed order."""
+    import subprocess
+    import sys
+
+    import orjson
+
+    from cluster.artifacts import reference_key
+    from cluster.config import build_config
+    from cluster.shrink import candidates, size
+
+    cfg = build_config({"faults": ["PK1", "ST1"], "tasks": 1})
+    runner = {"name": "naive", "command": [sys.executable, "-c", "pass"], "env": {}}
+    task = {"task_id": "t000", "seed": 3, "steps": 8, "workload": "patch-repo", "reference": {"key": "k"},
+            "faults": [{"fault_id": "PK1", "instance": "t000-PK1", "trigger": "model_call", "at_s": 0.0,
+                        "window_s": None, "params": {"after": 4}},
+                       {"fault_id": "ST1", "instance": "t000-ST1", "trigger": "time", "at_s": 1.0, "window_s": 2.0,
+                        "params": {}}]}
+    cands = candidates(task, runner)
+    assert [w for w, _ in cands][:2] == ["without t000-PK1 (PK1)", "without t000-ST1 (ST1)"]
+    assert all(size(t) < size(task) for _, t in cands), [(w, size(t)) for w, t in cands]
+    assert cands[-1][0] == "4 steps instead of 8" and cands[-1][1]["reference"]["key"] != "k", cands[-1]
+    assert [w for w, _ in cands][2:5] == ["t000-PK1: after model_call 2 instead of 4", "t000-ST1: at 0.5 s instead "
+                                          "of 1.0 s", "t000-ST1: a 1.0 s window instead of 2.0 s"]
+    d = tmp_path / "w-1"
+    d.mkdir()
+    plan = {"wave_id": "w-1", "seed": 3, "config": cfg.public_dump(), "runner": runner, "tasks": [task],
+            "manifest": {"runner": {"code_digest": "old"}, "workload": {"code_digest": "old"}}}
+    (d / "plan.json").write_bytes(orjson.dumps(plan))
+    (d / "t000.grade.json").write_bytes(orjson.dumps({"verdict": "pass", "signature": None}))
+    run = [sys.executable, "-m", "cluster.cli", "shrink", str(d / "t000"), "--no-progress"]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "nothing to shrink" in p.stdout, (p.stdout, p.stderr)
+    (d / "t000.grade.json").write_bytes(orjson.dumps({"verdict": "fail", "signature": "no_model_recall"}))
+    p = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 254 and "runner.code_digest: 'old'" in p.stderr and "--anyway" in p.stderr, p.stderr
+    assert reference_key(runner, "", 0, 0) in p.stderr
+    p = subprocess.run(run[:-2] + [str(d / "t009")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 254 and "no graded task 't009'" in p.stderr, p.stderr
+    assert not list(tmp_path.glob("w-2*"))  # nothing ran
+
+
+def test_a_cell_that_flips_across_waves_on_one_manifest_is_flaky():
+    from cluster.serve import cell_trends
+
+    def row(wave, created, verdict, key):
+        return {"wave_id": wave, "created": created, "manifest_key": key,
+                "tasks": [{"cell": "durable × patch-repo × PK1", "verdict": verdict},
+                          {"cell": "durable × patch-repo × ST1", "verdict": "pass"}]}
+
+    t = cell_trends([row("w3", 3, "pass", "m1"), row("w1", 1, "pass", "m1"), row("w2", 2, "fail", "m1")])
+    assert [v for _, v, _ in t["durable × patch-repo × PK1"]["history"]] == ["pass", "fail", "pass"]
+    assert t["durable × patch-repo × PK1"]["flaky"] and not t["durable × patch-repo × ST1"]["flaky"]
+    t = cell_trends([row("w1", 1, "pass", "m1"), row("w2", 2, "fail", "m2")])  # the code changed between them
+    assert not t["durable × patch-repo × PK1"]["flaky"]
