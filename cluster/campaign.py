@@ -184,6 +184,9 @@ def write_campaign(out: Path, fault: str, lo: float, hi: float, rows: list[dict]
     except Exception as exc:  # noqa: BLE001
         lines.append(f"(picture not drawn: {exc})")
     (out / results.CAMPAIGN_MD).write_text("\n".join(lines) + "\n")
+    from cluster.htmlreport import write_markdown_page
+
+    write_markdown_page(out, results.CAMPAIGN_MD, f"campaign {fault}")
 
 
 def _plot(path: Path, fault: str, rows: list[dict], runners: list[str]) -> None:

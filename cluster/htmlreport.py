@@ -187,3 +187,65 @@ def write_html(d: Path, result: dict) -> Path:
     out = d / results.INDEX_HTML
     out.write_text(_page(f"wave {result['wave_id']}", body, FILTER_JS))
     return out
+
+
+def _inline(text: str, link) -> str:
+    """Escaped text with `code` spans (a wave id among them linked through `link`) and **bold**."""
+    import re
+
+    out = []
+    for i, part in enumerate(text.split("`")):
+        if i % 2:
+            href = link(part)
+            out.append(f"<a href='{_e(href)}'><code>{_e(part)}</code></a>" if href else f"<code>{_e(part)}</code>")
+        else:
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _e(part)))
+    return "".join(out)
+
+
+def markdown_page(md: str, title: str, link=lambda _: None) -> str:
+    """A LEAGUE.md or CAMPAIGN.md as a page in the report's style: headings, tables, lists, pictures, paragraphs
+    (the subset those files use); `link(code_span)` gives a wave id its page."""
+    body, table, items = [], [], []
+
+    def flush():
+        if table:
+            head, *rows = table
+            body.append("<table><tr>" + "".join(f"<th>{_inline(c, link)}</th>" for c in head) + "</tr>"
+                        + "".join("<tr>" + "".join(f"<td>{_inline(c, link)}</td>" for c in r) + "</tr>" for r in rows)
+                        + "</table>")
+            table.clear()
+        if items:
+            body.append("<ul>" + "".join(f"<li>{_inline(x, link)}</li>" for x in items) + "</ul>")
+            items.clear()
+
+    for line in md.splitlines():
+        st = line.strip()
+        if st.startswith("|"):
+            cells = [c.strip() for c in st.strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                table.append(cells)
+            continue
+        flush()
+        if st.startswith("#"):
+            level = min(6, len(st) - len(st.lstrip("#")))
+            body.append(f"<h{level}>{_inline(st.lstrip('#').strip(), link)}</h{level}>")
+        elif st.startswith("- "):
+            items.append(st[2:])
+        elif st.startswith("![") and "](" in st and st.endswith(")"):
+            src = st.split("](", 1)[1][:-1]
+            body.append(f"<p><img src='{_e(src)}' alt='{_e(st[2:st.index(']')])}' style='max-width:100%'></p>")
+        elif st:
+            body.append(f"<p>{_inline(st, link)}</p>")
+    flush()
+    return _page(title, "".join(body))
+
+
+def write_markdown_page(out: Path, md_name: str, title: str) -> Path:
+    """`index.html` beside a league's or campaign's markdown, each wave id linked to its own report."""
+    def link(span: str):
+        return f"waves/{span}/{results.INDEX_HTML}" if (out / "waves" / span / results.INDEX_HTML).is_file() else None
+
+    page = out / results.INDEX_HTML
+    page.write_text(markdown_page((out / md_name).read_text(), title, link))
+    return page

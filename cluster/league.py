@@ -237,6 +237,9 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
     except Exception as exc:  # noqa: BLE001
         lines.append(f"(picture not drawn: {exc})")
     (out / results.LEAGUE_MD).write_text("\n".join(lines) + "\n")
+    from cluster.htmlreport import write_markdown_page
+
+    write_markdown_page(out, results.LEAGUE_MD, f"league {league.name}")
 
 
 def _plot(path: Path, rows: list[dict]) -> None:

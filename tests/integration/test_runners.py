@@ -165,6 +165,9 @@ def test_league_writes_its_table_and_picture(fleet, tmp_path):
     assert [(r["runner"], r["faults"], r["label"]) for r in data["rows"]] == [
         ("durable", ["PK1"], "PK1 at 3"), ("naive", ["PK1"], "PK1 at 3"), ("pydantic-ai", ["PK1"], "PK1 at 3")]
     assert all(r["interrupted"] == 1 for r in data["rows"])  # the boundary trigger landed mid-run
+    page = (out / "index.html").read_text()  # the league as a page: each wave's id links to that wave's report
+    assert "<table>" in page and "league.png" in page, page[:2000]
+    assert all(f"href='waves/{r['wave_id']}/index.html'" in page for r in data["rows"]), page[:3000]
     for r in data["rows"]:
         m = orjson.loads(next((out / "waves").glob(f"{r['wave_id']}/plan.json")).read_bytes())["manifest"]
         assert m == r["manifest"] and m["runner"]["name"] == r["runner"] and m["harness"]["ray"], m

@@ -119,6 +119,8 @@ def test_a_campaign_bisects_a_fault_strength_and_writes_its_table_and_picture(fl
     assert all(r["met"] == 2 for r in data["rows"])
     text = (out / "CAMPAIGN.md").read_text()
     assert "survives the whole range tried (up to 8)" in text and (out / "campaign.png").stat().st_size > 1000
+    page = (out / "index.html").read_text()  # the campaign as a page, each wave linked to its report
+    assert "campaign.png" in page and all(f"href='waves/{r['wave_id']}/index.html'" in page for r in data["rows"])
 
 
 def test_a_kill_armed_on_a_storage_request_interrupts_that_transfer(run_wave):
