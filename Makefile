@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker wave test test-quick test-unit lint bench examples clean
+.PHONY: setup system docker browser wave test test-quick test-unit lint bench examples clean
 
 setup: system $(STAMP)
 
@@ -25,6 +25,11 @@ docker:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null; }
 	@infra/dockerd-up
 
+# Debian's chromium, headless: the report test loads a wave's index.html in it (in a network namespace of its own)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing system packages: chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -35,7 +40,7 @@ wave: setup
 	$(BIN)/sandfleet wave run configs/quickstart.yaml
 
 # the linter first (seconds), as CI does: a lint error fails `make test` here, not only on CI
-test: setup lint docker examples
+test: setup lint docker browser examples
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/unit tests/harness tests/integration
 
 lint: setup
