@@ -371,16 +371,25 @@ def shrink_cmd(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    task = next((t for t in plan.get("tasks", []) if t["task_id"] == task_id), None)
+    tasks = plan.get("tasks") if isinstance(plan, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
+        _err(f"error: {wave_dir / results.PLAN} is damaged: its `tasks` is not a list of planned tasks")
+        return EXIT_HARNESS
+    task = next((t for t in tasks if t["task_id"] == task_id), None)
     grade_file = wave_dir / f"{task_id}.grade.json"
-    if task is None or not grade_file.is_file():
-        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no graded task {task_id!r}; its tasks: "
-             f"{', '.join(t['task_id'] for t in plan.get('tasks', [])[:20])}")
+    if task is None:
+        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
+             f"{', '.join(str(t['task_id']) for t in tasks[:20])}")
         return EXIT_BAD_INPUT
     try:
         grade = orjson.loads(grade_file.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        _err(f"error: {grade_file} is damaged ({exc}); `sandfleet grade {wave_dir}` grades the wave again")
+        _err(f"error: {grade_file} is missing or damaged ({exc}); `sandfleet grade {wave_dir}` grades the wave again")
+        return EXIT_HARNESS
+    if not isinstance(grade, dict) or grade.get("verdict") not in ("pass", "fail", "unknown", "not_applied") \
+            or (grade["verdict"] == "fail" and not isinstance(grade.get("signature"), str)):
+        _err(f"error: {grade_file} is damaged: not a task's grade (a verdict, and a failure's signature); "
+             f"`sandfleet grade {wave_dir}` grades the wave again")
         return EXIT_HARNESS
     if grade.get("verdict") != "fail" or not grade.get("signature"):
         out.print(f"task {task_id} of wave {plan.get('wave_id')} is `{grade.get('verdict')}`, not a failure with a "
@@ -409,7 +418,8 @@ def shrink_cmd(
     finally:
         if fleet is not None:
             fleet.stop()
-    record = shrink.write_record(wave_dir, task_id, signature, outcome, s.tried, budget)
+    results.link_latest(wave_dir.parent, wave_dir)  # `latest` is the wave shrunk, not its last trial run
+    record = shrink.write_record(wave_dir, task_id, signature, outcome, s.tried, budget, changed)
     best = outcome["smallest"]
     if not outcome["reproduced"]:
         _err(f"the failure did not reproduce: replayed as it ran, task {task_id} was `{best['verdict']}` "

@@ -48,6 +48,33 @@ class LeagueConfig(Strict):
             raise ValueError("runners must be a list of built-in names or runner mappings")
         return [parse_runner(r) for r in v]
 
+    @field_validator("fault_sets", mode="before")
+    @classmethod
+    def _sets(cls, v):
+        """A mapping is a FaultSet, named by its index on error (not the union's two errors), and its `wave` may
+        not carry the fields the set and the league own."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for i, item in enumerate(v):
+            if isinstance(item, dict):
+                unknown = sorted(set(item) - set(FaultSet.model_fields))
+                if unknown:
+                    raise ValueError(f"fault_sets[{i}]: unknown field {unknown[0]!r} (value {item[unknown[0]]!r}); "
+                                     f"a fault set mapping has: {', '.join(FaultSet.model_fields)}")
+                owned = sorted(set(item.get("wave") or {}) & {"faults", "runner"})
+                if owned:
+                    raise ValueError(f"fault_sets[{i}].wave: {owned[0]!r} is not a wave field a set may set (the "
+                                     "set's own `faults` and the league's `runners` say it); remove it")
+                try:
+                    item = FaultSet(**item)
+                except ValidationError as err:
+                    e = err.errors()[0]
+                    where = ".".join(str(x) for x in e["loc"])
+                    raise ValueError(f"fault_sets[{i}].{where}: {e['msg']} (value {e.get('input')!r})") from None
+            out.append(item)
+        return out
+
     @field_validator("fault_sets")
     @classmethod
     def _faults(cls, v):

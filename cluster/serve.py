@@ -46,22 +46,39 @@ def wave_row(d: Path) -> dict | None:
     if not (d / results.PLAN).is_file():
         return None
     problems: list[str] = []
-    plan = _read(d / results.PLAN, problems) or {}
+    plan = _read(d / results.PLAN, problems)
+    plan = {} if plan is None and problems else plan
+    if not isinstance(plan, dict) or not isinstance(plan.get("tasks", []), list):
+        problems.append(f"{results.PLAN}: damaged (not a wave's plan: {type(plan).__name__})")
+        plan = {}
     v = _read(d / results.VERDICT, problems)
-    if v is None:  # a wave from before verdict.json: its grade files
+    if v is not None and not (isinstance(v, dict) and isinstance(v.get("tasks"), list)
+                              and all(isinstance(t, dict) for t in v["tasks"])):
+        problems.append(f"{results.VERDICT}: damaged (not a wave's verdict)")
+        v = None
+    if v is None:  # a wave from before verdict.json (or a damaged one): its grade files
         tasks = []
         for f in sorted(d.glob("*" + results.GRADE_SUFFIX)):
             if f.name.startswith("ref-"):
                 continue
             g = _read(f, problems)
-            if g is not None:
+            if isinstance(g, dict):
                 tasks.append(summary_of(g))
+            elif g is not None:
+                problems.append(f"{f.name}: damaged (not a task's grade)")
         v = {"verdict": None, "tasks": tasks, "harness_errors": []}
     man = plan.get("manifest")
-    return {"wave_id": plan.get("wave_id", d.name), "dir": d.name, "created": plan.get("created_at"),
-            "runner": (plan.get("runner") or {}).get("name"),
-            "faults": list(dict.fromkeys(f.get("fault_id") for t in plan.get("tasks") or []
-                                         for f in t.get("faults") or [])),
+    runner = plan.get("runner") if isinstance(plan.get("runner"), dict) else {}
+    created = plan.get("created_at") if isinstance(plan.get("created_at"), (int, float)) else None
+    faults = [f.get("fault_id") for t in plan.get("tasks") or [] if isinstance(t, dict)
+              for f in (t.get("faults") if isinstance(t.get("faults"), list) else []) if isinstance(f, dict)]
+    v = {"verdict": v.get("verdict") if isinstance(v.get("verdict"), str) else None,
+         "tasks": [{"task_id": str(t.get("task_id")), "verdict": str(t.get("verdict")), "cell": str(t.get("cell")),
+                    "signature": t.get("signature"), "not_exercised": bool(t.get("not_exercised"))}
+                   for t in v.get("tasks") or []],
+         "harness_errors": [str(x) for x in v.get("harness_errors") or [] if x]}
+    return {"wave_id": str(plan.get("wave_id", d.name)), "dir": d.name, "created": created,
+            "runner": runner.get("name"), "faults": [str(f) for f in dict.fromkeys(faults)],
             "verdict": v.get("verdict"), "tasks": v.get("tasks", []), "harness_errors": v.get("harness_errors", []),
             "manifest_key": hashlib.sha256(orjson.dumps(man, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
             if man else None, "problems": problems}
@@ -80,7 +97,12 @@ def summary_of(g: dict) -> dict:
 def collect(root: Path) -> list[dict]:
     rows = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        r = wave_row(d)
+        try:
+            r = wave_row(d)
+        except Exception as exc:  # noqa: BLE001 - one damaged wave is named on its row, the rest renders
+            r = {"wave_id": d.name, "dir": d.name, "created": None, "runner": None, "faults": [], "verdict": None,
+                 "tasks": [], "harness_errors": [], "manifest_key": None,
+                 "problems": [f"damaged ({type(exc).__name__}: {str(exc)[:200]})"]}
         if r is not None:
             rows.append(r)
     rows.sort(key=lambda r: (r["created"] or 0, r["wave_id"]), reverse=True)
@@ -171,7 +193,7 @@ def make_server(root: Path, port: int = 0) -> ThreadingHTTPServer:
             path = unquote(self.path.split("?", 1)[0])
             if path in ("/", "/index.html"):
                 return self._send(200, index_html(root, collect(root)).encode(), "text/html; charset=utf-8")
-            if path.startswith("/w/"):
+            if path.startswith("/w/") and "\0" not in path:
                 wave, _, rest = path[3:].partition("/")
                 d = (root / wave).resolve()
                 f = (d / (rest or results.INDEX_HTML)).resolve()

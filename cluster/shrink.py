@@ -138,9 +138,17 @@ class Shrinker:
         return {"reproduced": True, "smallest": best, "task": best_task, "exhausted": True}
 
 
-def write_record(wave_dir: Path, task_id: str, signature: str, outcome: dict, tried: list[dict], budget: int) -> Path:
+def write_record(wave_dir: Path, task_id: str, signature: str, outcome: dict, tried: list[dict], budget: int,
+                 code_changed: list[str] = ()) -> Path:
+    """`shrink-<task>.json`; an earlier shrink's record is kept as `shrink-<task>.<n>.json`."""
     out = wave_dir / f"shrink-{task_id}.json"
+    if out.exists():
+        n = 1
+        while (wave_dir / f"shrink-{task_id}.{n}.json").exists():
+            n += 1
+        out.rename(wave_dir / f"shrink-{task_id}.{n}.json")
     out.write_bytes(orjson.dumps({"task_id": task_id, "wave_id": wave_dir.name, "signature": signature,
+                                  "code_changed_since_the_wave": list(code_changed), "anyway": bool(code_changed),
                                   "budget": budget, "reproduced": outcome["reproduced"],
                                   "budget_exhausted": outcome["exhausted"], "smallest": outcome["smallest"],
                                   "tried": tried}, option=orjson.OPT_INDENT_2))

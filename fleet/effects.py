@@ -41,6 +41,7 @@ class EffectsService(JsonService):
     def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
         if method != "POST" or path not in ("/v1/effects", "/effects"):
             raise HttpError(404, f"no route {method} {path}; this service takes POST /v1/effects", code="not_found")
+        self.registry.touch(entry.key)  # an effect: the attempt is alive (cluster/wave/silence.py)
         t0 = time.time()
         attempt = entry.attempt
         body = self.read_json(h)

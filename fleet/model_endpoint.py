@@ -91,6 +91,7 @@ class ModelEndpoint(JsonService):
         self.send_json(h, status, payload)
 
     def _chat(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
+        self.registry.touch(entry.key)  # a model call: the attempt is alive (cluster/wave/silence.py)
         t0 = time.time()
         attempt = entry.attempt
         body = self.read_json(h)

@@ -81,10 +81,13 @@ class TaskRegistry:
 
     def lookup(self, key: str) -> TaskEntry | None:
         with self.lock:
-            entry = self.by_key.get(key)
-            if entry is not None:
-                self.seen[key] = time.time()
-            return entry
+            return self.by_key.get(key)
+
+    def touch(self, key: str) -> None:
+        """A model call or an effect arrived with this key: what `liveness` counts as the attempt doing something
+        (a `GET /v1/models` poll is not)."""
+        with self.lock:
+            self.seen[key] = time.time()
 
     def last_seen(self, sandbox_id: str) -> float | None:
         """Wall time of the latest model call or effect by the attempt's own key (None: none yet)."""

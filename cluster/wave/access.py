@@ -32,9 +32,10 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
 
     An absolute argv[0] in a `bin` dir, or the interpreter its `#!` line names, brings its installation prefix (a
     venv, and the interpreter a venv points to); any other absolute path on the command line brings its directory
-    (a script in /tmp/x brings /tmp/x, never all of /tmp); `workdir` comes whole. Anything under /usr or /etc is
-    already there. Paths in `never` (results, the wave's private dir) are covered
-    by an empty tmpfs if a bind would show them."""
+    (a script in /tmp/x brings /tmp/x; a directory brings itself; a path right under a top-level dir such as
+    `/tmp/agent.py` or `/tmp/x` brings only itself: never all of /tmp); `workdir` comes whole. Anything under /usr
+    or /etc is already there. Paths in `never` (results, the wave's private dir) are covered by an empty tmpfs if a
+    bind would show them."""
     binds: set[str] = {RUNNERS_DIR}
     if runner.get("workdir"):
         binds.add(runner["workdir"])
@@ -43,8 +44,15 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
         if not (os.path.isabs(a) and os.path.exists(a)):
             continue
         for p in {os.path.abspath(a), os.path.realpath(a)}:
-            d = os.path.dirname(p)
-            binds.add(os.path.dirname(d) if executable and os.path.basename(d) == "bin" else d)
+            if not executable and os.path.isdir(p):
+                want = p  # a directory named on the command line: itself, not the one above it
+            else:
+                d = os.path.dirname(p)
+                want = os.path.dirname(d) if executable and os.path.basename(d) == "bin" else d
+            if want in ("/", "") or p.startswith(("/bin/", "/sbin/", "/lib")):
+                continue  # the system's own (/bin/true), already there
+            # a top-level dir (/tmp, /root, /home, /opt, ...) is everyone's: only the path itself is shown
+            binds.add(p if _top_level(want) else want)
     for b in list(binds):
         cfg = os.path.join(b, "pyvenv.cfg")
         if os.path.isfile(cfg):
@@ -56,6 +64,10 @@ def runtime_binds(runner: dict, never: list) -> tuple[list[str], list[str]]:
              if b not in ("/", "") and not b.startswith(("/usr/", "/etc/")) and b not in ("/usr", "/etc")}
     hide = sorted({str(n) for n in never for b in binds if str(n).startswith(b.rstrip("/") + "/") or str(n) == b})
     return sorted(binds), hide
+
+
+def _top_level(d: str) -> bool:
+    return d in ("/", "") or os.path.dirname(d.rstrip("/")) == "/"
 
 
 def _interpreter(exe: str) -> list[str]:

@@ -41,3 +41,24 @@ def test_the_interpreter_a_scripts_shebang_names_is_shown_too(tmp_path):
     assert os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))) in binds and str(tmp_path) in binds
     script.write_text("#!/usr/bin/env python3\n")
     assert runtime_binds({"command": [str(script)]}, [])[0] == sorted([RUNNERS_DIR, str(tmp_path)])
+
+
+def test_a_path_right_under_a_top_level_dir_brings_only_itself(tmp_path):
+    """`python3 /tmp/agent.py /tmp/data`: the script and the directory named, never all of /tmp (the host's /tmp,
+    bound read-only over the sandbox's own, showed other sessions' files and made $TMPDIR read-only)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="sf-bind-", dir="/tmp")
+    script = tempfile.NamedTemporaryFile(prefix="sf-bind-", suffix=".py", dir="/tmp", delete=False).name
+    try:
+        binds, _ = runtime_binds({"command": [sys.executable, script, d]}, [])
+        assert script in binds and d in binds and "/tmp" not in binds, binds
+        sub = os.path.join(d, "data")
+        os.mkdir(sub)
+        binds, _ = runtime_binds({"command": [sys.executable, sub]}, [])
+        assert sub in binds and d not in binds, binds  # a directory brings itself, not its parent
+    finally:
+        os.unlink(script)
+        import shutil
+
+        shutil.rmtree(d)

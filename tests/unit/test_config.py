@@ -111,6 +111,13 @@ def test_a_league_fault_set_carries_wave_fields_of_its_own(tmp_path):
     p.write_text("runners: [durable]\nfault_sets: [{faults: [ST1], wave: {enumerate_boundaries: true}}]\n")
     with pytest.raises(ConfigError, match="enumerate_boundaries"):
         load_league(p)
+    p.write_text("runners: [durable]\nfault_sets: [{faults: [PK1], wave: {faults: [ST1]}}]\n")
+    with pytest.raises(ConfigError, match=r"fault_sets\[0\]\.wave: 'faults' is not a wave field a set may set"):
+        load_league(p)
+    p.write_text("runners: [durable]\nfault_sets: [{faults: [PK1], colour: red}]\n")
+    with pytest.raises(ConfigError, match=r"fault_sets\[0\]: unknown field 'colour'.*faults, label, wave") as e:
+        load_league(p)
+    assert "list[str]" not in str(e.value), e.value
 
 
 @pytest.mark.parametrize("data, field", [
@@ -212,7 +219,11 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     assert p.returncode == 254 and "runner.code_digest: 'old'" in p.stderr and "--anyway" in p.stderr, p.stderr
     assert reference_key(runner, "", 0, 0) in p.stderr
     p = subprocess.run(run[:-2] + [str(d / "t009")], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 254 and "no graded task 't009'" in p.stderr, p.stderr
+    assert p.returncode == 254 and "has no task 't009'" in p.stderr, p.stderr
+    for bad in (b"[1, 2]", b'{"verdict": 5}', b'{"verdict": "fail"}'):  # valid JSON, not a grade: damaged, exit 2
+        (d / "t000.grade.json").write_bytes(bad)
+        p = subprocess.run(run, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "is damaged" in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
     assert not list(tmp_path.glob("w-2*"))  # nothing ran
 
 
@@ -229,3 +240,26 @@ def test_a_cell_that_flips_across_waves_on_one_manifest_is_flaky():
     assert t["durable × patch-repo × PK1"]["flaky"] and not t["durable × patch-repo × ST1"]["flaky"]
     t = cell_trends([row("w1", 1, "pass", "m1"), row("w2", 2, "fail", "m2")])  # the code changed between them
     assert not t["durable × patch-repo × PK1"]["flaky"]
+
+
+def test_serve_names_a_damaged_wave_on_its_row_and_renders_the_others(tmp_path):
+    """Valid JSON of the wrong shape (found by a hostile review: one such wave emptied the whole index)."""
+    from cluster.serve import collect, index_html
+
+    for name, plan, verdict in (("w-1", b'{"wave_id": "w-1", "tasks": "x"}', None),
+                                ("w-2", b'{"wave_id": "w-2", "tasks": []}', b'"pass"'),
+                                ("w-3", b'{"wave_id": "w-3", "tasks": []}', b'{"verdict": null, "tasks": null}'),
+                                ("w-4", b'[]', None),
+                                ("w-5", b'{"wave_id": "w-5", "created_at": 5, "tasks": [], "runner": {"name": "d"}}',
+                                 b'{"verdict": "pass", "tasks": [{"task_id": "t0", "verdict": "pass", "cell": "c"}]}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "plan.json").write_bytes(plan)
+        if verdict is not None:
+            (tmp_path / name / "verdict.json").write_bytes(verdict)
+    (tmp_path / "w-5" / "t1.grade.json").write_bytes(b"[1, 2]")  # beside a good verdict.json: not read
+    rows = {r["dir"]: r for r in collect(tmp_path)}
+    assert set(rows) == {"w-1", "w-2", "w-3", "w-4", "w-5"}
+    assert all(any("damaged" in p for p in rows[w]["problems"]) for w in ("w-1", "w-2", "w-3", "w-4")), rows
+    assert rows["w-5"]["problems"] == [] and rows["w-5"]["verdict"] == "pass"
+    page = index_html(tmp_path, list(rows.values()))
+    assert all(w in page for w in rows) and page.count("damaged") >= 4
