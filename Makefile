@@ -62,6 +62,7 @@ bench: setup docker
 	$(BIN)/python -m tests.bench.isolated
 	$(BIN)/python -m tests.bench.cost
 	$(BIN)/python -m tests.bench.report
+	$(BIN)/python -m tests.bench.keys_ab
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.
