@@ -215,17 +215,12 @@ def wave_resume(
     return _run(cfg, lambda: WaveRun(cfg, progress=not no_progress, resume_dir=results_dir), before)
 
 
-@wave_app.command("replay")
-def wave_replay(
-    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: the task to run again"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
-) -> int:
-    """Run one task of a wave again: same seed, same faults at the same times, boundaries or windows."""
+def _task_of_wave(task_path: Path, address: Optional[str]):
+    """`results/<wave>/<task>` read for replay and shrink: (wave dir, task id, plan, config, planned task), or the
+    exit code after an error that names what is wrong."""
     import orjson
 
     from cluster.config import ConfigError, build_config
-    from cluster.driver import WaveRun
 
     wave_dir, task_id = task_path.parent, task_path.name
     try:
@@ -238,10 +233,31 @@ def wave_replay(
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    if not any(t["task_id"] == task_id for t in plan.get("tasks", [])):
+    tasks = plan.get("tasks") if isinstance(plan, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
+        _err(f"error: {wave_dir / results.PLAN} is damaged: its `tasks` is not a list of planned tasks")
+        return EXIT_HARNESS
+    task = next((t for t in tasks if t["task_id"] == task_id), None)
+    if task is None:
         _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
-             f"{', '.join(t['task_id'] for t in plan.get('tasks', [])[:20])}")
+             f"{', '.join(str(t['task_id']) for t in tasks[:20])}")
         return EXIT_BAD_INPUT
+    return wave_dir, task_id, plan, cfg, task
+
+
+@wave_app.command("replay")
+def wave_replay(
+    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: the task to run again"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+) -> int:
+    """Run one task of a wave again: same seed, same faults at the same times, boundaries or windows."""
+    from cluster.driver import WaveRun
+
+    found = _task_of_wave(task_path, address)
+    if isinstance(found, int):
+        return found
+    wave_dir, task_id, plan, cfg, _ = found
     return _run(cfg, lambda: WaveRun(cfg, wave_dir.parent, progress=not no_progress, replay=(plan, task_id)))
 
 
@@ -357,30 +373,13 @@ def shrink_cmd(
     import orjson
 
     from cluster import shrink
-    from cluster.config import ConfigError, build_config
     from cluster.driver import HarnessError, preflight
 
-    wave_dir, task_id = task_path.parent, task_path.name
-    try:
-        plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
-        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
-             "results/<wave id>/<task id>, e.g. results/latest/t003")
-        return EXIT_BAD_INPUT
-    except ConfigError as exc:
-        _err(f"error: {exc}")
-        return EXIT_BAD_INPUT
-    tasks = plan.get("tasks") if isinstance(plan, dict) else None
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
-        _err(f"error: {wave_dir / results.PLAN} is damaged: its `tasks` is not a list of planned tasks")
-        return EXIT_HARNESS
-    task = next((t for t in tasks if t["task_id"] == task_id), None)
+    found = _task_of_wave(task_path, address)
+    if isinstance(found, int):
+        return found
+    wave_dir, task_id, plan, cfg, task = found
     grade_file = wave_dir / f"{task_id}.grade.json"
-    if task is None:
-        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
-             f"{', '.join(str(t['task_id']) for t in tasks[:20])}")
-        return EXIT_BAD_INPUT
     try:
         grade = orjson.loads(grade_file.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:

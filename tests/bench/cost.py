@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.bench import write_section
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- cost -->"
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -248,21 +250,9 @@ def main() -> None:
     rows: list = []
     bench_ray(rows)
     bench_waves(rows)
-    table = ["| measurement | value / before | value / after | note |", "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    section = (f"{MARK}\n## Harness cost (issue 19)\n\nProduced by `python -m tests.bench.cost` (part of "
-               f"`make bench`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; one run, side by side; CPU from "
-               "a cpuacct cgroup around each measured tree.\n\n" + "\n".join(table) + "\n" + MARK + "\n")
-    bench = ROOT / "BENCHMARKS.md"
-    old = bench.read_text() if bench.exists() else ""
-    if old.count(MARK) >= 2:
-        a, _, rest = old.partition(MARK)
-        _, _, b = rest.partition(MARK)
-        new = a + section.rstrip("\n") + b
-    else:
-        new = old.rstrip("\n") + "\n\n" + section
-    bench.write_text(new)
-    print(section)
+    write_section(MARK, "Harness cost (issue 19)", "Produced by `python -m tests.bench.cost` (part of `make bench`); one run, side by side; CPU from a cpuacct cgroup "
+                  "around each measured tree",
+                  "| measurement | value / before | value / after | note |", rows)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.bench import write_section
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- isolated -->"
 N_SMALL = 1000
@@ -211,21 +213,8 @@ def main() -> None:
         raise SystemExit(f"the data path bench failed: {r.stderr[-2000:]}")
     rows += [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
     bench_waves(rows)
-    table = ["| measurement | isolated | beside | ratio / note |", "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    section = (f"{MARK}\n## Isolated nodes (issue 17)\n\nProduced by `python -m tests.bench.isolated` (part of "
-               f"`make bench`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; one run, side by side.\n\n"
-               + "\n".join(table) + "\n" + MARK + "\n")
-    bench = ROOT / "BENCHMARKS.md"
-    old = bench.read_text() if bench.exists() else ""
-    if old.count(MARK) >= 2:
-        a, _, rest = old.partition(MARK)
-        _, _, b = rest.partition(MARK)
-        new = a + section.rstrip("\n") + b
-    else:
-        new = old.rstrip("\n") + "\n\n" + section
-    bench.write_text(new)
-    print(section)
+    write_section(MARK, "Isolated nodes (issue 17)", "Produced by `python -m tests.bench.isolated` (part of "
+                  "`make bench`); one run, side by side", "| measurement | isolated | beside | ratio / note |", rows)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import orjson
 
+from tests.bench import write_section
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- report -->"
 CHECKS = ["completed", "artifact_matches_reference", "no_double_apply", "no_torn_apply", "no_model_recall",
@@ -114,20 +116,8 @@ def main() -> None:
     rows: list = []
     bench_html(rows)
     bench_serve(rows)
-    table = ["| measurement | wall | size | note |", "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    section = (f"{MARK}\n## Reports (issue 21)\n\nProduced by `python -m tests.bench.report` (part of `make bench`), "
-               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n" + "\n".join(table) + "\n" + MARK + "\n")
-    bench = ROOT / "BENCHMARKS.md"
-    old = bench.read_text() if bench.exists() else ""
-    if old.count(MARK) >= 2:
-        a, _, rest = old.partition(MARK)
-        _, _, b = rest.partition(MARK)
-        new = a + section.rstrip("\n") + b
-    else:
-        new = old.rstrip("\n") + "\n\n" + section
-    bench.write_text(new)
-    print(section)
+    write_section(MARK, "Reports (issue 21)", "Produced by `python -m tests.bench.report` (part of `make bench`)",
+                  "| measurement | wall | size | note |", rows)
 
 
 if __name__ == "__main__":
