@@ -222,7 +222,9 @@ def _task_of_wave(task_path: Path, address: Optional[str]):
 
     from cluster.config import ConfigError, build_config
 
-    wave_dir, task_id = task_path.parent, task_path.name
+    # `results/latest/t003` is the wave `latest` names now: a shrink's runs move `latest`, and linking it back to
+    # `latest` itself made it a loop
+    wave_dir, task_id = task_path.parent.resolve(), task_path.name
     try:
         plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
         cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))

@@ -29,7 +29,8 @@ def shrunk(fleet, tmp_path_factory):
                                           "ST1": {"after_model_calls": [2, 6]}}))
     wave = WaveRun(cfg, root, progress=False, fleet=fleet)
     result = wave.run()
-    p = subprocess.run([sys.executable, "-m", "cluster.cli", "shrink", str(wave.dir / "t000"), "--budget", "5",
+    # through `latest`, as a user types it: the shrink's runs move `latest`, and it must come back to this wave
+    p = subprocess.run([sys.executable, "-m", "cluster.cli", "shrink", str(root / "latest" / "t000"), "--budget", "5",
                         "--address", ray.get_runtime_context().gcs_address, "--no-progress"],
                        capture_output=True, text=True, timeout=600)
     return result, wave.dir, p
@@ -40,6 +41,7 @@ def test_shrink_finds_a_smaller_plan_that_fails_the_same_way_and_records_every_r
     g = result["tasks"][0]
     assert g["verdict"] == "fail" and g["signature"], g
     assert p.returncode == 0, p.stderr[-3000:]
+    assert (d.parent / "latest").resolve() == d.resolve()
     rec = orjson.loads((d / "shrink-t000.json").read_bytes())
     assert rec["reproduced"] and rec["signature"] == g["signature"], rec
     tried = rec["tried"]
