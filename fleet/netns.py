@@ -21,6 +21,10 @@ import struct
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 CHUNK = 256 * 1024
+# connections one sandbox may hold open to one service at once: one more is closed at once, before anything is
+# relayed, so a runner that opens thousands takes at most this many of the service's own (services.MAX_CONNECTIONS)
+# from the tasks beside it. An agent holds one or two per service; an HTTP pool keeps at most 10 (boto3) or 20
+MAX_CONNECTIONS_PER_SERVICE = 32
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -100,6 +104,8 @@ class SandboxNet:
         self.nsfd: int | None = None
         self.servers: list[asyncio.AbstractServer] = []
         self.conns: set[asyncio.Task] = set()
+        self.open_per_port: dict[int, int] = {}
+        self.refused = 0  # connections closed at once: MAX_CONNECTIONS_PER_SERVICE of that port were open
 
     async def open(self, join_pid: int | None = None) -> "SandboxNet":
         ports = sorted(self.relays)
@@ -107,12 +113,17 @@ class SandboxNet:
         for port, sock in zip(ports, socks):
             addr, _, service = self.relays[port].partition("/")
             host, _, tport = addr.rpartition(":")
-            self.servers.append(await asyncio.start_server(self._handler(host, int(tport), service or None),
-                                                           sock=sock))
+            self.servers.append(await asyncio.start_server(
+                self._handler(host, int(tport), service or None, port), sock=sock))
         return self
 
-    def _handler(self, host: str, port: int, service: str | None = None):
+    def _handler(self, host: str, port: int, service: str | None = None, inside: int = 0):
         async def handle(creader, cwriter):
+            if self.open_per_port.get(inside, 0) >= MAX_CONNECTIONS_PER_SERVICE:
+                self.refused += 1
+                cwriter.close()
+                return
+            self.open_per_port[inside] = self.open_per_port.get(inside, 0) + 1
             task = asyncio.current_task()
             self.conns.add(task)
             uwriter = None
@@ -134,6 +145,7 @@ class SandboxNet:
                     if w is not None:
                         w.close()
                 self.conns.discard(task)
+                self.open_per_port[inside] -= 1
         return handle
 
     @property

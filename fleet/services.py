@@ -15,6 +15,12 @@ from pathlib import Path
 import orjson
 
 MAX_BODY = 8 * 1024 * 1024
+# a body over LARGE_BODY is read only while the service's shared budget of LARGE_BODY_POOL bytes has room for it
+# (else 429, retry later): the heap a flood of big bodies can take is bounded by the pool plus
+# MAX_CONNECTIONS x LARGE_BODY, whatever the number of keys, and a step's call (a few KiB, a long agent history a
+# few hundred) is never kept waiting behind it
+LARGE_BODY = 256 * 1024
+LARGE_BODY_POOL = 32 * 1024 * 1024
 MAX_IN_FLIGHT_PER_KEY = 8
 # requests a second per key (a token bucket: RATE_PER_KEY sustained, BURST_PER_KEY at once): a runner that loops on
 # the model endpoint or the effects service gets 429, not the driver's CPU. A step is one model call and at most a
@@ -199,6 +205,8 @@ class JsonService:
         self._in_flight: dict[str, int] = {}
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, when last refilled)
         self._lock = threading.Lock()
+        self._pool_used = 0  # bytes of large bodies being read or handled right now (LARGE_BODY_POOL)
+        self.pool_refused = 0  # large bodies answered 429 because the pool was full
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -264,6 +272,17 @@ class JsonService:
         if n > MAX_BODY:
             h.close_connection = True
             raise HttpError(413, f"request body of {n} bytes is over the {MAX_BODY} byte limit")
+        if n > LARGE_BODY:
+            with self._lock:
+                if self._pool_used + n > LARGE_BODY_POOL:
+                    self.pool_refused += 1
+                    h.close_connection = True
+                    h._sf_body_read = True  # never read it, not even to drain it: the connection is closed
+                    raise HttpError(429, f"request body of {n} bytes: the service's budget for bodies over "
+                                         f"{LARGE_BODY} bytes ({LARGE_BODY_POOL} in all) is in use; retry later",
+                                    type_="rate_limit_exceeded", code="rate_limit_exceeded")
+                self._pool_used += n
+                h._sf_reserved = n
         raw = h.rfile.read(n) if n else b""
         h._sf_body_read = True
         try:
@@ -299,14 +318,15 @@ class JsonService:
         n = body_length(h.headers)
         if n is None:
             n = -1
-        if 0 < n <= MAX_BODY and "chunked" not in (h.headers.get("Transfer-Encoding") or "").lower():
+        if 0 < n <= LARGE_BODY and "chunked" not in (h.headers.get("Transfer-Encoding") or "").lower():
             h.rfile.read(n)
-        elif n != 0:
+        elif n != 0:  # a large unread body is not drained into the heap: the connection is closed instead
             h.close_connection = True
 
     def _dispatch(self, h: BaseHTTPRequestHandler, method: str) -> None:
         key = None
         h._sf_body_read = False
+        h._sf_reserved = 0
         try:
             path = h.path.split("?", 1)[0]
             entry = self.authenticate(h)
@@ -329,9 +349,11 @@ class JsonService:
         except Exception as exc:  # noqa: BLE001 - never crash the service on one bad request
             self.send_json(h, 500, HttpError(500, f"internal error: {type(exc).__name__}", "server_error").body())
         finally:
-            if key is not None:
+            if key is not None or h._sf_reserved:
                 with self._lock:
-                    self._in_flight[key] -= 1
+                    if key is not None:
+                        self._in_flight[key] -= 1
+                    self._pool_used -= h._sf_reserved
 
     def _take_token(self, key: str) -> bool:
         """The key's token bucket (under the lock): refilled at RATE_PER_KEY a second up to BURST_PER_KEY."""

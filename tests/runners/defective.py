@@ -27,6 +27,10 @@ on every run, not by the luck of a kill's timing:
   turns into hundreds of identical failing requests a second (`retry_loop`'s retry storm).
 - hang: attempt 1 (not a reference) goes silent for good right after committing its 2nd step: no model call,
   effect or store request (the harness must end it at `liveness_s`, not at the deadline).
+- flood: the first attempts of tasks t000 and t001 flood the model endpoint and the effects service with
+  their own valid keys before the durable pattern: 8 MiB bodies from 16 threads each, a `Content-Length: -1` and a chunked body
+  streamed for as long as the service reads, for 4 s, then 200 idle connections; it logs what each got (the
+  tasks beside it must pass, and the harness's heap stay bounded). Every other task is durable.
 - effect_gap: sends `publish` with no Idempotency-Key BEFORE committing the step, and
   never dies by itself: only a kill that lands in that gap shows it (boundary
   enumeration must find it every time).
@@ -59,6 +63,94 @@ def _on_notice(signum, frame) -> None:
     os._exit(143)
 
 
+def _flood(env: Env, seconds: float = 4.0) -> None:
+    """DEFECT=flood: hostile traffic from inside the sandbox, bounded in time; logs a count of each outcome."""
+    import collections
+    import select
+    import socket
+    import threading
+    import time
+    import urllib.parse
+
+    got: collections.Counter = collections.Counter()
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def note(what: str) -> None:
+        with lock:
+            got[what] += 1
+
+    def connect(url: str) -> socket.socket:
+        u = urllib.parse.urlsplit(url)
+        s = socket.create_connection((u.hostname, u.port), timeout=5)
+        s.settimeout(5)
+        return s
+
+    def answer(s: socket.socket) -> str:
+        try:
+            head = s.recv(64)
+        except OSError as exc:
+            return type(exc).__name__
+        return head.split(b" ", 2)[1].decode() if head.startswith(b"HTTP/") else "closed"
+
+    def request(url: str, key: str, path: str, length: str, body_bytes: int) -> str:
+        s = connect(url)
+        try:
+            s.sendall(f"POST {urllib.parse.urlsplit(url).path}{path} HTTP/1.1\r\nHost: x\r\n"
+                      f"Authorization: Bearer {key}\r\n{length}\r\n\r\n".encode())
+            # a service that refuses without reading answers at once (and closes): take that answer first
+            if select.select([s], [], [], 0.3)[0]:
+                return answer(s)
+            sent, chunk = 0, b"x" * (1 << 20)
+            while sent < body_bytes and time.monotonic() < stop:
+                s.sendall(chunk)
+                sent += len(chunk)
+            return answer(s)
+        except OSError as exc:
+            return type(exc).__name__
+        finally:
+            s.close()
+
+    targets = [(env.model_url, env.model_key, "/chat/completions"), (env.effects_url, env.effects_key, "/effects")]
+
+    def big_bodies(i: int) -> None:
+        url, key, path = targets[i % 2]
+        while time.monotonic() < stop:
+            note(f"8MiB:{request(url, key, path, f'Content-Length: {8 << 20}', 8 << 20)}")
+
+    def unbounded(length: str, tag: str) -> None:
+        for url, key, path in targets:
+            note(f"{tag}:{request(url, key, path, length, 1 << 30)}")
+
+    threads = [threading.Thread(target=big_bodies, args=(i,)) for i in range(16)]
+    threads += [threading.Thread(target=unbounded, args=("Content-Length: -1", "negative")),
+                threading.Thread(target=unbounded, args=("Transfer-Encoding: chunked", "chunked"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    idle = []  # then connections held open and idle (the sandbox's relay closes those past its cap)
+    for _ in range(200):
+        try:
+            idle.append(connect(env.model_url))
+        except OSError:
+            note("idle:refused")
+    time.sleep(0.5)
+    closed = 0
+    for s in idle:
+        s.setblocking(False)
+        try:
+            closed += s.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+        s.close()
+    got["idle:closed by the harness"] += closed
+    got["idle:held"] += len(idle) - closed
+    log("flood: " + ", ".join(f"{k} x{v}" for k, v in sorted(got.items())))
+
+
 def run() -> None:
     if DEFECT == "notice":
         import signal
@@ -80,6 +172,8 @@ def run() -> None:
             getattr(TaskStore, name).retry.wait = tenacity.wait_none()
     env = Env.load()
     store = TaskStore(env)
+    if DEFECT == "flood" and env.task_id in ("t000", "t001") and env.attempt == 1:
+        _flood(env)
     if DEFECT == "stale_creds":  # keeps its first client: a rejected key is never resolved again
         import agentkit
 

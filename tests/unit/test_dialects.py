@@ -139,7 +139,9 @@ def test_the_endpoint_answers_each_dialect_and_refuses_what_it_cannot_serve(tmp_
         assert st == 200 and "```bash\necho DONE\n```" in r["choices"][0]["message"]["content"]
         st, r = ask({"messages": [{"role": "user", "content": "go"}], "tools": [EDIT]})
         assert st == 400 and r["error"]["code"] == "unsupported_dialect" and "command-style" in r["error"]["message"]
-        log = model.log.snapshot()
+        # a call is logged once its answer is sent, so the next call's record can be appended first: order by
+        # when each call arrived (each was sent after the one before it was answered)
+        log = sorted(model.log.snapshot(), key=lambda c: c["t"])
         assert [c["dialect"] for c in log] == ["shell", "text", "text", None] and log[-1]["kind"] == "refused"
     finally:
         model.stop()

@@ -158,3 +158,52 @@ def test_a_key_that_floods_is_rate_limited_and_another_key_is_not(tmp_path, monk
         assert codes[:rate] == [404] * rate and codes[rate:] == [429] * 3, codes
     finally:
         fx.stop()
+
+
+def _post_effect(svc, key: str, body: bytes) -> int:
+    s = _connect(svc)
+    try:
+        s.sendall(f"POST /v1/effects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        return _status_and_rest(s)[0]
+    finally:
+        s.close()
+
+
+def test_large_bodies_share_a_bounded_budget_and_small_ones_never_wait_for_it(tmp_path, monkeypatch):
+    """Bodies over LARGE_BODY are read only while the service's pool has room: with the pool held by bodies a
+    flooding key is still sending, another large body is 429 without being read (so the heap the flood takes is
+    bounded by the pool, whatever the number of keys), a small one from another key is answered, and once the flood's
+    bodies are gone the pool is whole again."""
+    monkeypatch.setattr(services, "LARGE_BODY", 1024)
+    monkeypatch.setattr(services, "LARGE_BODY_POOL", 3 * 4096)
+    reg = TaskRegistry()
+    flood, honest = reg.register("t1", 1, 4, "patch-repo"), reg.register("t2", 2, 4, "patch-repo")
+    reg.set_attempt("t1", 1)
+    reg.set_attempt("t2", 1)
+    fx = EffectsService(reg, log_path=tmp_path / "fx.jsonl").start()
+    held = []
+    try:
+        for _ in range(3):  # three 4 KiB bodies, headers sent, body not: each holds its share while it is read
+            s = _connect(fx)
+            s.sendall(f"POST /v1/effects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {flood}\r\n"
+                      "Content-Length: 4096\r\n\r\n".encode())
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while fx._pool_used < 3 * 4096 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fx._pool_used == 3 * 4096
+        big = b'{"effect_id": "e1", "pad": "' + b"x" * 2048 + b'"}'
+        assert _post_effect(fx, honest, big) == 429 and fx.pool_refused == 1
+        assert _post_effect(fx, honest, b'{"effect_id": "e1"}') == 200
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while fx._pool_used and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert fx._pool_used == 0
+        assert _post_effect(fx, honest, big) == 200
+    finally:
+        fx.stop()
