@@ -105,7 +105,6 @@ class SandboxNet:
         self.servers: list[asyncio.AbstractServer] = []
         self.conns: set[asyncio.Task] = set()
         self.open_per_port: dict[int, int] = {}
-        self.refused = 0  # connections closed at once: MAX_CONNECTIONS_PER_SERVICE of that port were open
 
     async def open(self, join_pid: int | None = None) -> "SandboxNet":
         ports = sorted(self.relays)
@@ -120,7 +119,6 @@ class SandboxNet:
     def _handler(self, host: str, port: int, service: str | None = None, inside: int = 0):
         async def handle(creader, cwriter):
             if self.open_per_port.get(inside, 0) >= MAX_CONNECTIONS_PER_SERVICE:
-                self.refused += 1
                 cwriter.close()
                 return
             self.open_per_port[inside] = self.open_per_port.get(inside, 0) + 1

@@ -16,9 +16,9 @@ import orjson
 
 MAX_BODY = 8 * 1024 * 1024
 # a body over LARGE_BODY is read only while the service's shared budget of LARGE_BODY_POOL bytes has room for it
-# (else 429, retry later): the heap a flood of big bodies can take is bounded by the pool plus
-# MAX_CONNECTIONS x LARGE_BODY, whatever the number of keys, and a step's call (a few KiB, a long agent history a
-# few hundred) is never kept waiting behind it
+# (else 429, unread, retry later): the bodies a flood holds at once are bounded by the pool plus
+# MAX_CONNECTIONS x LARGE_BODY, whatever the number of keys (glibc may keep freed buffers resident above that),
+# and a step's call (a few KiB, a long agent history a few hundred) is never kept waiting behind it
 LARGE_BODY = 256 * 1024
 LARGE_BODY_POOL = 32 * 1024 * 1024
 MAX_IN_FLIGHT_PER_KEY = 8
