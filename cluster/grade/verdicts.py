@@ -9,7 +9,8 @@ RANK = {PASS: 0, NOT_APPLIED: 1, UNKNOWN: 2, FAIL: 3}
 WRITE_METHODS = {"PUT", "POST", "DELETE"}
 # an attempt's last lines of output name its failure when they carry one of these (any runner, any language)
 ERROR_WORDS = re.compile(r"(?i)error|exception|fail|traceback|denied|refused|timed? ?out|no space|abort|panic|"
-                         r"fatal|killed|unavailable|forbidden|crash|dying|died|giving up|cannot|could not")
+                         r"fatal|killed|unavailable|forbidden|crash|dying|died|giving up|cannot|could not|can't|"
+                         r"no such file|not found|errno|permission|unable to|invalid|missing")
 
 
 def merge(verdicts) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from cluster.grade.evidence import write_evidence
+from cluster.grade.evidence import redact, write_evidence
 from cluster.grade.history import Attribution, TaskHistory, _reference_of, attribute, task_history
 from cluster.grade.inputs import WaveRecord, read_wave
 from cluster.grade.task import grade_task
@@ -78,15 +78,26 @@ def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
     return [f"{k}: {c['detail']}" for k, c in bad.items() if c["verdict"] == FAIL]
 
 
-def runner_failures(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
+def last_words(h: TaskHistory | None) -> str | None:
+    """The last line of output of a task's last attempt (its runner.log, already redacted by value; redacted by
+    shape again here), so a failure quotes what the runner said about it: `can't open file`, `command not found`."""
+    tails = (h.log_tails if h is not None else None) or {}
+    lines = [x.strip() for x in (tails[max(tails)] if tails else "").splitlines() if x.strip()]
+    return redact(lines[-1])[:200] if lines else None
+
+
+def runner_failures(w: WaveRecord, ref_grades: list[dict], hist_of: dict | None = None) -> list[str]:
     """What the runner fails with no fault at all (its references): a wave verdict `fail` (exit 1) with these reasons,
-    never a harness error (a CI that retries exit-2 waves as flakes would never fail such a runner)."""
+    never a harness error (a CI that retries exit-2 waves as flakes would never fail such a runner). Each quotes the
+    reference's last line of output, or says it printed none."""
     out = []
     for g in ref_grades:
         own = runner_own_failure(w, g) if g["verdict"] != PASS else None
         if own:
+            said = last_words((hist_of or {}).get(g["task_id"]))
             out.append(f"the fault-free reference run {g['task_id']} of this runner fails on its own: "
-                       f"{'; '.join(own)[:400]}")
+                       f"{'; '.join(own)[:400]}; its last line of output: "
+                       + (repr(said) if said else "none (it printed nothing)"))
     return out
 
 
@@ -164,7 +175,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             "interrupted": interrupted, "harness_fault": w.hfault,
             "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors,
-            "runner_failures": runner_failures(w, ref_grades), "plan": w.plan,
+            "runner_failures": runner_failures(w, ref_grades, hist_of), "plan": w.plan,
             "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 

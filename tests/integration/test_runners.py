@@ -262,6 +262,21 @@ def test_a_defect_its_reference_shows_too_is_the_runners_failure_not_the_harness
     assert "The runner fails with no fault at all" in summary and "Harness errors" not in summary
 
 
+def test_a_wrapper_that_execs_a_missing_script_is_the_runners_failure_quoting_what_it_said(run_wave):
+    """A wrapper that execs a script that is not there: python's `can't open file` is the failure's cause, so each
+    attempt is `diagnosable`, and the wave's runner failure quotes that line (it said "no line of output")."""
+    result, d = run_wave(runner={"command": [str(ROOT / "tests" / "runners" / "missing_script.sh")],
+                                 "name": "missing-script"}, faults=["PK1"], **dict(QUICK, seed=137))
+    assert result["references"] and not result["harness_errors"], result["harness_errors"]
+    for g in result["tasks"] + result["references"]:
+        assert g["checks"]["completed"]["verdict"] == "fail", g["checks"]
+        assert g["checks"]["diagnosable"]["verdict"] == "pass", g["checks"]["diagnosable"]
+    assert result["runner_failures"] and all("can't open file '/no/such/dir/agent.py'" in f
+                                             for f in result["runner_failures"]), result["runner_failures"]
+    assert exit_code(result) == 1
+    assert "can't open file" in (d / "SUMMARY.md").read_text()
+
+
 @pytest.mark.parametrize("runner", ["storm", "durable"])
 def test_a_retry_storm_in_an_outage_fails_retry_loop_with_its_figures(run_wave, runner):
     """A runner that retries a failed store call at once: an outage (ST1, armed right after the 2nd model answer so

@@ -28,6 +28,11 @@ def test_a_leak_on_a_run_the_runner_ended_itself_is_its_own_failure():
     assert runner_own_failure(w, g) == [f"no_leaked_upload: {LEAK['detail']}"]
     assert _control_errors(w, [g]) == []
     assert "ref-t000" in runner_failures(w, [g])[0] and "no_leaked_upload" in runner_failures(w, [g])[0]
+    assert runner_failures(w, [g])[0].endswith("its last line of output: none (it printed nothing)")
+    key = "sf-" + "k" * 32  # a key of the harness's shape, as a re-grade (which no longer knows the values) sees it
+    h = SimpleNamespace(log_tails={1: "x", 2: f"working\nfatal: {key} refused\n\n"})
+    said = runner_failures(w, [g], {"ref-t000": h})[0]
+    assert said.endswith("its last line of output: 'fatal: sf-<redacted> refused'"), said
 
 
 def test_an_exit_1_before_the_steps_on_every_attempt_is_its_own_failure():
