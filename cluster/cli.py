@@ -397,6 +397,8 @@ def shrink_cmd(
                   "signature: nothing to shrink (nothing was run)", highlight=False, soft_wrap=True)
         return EXIT_OK
     changed = shrink.code_changed(plan)
+    for line in shrink.manifest_drift(plan, cfg):  # not a refusal: the failure may still be the same one
+        _err(f"warning: manifest differs from what runs now: {line}")
     if changed and not anyway:
         _err(f"error: the runner's code is not what wave {plan.get('wave_id')} ran, so its failure may not be the "
              f"same failure any more: {'; '.join(changed)}. Pass --anyway to shrink it on the code as it is now")

@@ -94,6 +94,19 @@ def code_changed(plan: dict) -> list[str]:
     return out
 
 
+def manifest_drift(plan: dict, cfg) -> list[str]:
+    """What else of the manifest differs from what this machine would run now (the kernel, a limit, the harness's
+    revision, Ray's or SeaweedFS's version, the runner's packages), one `field: then != now` each; the code digests
+    are `code_changed`'s, the seed is not in a manifest."""
+    from cluster import manifest
+    from cluster.artifacts import reference_key
+
+    if not plan.get("manifest"):
+        return []  # `code_changed` already says the wave has none
+    now = manifest.build(cfg, plan["runner"], reference_key(plan["runner"], "", 0, 0))
+    return manifest.differences(plan["manifest"], now, ignore=("runner.code_digest", "workload.code_digest"))
+
+
 class Shrinker:
     """Runs the search on one fleet; `run(task)` replays a plan and returns (verdict, signature, wave dir)."""
 

@@ -182,12 +182,14 @@ def test_an_external_stores_secret_never_reaches_the_plan_and_comes_back_from_th
 
 def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     """A passed task: nothing to shrink (exit 0, nothing run); a runner whose code changed since the wave: refused
-    (254) unless --anyway; candidates are each one step smaller, in a fixed order."""
+    (254) unless --anyway, and the rest of the manifest that differs (a kernel) is warned about; candidates are each
+    one step smaller, in a fixed order."""
     import subprocess
     import sys
 
     import orjson
 
+    from cluster import manifest
     from cluster.artifacts import reference_key
     from cluster.config import build_config
     from cluster.shrink import candidates, size
@@ -208,7 +210,9 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     d = tmp_path / "w-1"
     d.mkdir()
     plan = {"wave_id": "w-1", "seed": 3, "config": cfg.public_dump(), "runner": runner, "tasks": [task],
-            "manifest": {"runner": {"code_digest": "old"}, "workload": {"code_digest": "old"}}}
+            "manifest": manifest.build(cfg, runner, "old")}
+    plan["manifest"]["workload"]["code_digest"] = "old"
+    plan["manifest"]["machine"]["kernel"] = "5.10.0-other"  # the rest of the manifest: warned about, not refused
     (d / "plan.json").write_bytes(orjson.dumps(plan))
     (d / "t000.grade.json").write_bytes(orjson.dumps({"verdict": "pass", "signature": None}))
     run = [sys.executable, "-m", "cluster.cli", "shrink", str(d / "t000"), "--no-progress"]
@@ -218,6 +222,8 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     p = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert p.returncode == 254 and "runner.code_digest: 'old'" in p.stderr and "--anyway" in p.stderr, p.stderr
     assert reference_key(runner, "", 0, 0) in p.stderr
+    assert "warning: manifest differs from what runs now: machine.kernel: '5.10.0-other' != " in p.stderr, p.stderr
+    assert p.stderr.count("manifest differs from what runs now") == 1, p.stderr  # nothing else differs
     p = subprocess.run(run[:-2] + [str(d / "t009")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 254 and "has no task 't009'" in p.stderr, p.stderr
     for bad in (b"[1, 2]", b'{"verdict": 5}', b'{"verdict": "fail"}'):  # valid JSON, not a grade: damaged, exit 2
