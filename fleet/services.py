@@ -5,6 +5,8 @@ latency). Every call is attributed by its key, never by what the runner claims.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import secrets
 import threading
 import time
@@ -17,7 +19,7 @@ import orjson
 MAX_BODY = 8 * 1024 * 1024
 # a body over LARGE_BODY is read only while the service's shared budget of LARGE_BODY_POOL bytes has room for it
 # (else 429, unread, retry later): the bodies a flood holds at once are bounded by the pool plus
-# MAX_CONNECTIONS x LARGE_BODY, whatever the number of keys (glibc may keep freed buffers resident above that),
+# MAX_CONNECTIONS x LARGE_BODY, whatever the number of keys (freed ones go back at once: _return_large_buffers),
 # and a step's call (a few KiB, a long agent history a few hundred) is never kept waiting behind it
 LARGE_BODY = 256 * 1024
 LARGE_BODY_POOL = 32 * 1024 * 1024
@@ -29,6 +31,25 @@ RATE_PER_KEY = 50.0
 BURST_PER_KEY = 100.0
 MAX_CONNECTIONS = 512  # open connections per service: one more is closed at once (each one is a thread)
 IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (a keep-alive between steps is not)
+
+
+_MMAP_THRESHOLD_SET = False
+
+
+def _return_large_buffers() -> None:
+    """Fix glibc's mmap threshold at LARGE_BODY (M_MMAP_THRESHOLD, once per process): by default it rises to the
+    size of the largest buffer freed (up to 32 MiB), after which a flood's 8 MiB bodies come from the heap and
+    stay resident when freed; fixed, every buffer over LARGE_BODY is its own mapping, returned when freed, so the
+    services' bodies in memory are bounded by the pool, not by glibc's high-water mark. No-op off glibc."""
+    global _MMAP_THRESHOLD_SET
+    if _MMAP_THRESHOLD_SET:
+        return
+    _MMAP_THRESHOLD_SET = True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, LARGE_BODY)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass
@@ -199,6 +220,7 @@ class JsonService:
     name = "service"
 
     def __init__(self, registry: TaskRegistry, log_path: str | Path | None = None):
+        _return_large_buffers()
         self.registry = registry
         self.log = CallLog(log_path)
         self.fenced: CallLog | None = None  # where refused calls of fenced attempts are recorded (set by the wave)
