@@ -78,6 +78,11 @@ def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
     return [f"{k}: {c['detail']}" for k, c in bad.items() if c["verdict"] == FAIL]
 
 
+def _clip(text: str, n: int) -> str:
+    """At most n characters, cut at a word with an ellipsis (a reason cut mid-word reads as another word)."""
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
+
+
 def last_words(h: TaskHistory | None) -> str | None:
     """The last line of output of a task's last attempt (its runner.log, already redacted by value; redacted by
     shape again here), so a failure quotes what the runner said about it: `can't open file`, `command not found`."""
@@ -96,7 +101,7 @@ def runner_failures(w: WaveRecord, ref_grades: list[dict], hist_of: dict | None 
         if own:
             said = last_words((hist_of or {}).get(g["task_id"]))
             out.append(f"the fault-free reference run {g['task_id']} of this runner fails on its own: "
-                       f"{'; '.join(own)[:400]}; its last line of output: "
+                       f"{_clip('; '.join(own), 400)}; its last line of output: "
                        + (repr(said) if said else "none (it printed nothing)"))
     return out
 
