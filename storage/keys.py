@@ -60,7 +60,7 @@ class ScopedKeys:
         """Poll (bounded, every 10 ms) until each `(probe, wanted)` gives what is wanted of it; closes the probes."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
-            while any(probe() != wanted for probe, wanted in probes):
+            while any(probe(deadline) != wanted for probe, wanted in probes):
                 if time.monotonic() > deadline:
                     raise StoreError(error)
                 time.sleep(0.01)
@@ -79,9 +79,10 @@ class ScopedKeys:
                 self.slots.append(slot)
             slot.update(creds=creds, owner=owner, actions=[f"Read:{scope}", f"Write:{scope}", f"List:{scope}"],
                         probe=(bucket, f"{prefix}.sandfleet-key-probe"))
+            where = slot["probe"]
             self._apply()
             self.issued += 1
-        self._await([(self._prober(creds, *slot["probe"]), "ok")],
+        self._await([(self._prober(creds, *where), "ok")],
                     f"the store did not accept a new attempt key within {READY_TIMEOUT_S:.0f}s")
         return creds
 
@@ -95,7 +96,7 @@ class ScopedKeys:
             slot.update(creds=_dead_key(), owner=None, actions=[])
             self._apply()
             self.revoked += 1
-        self._await([(self._prober(old, *probe), "denied")],
+        self._await([(self._prober(old, *probe), "unknown")],
                     f"the store still accepted a revoked key after {READY_TIMEOUT_S:.0f}s")
         return True
 
@@ -110,7 +111,7 @@ class ScopedKeys:
             new = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
             slot["creds"] = new
             self._apply()
-        self._await([(self._prober(old, *probe), "denied"), (self._prober(new, *probe), "ok")],
+        self._await([(self._prober(old, *probe), "unknown"), (self._prober(new, *probe), "ok")],
                     f"the store did not switch a rotated key within {READY_TIMEOUT_S:.0f}s")
         return old, new
 
@@ -125,10 +126,14 @@ class ScopedKeys:
 
 class _Probe:
     """Whether the store takes a key: a GET, signed with it, of a key under its scope that does not exist, sent on
-    one plain HTTP connection. "ok" is the store's 404 (it took the key), "denied" its refusal of the key itself
-    (unknown, bad signature, not allowed), "unsure" a 5xx. Signed by hand (botocore's SigV4 signer): a boto3
-    client costs 4-30 ms of CPU to build, and two per attempt (issue, revoke) were the largest per-attempt item of
-    the driver's own CPU."""
+    one plain HTTP connection. "ok" is a 2xx or the store's 404 NoSuchKey (it took the key); "unknown" its
+    InvalidAccessKeyId (the key is gone: what a revoked key must get); "denied" another refusal of the key
+    (SignatureDoesNotMatch, AccessDenied); anything else (a 5xx, a 400, another 4xx, no error code) is "unsure", so
+    neither an issue nor a revoke is taken on it. Signed by hand (botocore's SigV4 signer): a boto3 client costs
+    4-30 ms of CPU to build, and two per attempt (issue, revoke) were the largest per-attempt item of the driver's
+    own CPU."""
+
+    BODY_MAX = 64 * 1024  # an answer is read up to this; a longer one (the runner's object) closes the connection
 
     def __init__(self, url: str, region: str, creds: Credentials, bucket: str, key: str):
         self.parts = urllib.parse.urlsplit(url)
@@ -136,26 +141,34 @@ class _Probe:
         self.signer = S3SigV4Auth(botocore.credentials.Credentials(creds.access_key, creds.secret_key), "s3", region)
         self.conn = http.client.HTTPConnection(self.parts.hostname, self.parts.port, timeout=5)
 
-    def __call__(self) -> str:
+    def __call__(self, deadline: float | None = None) -> str:
         req = AWSRequest(method="GET", url=f"{self.parts.scheme}://{self.parts.netloc}{self.path}")
         self.signer.add_auth(req)
         for tries_left in (1, 0):  # a kept-alive connection the store closed meanwhile is retried once, fresh
+            left = 5.0 if deadline is None else deadline - time.monotonic()
+            self.conn.timeout = max(0.2, min(5.0, left))  # one probe never runs far past the caller's bound
+            if self.conn.sock is not None:
+                self.conn.sock.settimeout(self.conn.timeout)
             try:
                 self.conn.request("GET", self.path, headers=dict(req.headers.items()))
                 resp = self.conn.getresponse()
-                body = resp.read(64 * 1024)
+                body = resp.read(self.BODY_MAX)
+                if not resp.isclosed():  # more than BODY_MAX: what is left must never be read as the next answer
+                    self.conn.close()
                 break
             except (OSError, http.client.HTTPException) as exc:
                 self.conn.close()
-                if not tries_left:
+                if not tries_left or left <= 0.2:
                     raise StoreError(f"the store did not answer a key probe ({exc})") from None
-        if resp.status < 400:
-            return "ok"
-        if resp.status >= 500:
-            return "unsure"  # the store could not say: neither taken nor refused yet
         code = re.search(rb"<Code>([^<]*)</Code>", body)
         code = code.group(1).decode(errors="replace") if code else ""
-        return "denied" if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied") else "ok"
+        if 200 <= resp.status < 300 or (resp.status == 404 and code == "NoSuchKey"):
+            return "ok"
+        if resp.status == 403 and code == "InvalidAccessKeyId":
+            return "unknown"
+        if resp.status == 403 and code in ("SignatureDoesNotMatch", "AccessDenied"):
+            return "denied"
+        return "unsure"
 
     def close(self) -> None:
         self.conn.close()
