@@ -94,7 +94,10 @@ def _flood(env: Env, seconds: float = 4.0) -> None:
         return head.split(b" ", 2)[1].decode() if head.startswith(b"HTTP/") else "closed"
 
     def request(url: str, key: str, path: str, length: str, body_bytes: int) -> str:
-        s = connect(url)
+        try:
+            s = connect(url)
+        except OSError as exc:  # (a loaded machine: the relay did not take it within the timeout)
+            return f"connect {type(exc).__name__}"
         try:
             s.sendall(f"POST {urllib.parse.urlsplit(url).path}{path} HTTP/1.1\r\nHost: x\r\n"
                       f"Authorization: Bearer {key}\r\n{length}\r\n\r\n".encode())
