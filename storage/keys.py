@@ -39,6 +39,7 @@ class ScopedKeys:
         self.store = store  # EmbeddedStore
         self.admin = admin
         self.lock = threading.Lock()
+        self.tag = f"sandfleet-attempt-{secrets.token_hex(3)}-"  # this key book's identities at the store
         self.slots: list[dict] = []  # {"name", "creds", "actions", "owner"}
         self.issued = 0
         self.revoked = 0
@@ -49,8 +50,7 @@ class ScopedKeys:
                  "actions": s["actions"]} for s in self.slots]
 
     def _apply(self) -> None:
-        self.store.write_identities([self.admin], extra=self._identities())
-        self.store.reload_identities()
+        self.store.update_identities(self.admin, self.tag, self._identities())
 
     def _prober(self, creds: Credentials, bucket: str, key: str) -> "_Probe":
         return _Probe(self.store.endpoint.url, self.store.endpoint.region, creds, bucket, key)
@@ -75,7 +75,7 @@ class ScopedKeys:
         with self.lock:
             slot = next((s for s in self.slots if s["owner"] is None), None)
             if slot is None:
-                slot = {"name": f"sandfleet-attempt-{len(self.slots)}"}
+                slot = {"name": f"{self.tag}{len(self.slots)}"}
                 self.slots.append(slot)
             slot.update(creds=creds, owner=owner, actions=[f"Read:{scope}", f"Write:{scope}", f"List:{scope}"],
                         probe=(bucket, f"{prefix}.sandfleet-key-probe"))

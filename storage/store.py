@@ -107,6 +107,24 @@ class EmbeddedStore:
         self.endpoint: StoreEndpoint | None = None
         self.log_path = self.workdir / "weed.log"
         self.identities_path = self.workdir / "identities.json"
+        self.pid: int | None = None  # attached: the pid of a weed another process started (and its start time)
+        self.pid_start: str | None = None
+
+    @classmethod
+    def attached(cls, workdir: Path, pid: int, pid_start: str, endpoint: "StoreEndpoint",
+                 ports: dict) -> "EmbeddedStore":
+        """A store another process started and owns (the fleet of `sandfleet up`): this object signals it to
+        reload its identities, by pid and start time, and never stops it."""
+        self = cls(workdir)
+        self.pid, self.pid_start, self.endpoint, self.ports = pid, pid_start, endpoint, dict(ports)
+        return self
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        from fleet.markers import _start_time
+
+        return self.pid is not None and _start_time(self.pid) == self.pid_start
 
     # -- identities -------------------------------------------------------
     @staticmethod
@@ -132,6 +150,26 @@ class EmbeddedStore:
         finally:
             os.close(fd)
         os.replace(tmp, self.identities_path)
+
+    def update_identities(self, admin: Credentials, tag: str, mine: list[dict]) -> None:
+        """Replace the identities named `<tag>...` by `mine`, keeping every other process's (each wave attached
+        to a shared store keeps its own key book under its own tag); one writer at a time (a lock file beside the
+        identities), then weed reloads them."""
+        import fcntl
+
+        fd = os.open(self.identities_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = orjson.loads(self.identities_path.read_bytes()).get("identities", [])
+            except (OSError, orjson.JSONDecodeError, AttributeError):
+                current = []
+            others = [i for i in current if isinstance(i, dict) and str(i.get("name", "")).startswith(
+                "sandfleet-attempt-") and not str(i["name"]).startswith(tag)]
+            self.write_identities([admin], extra=others + mine)
+            self.reload_identities()
+        finally:
+            os.close(fd)
 
     # -- lifecycle --------------------------------------------------------
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> StoreEndpoint:
@@ -204,8 +242,12 @@ class EmbeddedStore:
     def reload_identities(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGHUP)
+        elif self.proc is None and self.alive():
+            os.kill(self.pid, signal.SIGHUP)
 
     def stop(self, grace_s: float = 5.0) -> None:
+        if self.pid is not None:  # attached: another process's store
+            return
         proc, self.proc = self.proc, None
         stop_process(proc, grace_s)
         self.remove_sockets()

@@ -67,7 +67,17 @@ def preflight(cfg: WaveConfig) -> None:
             find_weed()
     except (CgroupError, SandboxError, StoreError, RuntimeError) as exc:
         raise HarnessError(str(exc)) from None
-    if cfg.address not in ("local", "auto"):
+    if cfg.address == "fleet":
+        from cluster import localfleet
+
+        try:
+            localfleet.require()
+        except localfleet.FleetError as exc:
+            raise HarnessError(str(exc)) from None
+        if cfg.store.url:
+            raise HarnessError("address 'fleet' runs on the fleet's own store; store.url is for a wave's own fleet "
+                               "(--address local)")
+    elif cfg.address not in ("local", "auto"):
         check_ray_address(cfg.address)
 
 

@@ -58,6 +58,10 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
 
 def placement(cfg: WaveConfig) -> dict:
     """Where attempts run, as the plan shows it to the user."""
+    if cfg.address == "fleet":
+        return {"policy": "one node: the fleet of `sandfleet up` (its sandbox host runs every attempt)",
+                "sandbox_nodes": ["node-0"], "head": "node-0 (the fleet's actors and store; this driver's proxy, "
+                                                     "model and effects)"}
     if cfg.address != "local":
         return {"policy": "least-loaded over the cluster's sandbox nodes, found when the fleet starts: the alive "
                           "nodes offering a `sandfleet` resource, else every alive node but the driver's; a one-node "
