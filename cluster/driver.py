@@ -40,6 +40,7 @@ from cluster.wave.signals import Signals
 from cluster.wave.teardown import Teardown
 from cluster.wave.timeline import TaskRun, Timeline
 from faults.base import CATALOG
+from fleet.host import WaveHosts
 from fleet.lifecycle import TASK_ENDED, TaskState
 from fleet.records import HarnessFault, PlannedTask
 from fleet.effects import EffectsService
@@ -211,7 +212,7 @@ class WaveRun:
         relays = {PORT_S3: f"127.0.0.1:{p.proxy.port}", PORT_MODEL: f"127.0.0.1:{p.model.server.server_address[1]}",
                   PORT_EFFECTS: f"127.0.0.1:{p.effects.server.server_address[1]}"}
         self.launch = {"ro_binds": binds, "hide": hide, "relays": relays}
-        self.parts.ledger, self.parts.hosts = self.parts.fleet.ledger, self.parts.fleet.hosts
+        self.parts.ledger, self.parts.hosts = self.parts.fleet.ledger, WaveHosts(self.parts.fleet.hosts, self.wave_id)
         import ray
 
         if self.parts.fleet.remote:
@@ -220,7 +221,8 @@ class WaveRun:
 
         # the sweep actor watches the wave from now on
         ray.get(self.parts.fleet.sweeper.watch.remote(self.wave_id, self.sweep_settle_s), timeout=60)
-        self.part_pids = {"store": getattr(getattr(self.parts.store, "proc", None), "pid", None),
+        store_proc = getattr(self.parts.store, "proc", None)  # an attached store (a fleet's): its recorded pid
+        self.part_pids = {"store": store_proc.pid if store_proc is not None else getattr(self.parts.store, "pid", None),
                           "fault proxy": self.parts.proxy.proc.pid, "driver": os.getpid(),
                           "lease ledger": ray.get(self.parts.ledger.ping.remote(), timeout=60),
                           "sweep actor": ray.get(self.parts.fleet.sweeper.pid.remote(), timeout=60),

@@ -155,7 +155,7 @@ class DockerBackend(SandboxBackend):
         await asyncio.to_thread(prepare_workspace, spec)
         try:
             c = await asyncio.to_thread(self._create, spec)
-            self._containers[spec.sandbox_id] = c
+            self._containers[spec.key] = c
             await asyncio.to_thread(c.start)
             self.engine_lost, self.engine_lost_by_driver = None, False
         except SandboxError:
@@ -170,7 +170,7 @@ class DockerBackend(SandboxBackend):
             if not pid:
                 raise OSError("no pid")
             sb.pid = pid
-            self._nets[spec.sandbox_id] = await SandboxNet(spec.relays, spec.relay_token).open(join_pid=pid)
+            self._nets[spec.key] = await SandboxNet(spec.relays, spec.relay_token).open(join_pid=pid)
         except OSError:  # it ended before its gate: no shell in the image, a bad entry point
             await asyncio.to_thread(c.reload)
             st = c.attrs["State"]
@@ -199,10 +199,10 @@ class DockerBackend(SandboxBackend):
 
         t = threading.Thread(target=pump, name=f"log-{spec.sandbox_id}", daemon=True)
         t.start()
-        self._logs[spec.sandbox_id] = t
+        self._logs[spec.key] = t
 
     async def _wait(self, sb: Sandbox) -> int:
-        c = self._containers[sb.spec.sandbox_id]
+        c = self._containers[sb.spec.key]
         for tries in range(4):
             waiting = asyncio.ensure_future(asyncio.to_thread(c.wait))
             gone = asyncio.ensure_future(self._init_gone(sb))
@@ -239,7 +239,7 @@ class DockerBackend(SandboxBackend):
             sb.extra["workspace_full"] = st.f_bavail * st.f_frsize < 64 * 1024
         except OSError:
             pass
-        t = self._logs.get(sb.spec.sandbox_id)
+        t = self._logs.get(sb.spec.key)
         if t is not None:
             await asyncio.to_thread(t.join, 5)
         return code
@@ -257,7 +257,7 @@ class DockerBackend(SandboxBackend):
             os.close(fd)
 
     def _signal(self, sb: Sandbox, sig: str) -> bool:
-        c = self._containers.get(sb.spec.sandbox_id)
+        c = self._containers.get(sb.spec.key)
         if c is None:
             return False
         if self.engine_lost:
@@ -323,20 +323,20 @@ class DockerBackend(SandboxBackend):
         await asyncio.to_thread(self._signal, sb, "SIGKILL")
 
     def _running(self, sb: Sandbox) -> bool:
-        c = self._containers.get(sb.spec.sandbox_id)
+        c = self._containers.get(sb.spec.key)
         try:
             return bool(self.ctl.inspect_container(c.id)["State"].get("Running"))
         except Exception:  # noqa: BLE001
             return False
 
     async def _freeze(self, sb: Sandbox) -> None:
-        await asyncio.to_thread(self.ctl.pause, self._containers[sb.spec.sandbox_id].id)
+        await asyncio.to_thread(self.ctl.pause, self._containers[sb.spec.key].id)
 
     async def _thaw(self, sb: Sandbox) -> None:
-        await asyncio.to_thread(self.ctl.unpause, self._containers[sb.spec.sandbox_id].id)
+        await asyncio.to_thread(self.ctl.unpause, self._containers[sb.spec.key].id)
 
     async def _cleanup(self, sb: Sandbox) -> None:
-        sid = sb.spec.sandbox_id
+        sid = sb.spec.key  # (the host's name for it: several waves share a fleet's host)
         c = self._containers.pop(sid, None)
         cid = c.id if c is not None else None
         if cid is None and not self.engine_lost:  # the create failed: a container of that name may still exist

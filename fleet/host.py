@@ -25,7 +25,7 @@ from fleet import cgroups
 from fleet.backends import Backends, reap_leftover
 from fleet.markers import ATTEMPT_CREDENTIALS
 from fleet.records import AttemptResult, Lease
-from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec
+from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec, sandbox_key
 
 
 def awaitable(ref):
@@ -34,16 +34,19 @@ def awaitable(ref):
 
 
 class SandboxHost:
+    """Per-sandbox calls (`started`, `kill`, `notify`, ...) name the sandbox by its key, `<wave>/<sandbox>`
+    (SandboxSpec.key): the driver's `WaveHost` makes it from the sandbox id."""
+
     def __init__(self, node_id: str, backend: SandboxBackend | None = None, ledger: Any = None):
         self.node_id = node_id
         self.backend = backend or Backends()
         self.ledger = ledger
         self.finished: list[dict] = []
-        self.ended: set[str] = set()  # sandbox ids whose run_attempt returned (started or not)
+        self.ended: set[str] = set()  # keys (SandboxSpec.key) of sandboxes whose run_attempt returned (started or not)
         self.cancelled_waves: set[str] = set()
         self.closing = False
         self.in_flight = 0
-        self.held: dict[str, dict] = {}  # sandbox_id -> the lease it runs under (renewed by _renew_all)
+        self.held: dict[str, dict] = {}  # sandbox key -> the lease it runs under (renewed by _renew_all)
         self._renewer: asyncio.Task | None = None
         self.renew_stats = {"ticks": 0, "renewed": 0, "refused": 0, "errors": 0, "late_max_s": 0.0}
 
@@ -86,10 +89,10 @@ class SandboxHost:
                     asyncio.create_task(self.backend.kill(h["sb"], 0.0, reason="fenced: lease renewal refused"))
         self._renewer = None
 
-    def _hold(self, sandbox_id: str, lease: Lease, ttl_s: float) -> dict:
+    def _hold(self, key: str, lease: Lease, ttl_s: float) -> dict:
         h = {"task_id": lease.task_id, "fence": lease.fence, "version": lease.version, "ttl": ttl_s,
              "sb": None, "refused": False}
-        self.held[sandbox_id] = h
+        self.held[key] = h
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_all())
         return h
@@ -131,7 +134,7 @@ class SandboxHost:
                 out["log"] = await asyncio.to_thread(_read_log, sspec.log_path)
             return AttemptResult.of(out)
         finally:
-            self.ended.add(sspec.sandbox_id)
+            self.ended.add(sspec.key)
             if sspec.remote:
                 await asyncio.to_thread(self._forget, sspec)
 
@@ -220,7 +223,7 @@ class SandboxHost:
     async def _run(self, sspec: SandboxSpec, lease: Lease | None, ttl_s: float, capture: str | None,
                    arms: list) -> dict:
         # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
-        held = self._hold(sspec.sandbox_id, lease, ttl_s) if self.ledger is not None and lease else None
+        held = self._hold(sspec.key, lease, ttl_s) if self.ledger is not None and lease else None
         artifact = None
         watches: dict = {}
         try:
@@ -233,7 +236,7 @@ class SandboxHost:
                 if getattr(exc, "harness_part", None):  # the engine, not the runner: a harness fault
                     out["harness_part"] = exc.harness_part
                 return out
-            watches = {a["reason"]: asyncio.create_task(self.watch_checkpoints(sspec.sandbox_id, a["nth"],
+            watches = {a["reason"]: asyncio.create_task(self.watch_checkpoints(sspec.key, a["nth"],
                                                                                a["window"], a["reason"]))
                        for a in arms if a.get("kind") == "checkpoints"}
             try:
@@ -248,7 +251,7 @@ class SandboxHost:
                 watches = {r: w if isinstance(w, dict) else {"fired": False, "seen": 0,
                                                             "error": f"{type(w).__name__}: {str(w)[:300]}"}
                            for r, w in zip(watches, watched)}
-                self.held.pop(sspec.sandbox_id, None)
+                self.held.pop(sspec.key, None)
                 if capture and sb.exit_code == 0:
                     artifact = await self.backend.collect(sb, capture)
             finally:
@@ -257,8 +260,8 @@ class SandboxHost:
                         t.cancel()
                 await self.backend.remove(sb)
         finally:
-            if held is not None and self.held.get(sspec.sandbox_id) is held:
-                self.held.pop(sspec.sandbox_id, None)
+            if held is not None and self.held.get(sspec.key) is held:
+                self.held.pop(sspec.key, None)
         out = sb.describe()
         if artifact is not None:
             out["artifact"] = artifact
@@ -268,7 +271,7 @@ class SandboxHost:
         self.finished.append(out)
         return out
 
-    async def started(self, sandbox_id: str, timeout_s: float = 30.0) -> bool:
+    async def started(self, key: str, timeout_s: float = 30.0) -> bool:
         """Wait (bounded) until the sandbox's runner is running (a container can take seconds to start; the
         attempt's own call may not have reached this host yet: Ray does not order an async actor's calls);
         False if it ended or never came up."""
@@ -276,8 +279,8 @@ class SandboxHost:
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            sb = self.backend.sandboxes.get(sandbox_id)
-            if sb is None and sandbox_id not in self.ended:  # not here yet
+            sb = self.backend.sandboxes.get(key)
+            if sb is None and key not in self.ended:  # not here yet
                 await asyncio.sleep(0.01)
                 continue
             if sb is None or sb.exit_code is not None or sb.state not in (SandboxState.CREATED,):
@@ -286,11 +289,11 @@ class SandboxHost:
             await asyncio.sleep(0.01)
         return False
 
-    async def kill(self, sandbox_id: str, grace_s: float = 0.0, reason: str = "kill") -> dict:
-        await self.started(sandbox_id)  # a fault aimed at a sandbox still starting lands once it runs
-        sb = self.backend.sandboxes.get(sandbox_id)
+    async def kill(self, key: str, grace_s: float = 0.0, reason: str = "kill") -> dict:
+        await self.started(key)  # a fault aimed at a sandbox still starting lands once it runs
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+            return {"applied": False, "why": f"sandbox {key} is not running on {self.node_id}"}
         before = sb.state.value
         t = time.time()
         killed = await self.backend.kill(sb, grace_s, reason=reason)
@@ -309,13 +312,13 @@ class SandboxHost:
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
                 "exit_code": sb.exit_code, "why": why}
 
-    async def watch_checkpoints(self, sandbox_id: str, nth: int, window: str, reason: str,
+    async def watch_checkpoints(self, key: str, nth: int, window: str, reason: str,
                                 poll_s: float = 0.002) -> dict:
         """Kill the sandbox right after its runner announced its `nth` named window (a JSON line in the file
         `$SANDFLEET_CHECKPOINT` whose `name` starts with `window`). Returns {"fired": True, ...kill} or, when
         the sandbox ended first, {"fired": False, "seen": how many matching windows it announced}."""
-        await self.started(sandbox_id)  # armed before the attempt reached this host: wait for it
-        sb = self.backend.sandboxes.get(sandbox_id)
+        await self.started(key)  # armed before the attempt reached this host: wait for it
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
             return {"fired": False, "seen": 0}
         reader = CheckpointReader(sb.spec.workspace)
@@ -326,7 +329,7 @@ class SandboxHost:
                 if isinstance(name, str) and name.startswith(window):
                     seen += 1
                     if seen >= nth:
-                        out = await self.kill(sandbox_id, 0.0, reason)
+                        out = await self.kill(key, 0.0, reason)
                         t_ann = rec.get("t")
                         ok = isinstance(t_ann, (int, float)) and not isinstance(t_ann, bool) and math.isfinite(t_ann) \
                             and abs(out["at"] - t_ann) < 3600
@@ -338,13 +341,13 @@ class SandboxHost:
                     if isinstance(rec, dict) and isinstance(rec.get("name"), str) and rec["name"].startswith(window))
         return {"fired": False, "seen": seen}
 
-    async def notify(self, sandbox_id: str, notice: dict) -> dict:
+    async def notify(self, key: str, notice: dict) -> dict:
         """PK2: write a spot-interruption notice to `$SANDFLEET_NOTICE` (`.sandfleet/notice` in the workspace),
         the way a cloud's metadata service announces one. The workspace is the runner's: no link is followed."""
-        await self.started(sandbox_id)
-        sb = self.backend.sandboxes.get(sandbox_id)
+        await self.started(key)
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"written": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+            return {"written": False, "why": f"sandbox {key} is not running on {self.node_id}"}
         try:
             await asyncio.to_thread(_write_in_workspace, sb.spec.workspace, ".sandfleet", "notice",
                                     (json.dumps(notice) + "\n").encode())
@@ -352,44 +355,44 @@ class SandboxHost:
             return {"written": False, "why": f"could not write the notice: {exc}"}
         return {"written": True, "at": time.time()}
 
-    async def freeze_attempt(self, sandbox_id: str) -> dict:
+    async def freeze_attempt(self, key: str) -> dict:
         """PK6: freeze every process of the sandbox (cgroup freezer) and stop renewing its lease, as if its
         machine had stalled: the lease runs out and the driver gives the task to a new attempt."""
-        await self.started(sandbox_id)
-        sb = self.backend.sandboxes.get(sandbox_id)
+        await self.started(key)
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
-        held = self.held.pop(sandbox_id, None)  # no more renewals for it
+            return {"applied": False, "why": f"sandbox {key} is not running on {self.node_id}"}
+        held = self.held.pop(key, None)  # no more renewals for it
         ok = await self.backend.freeze(sb)
         if not ok:
             if held is not None:
-                self.held[sandbox_id] = held
-            return {"applied": False, "why": f"sandbox {sandbox_id} could not be frozen (state {sb.state.value})"}
+                self.held[key] = held
+            return {"applied": False, "why": f"sandbox {key} could not be frozen (state {sb.state.value})"}
         return {"applied": True, "at": time.time(), "renewal_stopped": held is not None, "node": self.node_id}
 
-    async def thaw_attempt(self, sandbox_id: str) -> dict:
-        sb = self.backend.sandboxes.get(sandbox_id)
+    async def thaw_attempt(self, key: str) -> dict:
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"thawed": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+            return {"thawed": False, "why": f"sandbox {key} is not running on {self.node_id}"}
         return {"thawed": await self.backend.thaw(sb), "at": time.time()}
 
-    async def is_running(self, sandbox_id: str) -> bool:
-        sb = self.backend.sandboxes.get(sandbox_id)
+    async def is_running(self, key: str) -> bool:
+        sb = self.backend.sandboxes.get(key)
         return sb is not None and sb.exit_code is None
 
-    async def terminate(self, sandbox_id: str) -> dict:
+    async def terminate(self, key: str) -> dict:
         """SIGTERM to the sandbox's init (tini forwards it to the runner's process group); no kill follows."""
-        sb = self.backend.sandboxes.get(sandbox_id)
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"sent": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+            return {"sent": False, "why": f"sandbox {key} is not running on {self.node_id}"}
         return {"sent": await self.backend.terminate(sb)}
 
-    async def fill_workspace(self, sandbox_id: str) -> dict:
+    async def fill_workspace(self, key: str) -> dict:
         """DF1: fill the sandbox's workspace tmpfs with a ballast file (the runner meets a real ENOSPC)."""
-        await self.started(sandbox_id)
-        sb = self.backend.sandboxes.get(sandbox_id)
+        await self.started(key)
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
-            return {"applied": False, "why": f"sandbox {sandbox_id} is not running on {self.node_id}"}
+            return {"applied": False, "why": f"sandbox {key} is not running on {self.node_id}"}
         try:
             written = await asyncio.to_thread(_fill, sb.spec.workspace)
         except OSError as exc:
@@ -398,9 +401,9 @@ class SandboxHost:
         return {"applied": True, "at": time.time(), "ballast_bytes": written,
                 "free_bytes": st.f_bavail * st.f_frsize}
 
-    async def drain_workspace(self, sandbox_id: str) -> dict:
+    async def drain_workspace(self, key: str) -> dict:
         """DF1 clear: remove the ballast (space returns); a sandbox that ended took its workspace with it."""
-        sb = self.backend.sandboxes.get(sandbox_id)
+        sb = self.backend.sandboxes.get(key)
         if sb is None:
             return {"removed": False, "why": "the sandbox ended (its workspace went with it)"}
         try:
@@ -426,13 +429,14 @@ class SandboxHost:
         for wid, sid in found:
             if sid in live:
                 continue
-            sb = self.backend.sandboxes.get(sid)
+            key = sandbox_key(wid, sid)
+            sb = self.backend.sandboxes.get(key)
             if sb is not None:
                 await self.backend.kill(sb, 0.0, reason="sweep: no active lease")
                 deadline = time.monotonic() + 10  # the attempt's own run waits for it and removes it
-                while sid in self.backend.sandboxes and time.monotonic() < deadline:
+                while key in self.backend.sandboxes and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
-                if sid in self.backend.sandboxes and sb.exit_code is not None:
+                if key in self.backend.sandboxes and sb.exit_code is not None:
                     await self.backend.remove(sb)
                 reaped.append({"wave_id": wid, "sandbox_id": sid, "pids": [sb.pid], "emptied": True,
                                "removed": True, "had_handle": True})
@@ -640,6 +644,52 @@ class CheckpointReader:
             except ValueError:
                 continue
         return out
+
+
+PER_SANDBOX = frozenset({"started", "kill", "watch_checkpoints", "notify", "freeze_attempt", "thaw_attempt",
+                         "is_running", "terminate", "fill_workspace", "drain_workspace"})
+
+
+class WaveHost:
+    """One wave's handle on a host actor that other waves may share (a `sandfleet up` fleet's): a per-sandbox call
+    takes the wave's sandbox id and reaches the host with the sandbox's key, so a wave names only its own
+    sandboxes. Every other call goes to the actor as it is."""
+
+    __slots__ = ("actor", "wave_id")
+
+    def __init__(self, actor, wave_id: str):
+        self.actor, self.wave_id = actor, wave_id
+
+    def __getattr__(self, name: str):
+        method = getattr(self.actor, name)
+        return _Keyed(method, self.wave_id) if name in PER_SANDBOX else method
+
+
+class _Keyed:
+    __slots__ = ("method", "wave_id")
+
+    def __init__(self, method, wave_id: str):
+        self.method, self.wave_id = method, wave_id
+
+    def remote(self, sandbox_id: str, *args, **kwargs):
+        return self.method.remote(sandbox_key(self.wave_id, sandbox_id), *args, **kwargs)
+
+
+class WaveHosts:
+    """The wave's view of the fleet's host list (by node index, as `fleet.node_ids`); a host the fleet replaced
+    (a healed node) is seen at once."""
+
+    def __init__(self, hosts: list, wave_id: str):
+        self.hosts, self.wave_id = hosts, wave_id
+
+    def __getitem__(self, i: int) -> WaveHost:
+        return WaveHost(self.hosts[i], self.wave_id)
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def __iter__(self):
+        return (WaveHost(h, self.wave_id) for h in self.hosts)
 
 
 def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None, name: str | None = None):

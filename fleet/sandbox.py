@@ -74,6 +74,10 @@ class SandboxError(RuntimeError):
     harness_part: str | None = None
 
 
+def sandbox_key(wave_id: str, sandbox_id: str) -> str:
+    return f"{wave_id}/{sandbox_id}"
+
+
 @dataclass
 class SandboxSpec:
     wave_id: str
@@ -120,6 +124,12 @@ class SandboxSpec:
     def checkpoint_path(self) -> str:
         """Host path of the file a runner appends named kill windows to (in its own workspace)."""
         return os.path.join(self.workspace, ".sandfleet", "checkpoints")
+
+    @property
+    def key(self) -> str:
+        """The host's name for this sandbox, `<wave>/<sandbox>`: a fleet's host runs several waves' sandboxes, and
+        two waves each have a `t000-a1`."""
+        return sandbox_key(self.wave_id, self.sandbox_id)
 
 
 @dataclass
@@ -176,11 +186,11 @@ class SandboxBackend:
     name = "base"
 
     def __init__(self):
-        self.sandboxes: dict[str, Sandbox] = {}
+        self.sandboxes: dict[str, Sandbox] = {}  # by SandboxSpec.key
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         sb = Sandbox(spec=spec, life=Lifecycle(SANDBOX_TRANSITIONS, SandboxState.CREATED))
-        self.sandboxes[spec.sandbox_id] = sb
+        self.sandboxes[spec.key] = sb
         t0 = time.perf_counter()
         try:
             await self._start(sb)
@@ -189,7 +199,7 @@ class SandboxBackend:
             try:
                 await self.remove(sb)
             finally:
-                self.sandboxes.pop(spec.sandbox_id, None)
+                self.sandboxes.pop(spec.key, None)
             raise
         sb.start_ms = (time.perf_counter() - t0) * 1000
         sb.started_at = time.time()
@@ -241,7 +251,7 @@ class SandboxBackend:
         await self._cleanup(sb)
         if sb.state != SandboxState.REMOVED:
             sb.life.to(SandboxState.REMOVED, "removed")
-        self.sandboxes.pop(sb.spec.sandbox_id, None)
+        self.sandboxes.pop(sb.spec.key, None)
 
     def command_problem(self, spec: SandboxSpec) -> str | None:
         """Why the runner command cannot start in this backend, or None (checked before a sandbox is made)."""
@@ -627,9 +637,9 @@ class ProcessBackend(SandboxBackend):
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
         await asyncio.to_thread(cg.create, spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares,
                                 spec.cpu_quota)
-        self._cgroups[spec.sandbox_id] = cg
+        self._cgroups[spec.key] = cg
         net = await SandboxNet(spec.relays, spec.relay_token).open()
-        self._nets[spec.sandbox_id] = net
+        self._nets[spec.key] = net
         env = dict(spec.env)
         env.update(
             SANDFLEET_WORKSPACE=WORKSPACE_IN,
@@ -655,8 +665,8 @@ class ProcessBackend(SandboxBackend):
         finally:
             for fd in (wfd, rep_w, hold_r):
                 os.close(fd)
-        self._pipes[spec.sandbox_id] = (rep_r, hold_w)
-        self._procs[spec.sandbox_id] = proc
+        self._pipes[spec.key] = (rep_r, hold_w)
+        self._procs[spec.key] = proc
         sb.pid = proc.pid
         self._pump_log(spec, rfd)
         def place() -> None:
@@ -678,7 +688,7 @@ class ProcessBackend(SandboxBackend):
         os.set_blocking(rfd, False)
         out = open(spec.log_path, "ab")
         state = [0]
-        self._logs[spec.sandbox_id] = (rfd, out, state)
+        self._logs[spec.key] = (rfd, out, state)
         loop = asyncio.get_running_loop()
 
         def readable():
@@ -689,7 +699,7 @@ class ProcessBackend(SandboxBackend):
             except OSError:
                 data = b""
             if not data:
-                self._close_log(spec.sandbox_id)
+                self._close_log(spec.key)
                 return
             if state[0] < self.LOG_CAP:
                 out.write(data[: self.LOG_CAP - state[0]])
@@ -713,8 +723,8 @@ class ProcessBackend(SandboxBackend):
         out.close()
 
     async def _wait(self, sb: Sandbox) -> int:
-        proc = self._procs[sb.spec.sandbox_id]
-        pipes = self._pipes.pop(sb.spec.sandbox_id, None)
+        proc = self._procs[sb.spec.key]
+        pipes = self._pipes.pop(sb.spec.key, None)
         if pipes is not None:
             try:
                 sb.extra["outlived"] = await self._runner_ended(sb, *pipes)
@@ -730,7 +740,7 @@ class ProcessBackend(SandboxBackend):
         code = proc.wait()
         sb.ended_at = time.time()
         # bwrap's pid 1 ends the namespace with it; wait until the cgroup is empty too
-        cg = self._cgroups.get(sb.spec.sandbox_id)
+        cg = self._cgroups.get(sb.spec.key)
         if cg is not None:
             sb.extra["events"] = cg.events()
         try:
@@ -771,7 +781,7 @@ class ProcessBackend(SandboxBackend):
             wrapper = int(line.split()[0])
         except (ValueError, IndexError):
             return None
-        cg = self._cgroups.get(sb.spec.sandbox_id)
+        cg = self._cgroups.get(sb.spec.key)
         return outliving(cg.pids() if cg is not None else [], wrapper)
 
     def _init_pid(self, sb: Sandbox) -> int | None:
@@ -798,7 +808,7 @@ class ProcessBackend(SandboxBackend):
             return False
 
     async def _kill(self, sb: Sandbox, grace_s: float) -> None:
-        cg = self._cgroups[sb.spec.sandbox_id]
+        cg = self._cgroups[sb.spec.key]
         if grace_s > 0:
             init = self._init_pid(sb)
             if init:
@@ -812,16 +822,16 @@ class ProcessBackend(SandboxBackend):
         await asyncio.to_thread(cg.kill_all)
 
     async def _freeze(self, sb: Sandbox) -> None:
-        await asyncio.to_thread(self._cgroups[sb.spec.sandbox_id].freeze)
+        await asyncio.to_thread(self._cgroups[sb.spec.key].freeze)
 
     async def _thaw(self, sb: Sandbox) -> None:
-        self._cgroups[sb.spec.sandbox_id].thaw()
+        self._cgroups[sb.spec.key].thaw()
 
     async def _cleanup(self, sb: Sandbox) -> None:
-        sid = sb.spec.sandbox_id
+        sid = sb.spec.key  # (the host's name for it: several waves share a fleet's host)
         for fd in self._pipes.pop(sid, ()):  # never waited on (a start that failed half way)
             os.close(fd)
-        cg = self._cgroups.pop(sid, None) or cgroups.SandboxCgroup(sb.spec.wave_id, sid)
+        cg = self._cgroups.pop(sid, None) or cgroups.SandboxCgroup(sb.spec.wave_id, sb.spec.sandbox_id)
         cg.thaw()
         await asyncio.to_thread(cg.kill_all)
         proc = self._procs.pop(sid, None)

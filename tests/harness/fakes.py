@@ -13,21 +13,21 @@ class FakeBackend(SandboxBackend):
 
     def __init__(self):
         super().__init__()
-        self.exits: dict[str, asyncio.Future] = {}
+        self.exits: dict[str, asyncio.Future] = {}  # by sandbox key
         self._fail_next = 0
 
     def fail_next(self, n: int = 1) -> None:
         self._fail_next += n
 
-    def preempt(self, sandbox_id: str) -> None:
-        """The machine went away: the sandbox dies with SIGKILL's exit code."""
-        fut = self.exits.get(sandbox_id)
+    def preempt(self, key: str) -> None:
+        """The machine went away: the sandbox (by its key, `<wave>/<sandbox>`) dies with SIGKILL's exit code."""
+        fut = self.exits.get(key)
         if fut and not fut.done():
-            self.sandboxes[sandbox_id].killed_by = "preempt"
+            self.sandboxes[key].killed_by = "preempt"
             fut.set_result(-9)
 
-    def finish(self, sandbox_id: str, code: int = 0) -> None:
-        fut = self.exits.get(sandbox_id)
+    def finish(self, key: str, code: int = 0) -> None:
+        fut = self.exits.get(key)
         if fut and not fut.done():
             fut.set_result(code)
 
@@ -35,14 +35,14 @@ class FakeBackend(SandboxBackend):
         if self._fail_next:
             self._fail_next -= 1
             raise RuntimeError("fake start failure")
-        self.exits[sb.spec.sandbox_id] = asyncio.get_running_loop().create_future()
+        self.exits[sb.spec.key] = asyncio.get_running_loop().create_future()
         sb.pid = 4242
 
     async def _wait(self, sb: Sandbox) -> int:
-        return await self.exits[sb.spec.sandbox_id]
+        return await self.exits[sb.spec.key]
 
     async def _kill(self, sb: Sandbox, grace_s: float) -> None:
-        self.finish(sb.spec.sandbox_id, -15 if grace_s else -9)
+        self.finish(sb.spec.key, -15 if grace_s else -9)
 
     async def _freeze(self, sb):
         pass

@@ -4,13 +4,13 @@ from __future__ import annotations
 import asyncio
 
 
-from fleet.host import SandboxHost
+from fleet.host import SandboxHost, WaveHost, WaveHosts
 from fleet.ledger import LeaseLedger
 from tests.harness.fakes import FakeBackend, LocalLedger, wait_for
 
 
-def spec(sid: str) -> dict:
-    return {"wave_id": "w", "sandbox_id": sid, "task_id": "t0", "attempt": 1, "argv": ["x"], "env": {},
+def spec(sid: str, wave: str = "w") -> dict:
+    return {"wave_id": wave, "sandbox_id": sid, "task_id": "t0", "attempt": 1, "argv": ["x"], "env": {},
             "state_dir": "/nonexistent"}
 
 
@@ -28,8 +28,8 @@ def test_preempted_attempt_reports_the_kill_and_next_attempt_gets_next_fence(tmp
         host = SandboxHost("n0", be, LocalLedger(led))
         lease = led.acquire("w/t0", "n0", "s1", 30)
         run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 30))
-        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
-        be.preempt("s1")
+        await wait_for(lambda: "w/s1" in be.exits, "sandbox s1 started")
+        be.preempt("w/s1")
         out = await run
         assert out.exit_code == -9 and out.state == "removed"
         assert [h[2] for h in out.history] == ["running", "removed"] or out.killed_by == "preempt"
@@ -44,10 +44,10 @@ def test_kill_of_a_finished_sandbox_is_not_applied(tmp_path):
         be = FakeBackend()
         host = SandboxHost("n0", be, None)
         run = asyncio.create_task(host.run_attempt(spec("s1"), {}, 30))
-        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
-        be.finish("s1", 0)
+        await wait_for(lambda: "w/s1" in be.exits, "sandbox s1 started")
+        be.finish("w/s1", 0)
         await run
-        res = await host.kill("s1", 0.0, "PK1")
+        res = await host.kill("w/s1", 0.0, "PK1")
         assert res["applied"] is False and "not running" in res["why"]
     asyncio.run(main())
 
@@ -60,7 +60,7 @@ def test_fenced_attempt_is_killed_when_renewal_is_refused(tmp_path):
         host = SandboxHost("n0", be, LocalLedger(led))
         lease = led.acquire("w/t0", "n0", "s1", 0.6)
         run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 0.6))
-        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        await wait_for(lambda: "w/s1" in be.exits, "sandbox s1 started")
         clock.t += 5  # the lease expired while the holder was away (e.g. frozen)
         out = await asyncio.wait_for(run, 5)
         assert out.killed_by.startswith("fenced")
@@ -113,10 +113,33 @@ def test_a_checkpoint_watch_that_did_not_fire_reports_what_it_saw(tmp_path):
         s = dict(spec("s1"), workspace_dir=str(tmp_path / "ws1"))
         arm = {"kind": "checkpoints", "nth": 3, "window": "after-commit:", "reason": "t0-PK5"}
         run = asyncio.create_task(host.run_attempt(s, {}, 30, None, [arm]))
-        await wait_for(lambda: "s1" in be.exits, "sandbox s1 started")
+        await wait_for(lambda: "w/s1" in be.exits, "sandbox s1 started")
         _announce(s["workspace_dir"], "after-commit:1", "before-model:2", "after-commit:2")
-        be.finish("s1", 0)  # it ends with two of the three announced: the next attempt owes one
+        be.finish("w/s1", 0)  # it ends with two of the three announced: the next attempt owes one
         out = await asyncio.wait_for(run, 10)
         assert out.watches["t0-PK5"] == {"fired": False, "seen": 2}, out
         assert out.exit_code == 0
+    asyncio.run(main())
+
+
+def test_two_waves_on_one_host_each_name_only_their_own_sandbox():
+    """A `sandfleet up` fleet's host runs several waves at once, each with a `t000-a1`: a wave's kill reaches its
+    own sandbox through its WaveHost, never the other wave's."""
+    async def main():
+        be = FakeBackend()
+        host = SandboxHost("n0", be, None)
+
+        class Actor:  # the `.method.remote()` shape of a Ray actor handle, over the real host
+            def __getattr__(self, name):
+                return type("M", (), {"remote": staticmethod(getattr(host, name))})
+
+        a, b = WaveHost(Actor(), "wa"), WaveHosts([Actor()], "wb")[0]
+        runs = [asyncio.create_task(host.run_attempt(spec("t000-a1", w), {}, 30)) for w in ("wa", "wb")]
+        await wait_for(lambda: {"wa/t000-a1", "wb/t000-a1"} <= set(be.exits), "both sandboxes started")
+        res = await a.kill.remote("t000-a1", 0.0, "PK1")
+        assert res["applied"] is True
+        assert await b.is_running.remote("t000-a1") and not await a.is_running.remote("t000-a1")
+        be.finish("wb/t000-a1", 0)
+        out_a, out_b = await asyncio.gather(*runs)
+        assert (out_a.exit_code, out_a.killed_by) == (-9, "PK1") and (out_b.exit_code, out_b.killed_by) == (0, None)
     asyncio.run(main())

@@ -1,0 +1,126 @@
+"""`sandfleet up` / `status` / `down` and waves that attach to the fleet (`--address fleet`), through the CLI as a
+user runs them: two waves side by side on one fleet both pass with their own keys at its one store (a key book that
+overwrote the other's identities would make the other wave's store calls 403), nothing of the fleet is started
+twice, `down` leaves nothing; a daemon killed with SIGKILL is found by `status` and ended by `sandfleet sweep`."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests import leftovers
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args, env, timeout=300, wait=True):
+    argv = [sys.executable, "-m", "cluster.cli", *args]
+    if not wait:
+        return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _marked(marker: str) -> list[str]:
+    """Command lines of processes that carry the fleet's own marker (its state dir or its Ray temp dir)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and p.name != str(os.getpid()):
+            try:
+                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd:
+                out.append(f"{p.name} {cmd[:120]}")
+    return out
+
+
+def _gone(info: dict, timeout_s: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = _marked(info["state_dir"] + "/") + [f"{p['pid']} {p['cmd']}" for p in
+                                                   leftovers.ray_processes(info["ray"]["tmpdir"])]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def fleet_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # not the test session's Ray
+    env.update(RAY_USAGE_STATS_ENABLED="0", SANDFLEET_FLEET_FILE=str(tmp_path / "run" / "fleet.json"))
+    yield env
+    if Path(env["SANDFLEET_FLEET_FILE"]).exists():  # a failed test still stops what it started
+        _cli("down", env=env, timeout=120)
+
+
+def test_waves_attach_to_a_fleet_that_is_up_side_by_side_and_down_leaves_nothing(fleet_env, tmp_path):
+    env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
+    cfg = tmp_path / "wave.yaml"  # the kill at a boundary (after the 2nd and 3rd model call), not at a moment
+    cfg.write_text("tasks: 2\nconcurrency: 2\nfaults: [PK1]\nfault_timing: {PK1: {after_model_calls: [2, 3]}}\n"
+                   "workload: {steps: 5, think_ms: 50}\n")
+    wave = ["wave", "run", str(cfg), "--address", "fleet", "--no-progress"]
+    p = _cli(*wave, "--results", str(tmp_path / "r0"), env=env)
+    assert p.returncode == 2 and "no fleet is up" in p.stderr and "sandfleet up" in p.stderr, p.stderr[-1000:]
+    assert _cli("status", env=env).returncode == 1
+
+    p = _cli("up", env=env, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    info = orjson.loads(record.read_bytes())
+    assert record.stat().st_mode & 0o777 == 0o600 and record.parent.stat().st_mode & 0o777 == 0o700
+    again = _cli("up", env=env)
+    assert again.returncode == 0 and "already up" in again.stdout and str(info["pid"]) in again.stdout, again.stdout
+    st = _cli("status", env=env)
+    assert st.returncode == 0 and "ray_answers: True" in st.stdout and "store_answers: True" in st.stdout, st.stdout
+    fleet_procs = sorted(_marked(info["state_dir"] + "/"))  # its store
+    assert any("weed" in c for c in fleet_procs), fleet_procs
+
+    waves = [_cli(*wave, "--seed", str(seed), "--results", str(tmp_path / f"r{seed}"), env=env, wait=False)
+             for seed in (1, 2)]
+    outs = [w.communicate(timeout=300) for w in waves]
+    for w, (stdout, stderr) in zip(waves, outs):
+        assert w.returncode == 0, (stdout[-1000:], stderr[-2000:])
+    for seed in (1, 2):
+        d = (tmp_path / f"r{seed}" / "latest").resolve()
+        events = [orjson.loads(x) for x in (d / "timeline.jsonl").read_bytes().splitlines()]
+        ready = next(e for e in events if e["event"] == "parts_ready")
+        # the fleet's store, bucket and actors, none of its own: attached, not started
+        assert ready["store_lent"] and ready["bucket"] == info["bucket"] and "fleet_attach_s" in ready, ready
+        assert ready["pids"]["store"] == info["store"]["pid"], ready["pids"]
+        assert ready["pids"]["sandbox hosts"] == [h["pid"] for h in info["host_info"]], ready["pids"]
+        keys = {orjson.loads(x).get("key", "") for x in (d / "proxy-requests.jsonl").read_bytes().splitlines()}
+        assert keys and all(k.startswith(d.name + "/") for k in keys if k), sorted(keys)[:5]
+        verdict = orjson.loads((d / "verdict.json").read_bytes())
+        assert verdict["verdict"] == "pass", verdict
+    assert sorted(_marked(info["state_dir"] + "/")) == fleet_procs  # nothing of the fleet started twice
+
+    p = _cli("down", env=env, timeout=120)
+    assert p.returncode == 0 and "fleet down" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert not record.exists()
+    assert not _gone(info)
+    assert _cli("status", env=env).returncode == 1
+
+
+def test_a_killed_fleet_daemon_is_named_by_status_and_ended_by_the_sweep(fleet_env):
+    env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
+    assert _cli("up", env=env, timeout=180).returncode == 0
+    info = orjson.loads(record.read_bytes())
+    os.kill(info["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{info['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    st = _cli("status", env=env)
+    assert st.returncode == 1 and "dead one" in st.stdout and "sandfleet sweep" in st.stdout, st.stdout
+    up = _cli("up", env=env)
+    assert up.returncode == 2 and "sandfleet sweep" in up.stderr, up.stderr  # not a second fleet over the first's
+    sw = _cli("sweep", env=env, timeout=120)
+    assert sw.returncode == 0, sw.stderr[-2000:]
+    assert f"record of a `sandfleet up` fleet whose daemon is gone: {record}" in sw.stdout, sw.stdout
+    assert not record.exists()
+    assert not _gone(info)
