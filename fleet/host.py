@@ -41,7 +41,6 @@ class SandboxHost:
         self.node_id = node_id
         self.backend = backend or Backends()
         self.ledger = ledger
-        self.finished: list[dict] = []
         self.ended: set[str] = set()  # keys (SandboxSpec.key) of sandboxes whose run_attempt returned (started or not)
         self.cancelled_waves: set[str] = set()
         self.closing = False
@@ -268,7 +267,6 @@ class SandboxHost:
         if watches:
             out["watches"] = watches
         out["node"] = self.node_id
-        self.finished.append(out)
         return out
 
     async def started(self, key: str, timeout_s: float = 30.0) -> bool:
@@ -444,6 +442,7 @@ class SandboxHost:
                 rep = await asyncio.to_thread(reap_leftover, wid, sid)
                 rep["had_handle"] = False
                 reaped.append(rep)
+        self.ended = {k for k in self.ended if not k.startswith(wave_id + "/")}  # (a fleet's host outlives waves)
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
                 "reaped": reaped}
 

@@ -115,9 +115,9 @@ class Teardown:
         """A hung or dead ledger or host is ended now rather than waited on for each call's timeout."""
         import ray
 
+        fleet = self.parts.fleet  # (its actor handles: `ray.kill` takes no WaveHost)
         for part, actor in [("lease ledger", self.parts.ledger)] + [(f"sandbox host {n}", h) for n, h in
-                                                               zip(self.parts.fleet.node_ids, self.parts.hosts)
-                                                               if n not in self.parts.fleet.down]:
+                                                               zip(fleet.node_ids, fleet.hosts) if n not in fleet.down]:
             if self.health.lost(part):
                 problems.append(f"{part} lost (harness fault)")
                 try:

@@ -12,6 +12,8 @@ the whole tree's: Ray's processes, the store, the actors, the sandboxes. Rows:
   sandboxes are the rest of the tree's CPU: a process in a sandbox's cpu cgroup is never counted as harness), and
   the marginal CPU per extra attempt (the slope between the two sizes), all in and without the sandboxes.
 
+- The fixed cost of a short wave from nothing beside the same wave on a fleet already up (`sandfleet up`).
+
 `python -m tests.bench.cost` (part of `make bench`).
 """
 from __future__ import annotations
@@ -243,6 +245,69 @@ def bench_waves(rows: list) -> None:
                  f"{small['end']:.1f} s end", f"about {fixed:.1f} CPU-s not per attempt (goal: 8 s wall from nothing)"))
 
 
+def _phases(d: Path, wall: float) -> dict:
+    """A wave's fixed cost from its timeline: wall less the span of its attempts (first start to last end)."""
+    events = [json.loads(x) for x in (d / "timeline.jsonl").read_text().splitlines()]
+    at = {e["event"]: e["t"] for e in events}
+    starts = [e["t"] for e in events if e["event"] == "attempt_start"]
+    ends = [e["t"] for e in events if e["event"] == "attempt_end"]
+    ready = next(e for e in events if e["event"] == "parts_ready")
+    return {"wall": wall, "setup": at["parts_ready"], "to_first": min(starts) - at["parts_ready"],
+            "span": max(ends) - min(starts), "end": at["wave_end"] - max(ends),
+            "fixed": wall - (max(ends) - min(starts)), "attach": ready.get("fleet_attach_s")}
+
+
+def bench_fleet(rows: list, runs: int = 3) -> None:
+    """The fixed cost of a short wave (2 durable tasks, faults none) started from nothing (`--address local`) beside
+    the same wave on a fleet already up (`sandfleet up`, then `--address fleet`), alternating, `runs` of each; the
+    median of each. Fixed cost: the CLI's wall less the span of the wave's attempts."""
+    root = Path(tempfile.mkdtemp(prefix="sfbench-fleet-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", SANDFLEET_FLEET_FILE=str(root / "run" / "fleet.json"))
+    cfg = root / "w.yaml"
+    cfg.write_text("tasks: 2\nconcurrency: 2\nseed: 5\nrunner: durable\nfaults: none\n"
+                   "workload: {steps: 4, think_ms: 50}\n")
+    cli = [sys.executable, "-m", "cluster.cli"]
+    got: dict[str, list] = {"local": [], "fleet": []}
+    t = time.perf_counter()
+    up = subprocess.run(cli + ["up"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    up_s = time.perf_counter() - t
+    try:
+        if up.returncode != 0:
+            raise SystemExit(f"sandfleet up: exit {up.returncode}: {up.stderr[-2000:]}")
+        for i in range(runs):
+            for address in ("local", "fleet"):
+                out = root / f"r-{address}-{i}"
+                t = time.perf_counter()
+                p = subprocess.run(cli + ["wave", "run", str(cfg), "--address", address, "--results", str(out),
+                                          "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                   timeout=600)
+                wall = time.perf_counter() - t
+                if p.returncode != 0:
+                    raise SystemExit(f"wave on {address}: exit {p.returncode}: {p.stdout[-500:]} {p.stderr[-2000:]}")
+                got[address].append(_phases((out / "latest").resolve(), wall))
+    finally:
+        t = time.perf_counter()
+        subprocess.run(cli + ["down"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        down_s = time.perf_counter() - t
+        shutil_rm(root)
+
+    def med(address: str, k: str) -> float:
+        xs = sorted(x[k] for x in got[address])
+        return xs[len(xs) // 2]
+
+    rows.append(("`sandfleet up` / `sandfleet down`, wall", f"{up_s:.1f} s", f"{down_s:.1f} s", "once per fleet"))
+    rows.append((f"short wave (2 tasks, faults none; median of {runs}): CLI wall, own Ray and store / on a fleet "
+                 "already up", f"{med('local', 'wall'):.1f} s", f"{med('fleet', 'wall'):.1f} s",
+                 f"x{med('fleet', 'wall') / med('local', 'wall'):.2f}"))
+    rows.append(("short wave: fixed cost (wall less its attempts' span), own / fleet", f"{med('local', 'fixed'):.1f} s",
+                 f"{med('fleet', 'fixed'):.1f} s", "goal: 8 s from nothing, 4 s on a fleet already up"))
+    rows.append(("short wave: set-up (process start to parts_ready) / first attempt after it / end (last attempt to "
+                 "wave_end), own -> fleet", f"{med('local', 'setup'):.2f} / {med('local', 'to_first'):.2f} / "
+                 f"{med('local', 'end'):.2f} s", f"{med('fleet', 'setup'):.2f} / {med('fleet', 'to_first'):.2f} / "
+                 f"{med('fleet', 'end'):.2f} s", f"attach to the fleet {med('fleet', 'attach'):.2f} s"))
+
+
 def main() -> None:
     if os.geteuid() != 0 or not CPUACCT.is_dir():
         raise SystemExit("the cost bench needs root and the cpuacct cgroup controller")
@@ -250,6 +315,7 @@ def main() -> None:
     rows: list = []
     bench_ray(rows)
     bench_waves(rows)
+    bench_fleet(rows)
     write_section(MARK, "Harness cost (issue 19)", "Produced by `python -m tests.bench.cost` (part of `make bench`); one run, side by side; CPU from a cpuacct cgroup "
                   "around each measured tree",
                   "| measurement | value / before | value / after | note |", rows)
