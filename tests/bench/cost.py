@@ -13,6 +13,7 @@ the whole tree's: Ray's processes, the store, the actors, the sandboxes. Rows:
   the marginal CPU per extra attempt (the slope between the two sizes), all in and without the sandboxes.
 
 - The fixed cost of a short wave from nothing beside the same wave on a fleet already up (`sandfleet up`).
+- The product's wall beside the bare `xargs -P 16` loop of the same runner runs (tests/bench/bare.py).
 
 `python -m tests.bench.cost` (part of `make bench`).
 """
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from tests.bench import write_section
+from tests.bench.bare import bench_bare
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- cost -->"
@@ -316,6 +318,7 @@ def main() -> None:
     bench_ray(rows)
     bench_waves(rows)
     bench_fleet(rows)
+    bench_bare(rows)
     write_section(MARK, "Harness cost (issue 19)", "Produced by `python -m tests.bench.cost` (part of `make bench`); one run, side by side; CPU from a cpuacct cgroup "
                   "around each measured tree",
                   "| measurement | value / before | value / after | note |", rows)
