@@ -6,9 +6,9 @@ unchanged, so SigV4 signatures stay valid), and the upstream's 1xx answers are
 relayed (botocore sends `Expect: 100-continue` on PUT). Every request is
 recorded as one JSON line. Fault windows are *rules* opened and closed through a
 small JSON control API on a second port; a rule matches requests by method,
-bucket, key prefix and part number, and applies an action. This issue needs the
-`error` action (ST1: 503 ServiceUnavailable with an S3 XML body); later ST faults
-add actions to `ACTIONS` without touching the relay.
+bucket, key prefix and part number, and applies its action: one `Action` class each
+(`error`, `cut_body`, `reset`, `hold`, `delay`, `lag`, `boundary`), registered in `ACTIONS`;
+a new one is a class, not a branch of the relay.
 
 Run as `python -m storage.proxy --upstream 127.0.0.1:PORT --log FILE`; it prints
 one line `READY <port> <control_port>` when both listeners are up.
@@ -31,7 +31,6 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import orjson
 
@@ -352,16 +351,144 @@ def bad_request(why: str) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
-# An action is how a hit request is answered. New ST faults register here. `cut_body` has no canned answer:
-# the proxy relays the head alone and then drops both connections (FaultProxy._cut).
-# `boundary` answers nothing itself: it watches 2xx writes and, at the Nth, holds the task's traffic until the
-# rule is closed (FaultProxy._boundary), so a kill lands exactly at that write.
-# `reset` drops the request (after `reset_after` body bytes reached the store); `delay` adds latency and a shared
-# bandwidth cap, then relays; `lag` makes objects written in its window read as missing for `lag_s` (ST7).
-# `hold` keeps a matching request (never forwarded) until the rule closes, then drops it: a kill armed on a
-# storage request (PK1 `at_request`) lands while that transfer is provably in flight.
-ACTIONS: dict[str, Callable | None] = {"error": error_response, "cut_body": None, "boundary": None,
-                                       "reset": None, "delay": None, "lag": None, "hold": None}
+CLOSE, NEXT = "close", "next"  # what an action did with its hit: the connection ends / reads its next request
+
+
+@dataclass
+class Hit:
+    """A request a rule hit, as its action sees it (`t0`: when its head was read)."""
+    proxy: "FaultProxy"
+    head: "Head"
+    req: S3Request
+    rule: Rule
+    creader: asyncio.StreamReader
+    cwriter: asyncio.StreamWriter
+    base: dict
+
+    def note_key(self, key: str) -> None:
+        if len(self.rule.hit_keys) < 20:
+            self.rule.hit_keys.append(key)
+
+
+@dataclass
+class Shaping:
+    """A hit that is still relayed to the store: after `delay_s`, through its rule's shared token buckets."""
+    rule: Rule
+    delay_s: float
+    up: "TokenBucket | None"
+    down: "TokenBucket | None"
+    waited0: float
+
+    def extra(self) -> dict:
+        waited = sum(b.waited_s for b in (self.up, self.down) if b is not None) - self.waited0
+        return {"delay_ms": round(self.delay_s * 1000, 3), "throttle_wait_ms": round(waited * 1000, 3)}
+
+
+class Action:
+    """How a hit request is answered: one class per action, registered in `ACTIONS` by its `name`. `params` are the
+    rule fields it reads (its parameters; `Rule` checks every field's type). `drawn`: the proxy draws the rule per
+    matching request (`FaultProxy.match`) and calls `hit`, which returns CLOSE, NEXT, or a `Shaping` (relay it,
+    shaped). A rule that is not drawn is watched elsewhere in the relay (`boundary`, `lag`)."""
+
+    name = ""
+    params: tuple[str, ...] = ()
+    drawn = True
+
+    async def hit(self, h: Hit) -> "str | Shaping":
+        raise NotImplementedError(self.name)
+
+
+class ErrorAnswer(Action):
+    """ST1 and kin: an S3 error (status and code, or `codes` drawn per hit) in place of the store's answer; the
+    request's body is read and dropped (or never sent: a 100-continue is refused), the connection goes on."""
+
+    name, params = "error", ("status", "code", "message", "codes")
+
+    def answer(self, rule: Rule) -> tuple[int, str]:
+        return rule.answer_code()
+
+    async def hit(self, h: Hit) -> str:
+        answer = self.answer(h.rule)
+        expect = h.head.get("expect").lower() == "100-continue"
+        req_bytes = 0 if expect else await copy_body(h.creader, None, h.head)
+        h.cwriter.write(error_response(h.rule, h.req, close=expect, answer=answer))
+        await h.cwriter.drain()
+        h.note_key(h.req.target_key)
+        h.proxy.record(**h.base, status=answer[0], code=answer[1], req_bytes=req_bytes, resp_bytes=0,
+                       rule=h.rule.rule_id, fault=h.rule.fault, ms=round((clock() - h.base["t"]) * 1000, 3))
+        return CLOSE if expect else NEXT
+
+
+class Lag(ErrorAnswer):
+    """ST7: an object written in the window reads as missing (404 NoSuchKey) for `lag_s` after its write, and
+    listings leave it out (`FaultProxy._lagging`, `_listing_lag`)."""
+
+    name, params, drawn = "lag", ("lag_s",), False
+
+    def answer(self, rule: Rule) -> tuple[int, str]:
+        return 404, "NoSuchKey"
+
+
+class CutBody(Action):
+    """ST6: the store gets the head and never the body (`FaultProxy._cut`)."""
+
+    name, params = "cut_body", ("hold_s",)
+
+    async def hit(self, h: Hit) -> str:
+        await h.proxy._cut(h.head, h.req, h.rule, h.creader, h.cwriter, h.base)
+        return CLOSE
+
+
+class Reset(Action):
+    """ST4: `reset_after` body bytes reach the store, then both connections are reset (`FaultProxy._reset`)."""
+
+    name, params = "reset", ("reset_after",)
+
+    async def hit(self, h: Hit) -> str:
+        await h.proxy._reset(h.head, h.req, h.rule, h.creader, h.cwriter, h.base)
+        return CLOSE
+
+
+class Hold(Action):
+    """PK1 `at_request`: the request is held (never forwarded) until the rule closes, then dropped, so a kill lands
+    while that transfer is provably in flight."""
+
+    name = "hold"
+
+    async def hit(self, h: Hit) -> str:
+        h.note_key(f"{h.req.op} {h.req.target_key}")
+        ev = h.proxy.released.setdefault(h.rule.rule_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), 60)
+        except asyncio.TimeoutError:
+            pass
+        h.cwriter.transport.abort()  # never forwarded: the store never sees the held request
+        h.proxy.record(**h.base, op=h.req.op, status=None, req_bytes=0, resp_bytes=0, rule=h.rule.rule_id,
+                       fault=h.rule.fault, held=True, aborted=True, ms=round((clock() - h.base["t"]) * 1000, 3))
+        return CLOSE
+
+
+class Delay(Action):
+    """ST5: seeded latency before the store sees the request, and a bandwidth cap shared by the window's requests."""
+
+    name, params = "delay", ("latency_ms", "bandwidth_bps")
+
+    async def hit(self, h: Hit) -> Shaping:
+        delay_s = h.rule.delay_s()
+        await asyncio.sleep(delay_s)
+        up, down = h.rule.buckets()
+        h.note_key(h.req.target_key)
+        return Shaping(h.rule, delay_s, up, down, sum(b.waited_s for b in (up, down) if b is not None))
+
+
+class Boundary(Action):
+    """PK1 at a store write: counts the 2xx writes it matches; at the `nth` the task's traffic is held until the rule
+    closes (`variant` `after`: the answer is delivered first; `ambiguous`: it never is) (`FaultProxy._boundary`)."""
+
+    name, params, drawn = "boundary", ("nth", "variant"), False
+
+
+ACTIONS: dict[str, Action] = {a.name: a() for a in (ErrorAnswer, CutBody, Boundary, Reset, Delay, Lag, Hold)}
 WRITES = ("PUT", "POST", "DELETE")
 
 
@@ -535,7 +662,7 @@ class FaultProxy:
 
     def match(self, req: S3Request) -> Rule | None:
         for rule in self.rules.candidates(req):
-            if rule.action not in ("boundary", "lag") and rule.matches(req) and rule.draw():
+            if ACTIONS[rule.action].drawn and rule.matches(req) and rule.draw():
                 return rule
         return None
 
@@ -674,7 +801,9 @@ class FaultProxy:
             self.flush_log()
 
     async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        ureader = uwriter = None
+        """One client connection: each request is checked, answered by the action of a rule that hit it, or relayed
+        to the store on the connection's one upstream connection (kept alive as the client's is)."""
+        upstream = uwriter = None
         try:
             while True:
                 head = await read_head(creader)
@@ -705,149 +834,21 @@ class FaultProxy:
                 if len(sha) == 64:  # the writer signed its payload's sha256: the audit checks the store against it
                     base["sha"] = sha
                 await self._gate(req)
-                rule = self._lagging(req) if self.rules.lag else None
-                if rule is not None:  # ST7: read-after-write lag, the object reads as missing
-                    rule_answer = (404, "NoSuchKey")
-                else:
-                    rule = self.match(req) if self.rules else None
-                    rule_answer = rule.answer_code() if rule is not None and rule.action == "error" else None
-                if rule is not None and rule.action == "cut_body":
-                    await self._cut(head, req, rule, creader, cwriter, base)
-                    return
-                if rule is not None and rule.action == "reset":
-                    await self._reset(head, req, rule, creader, cwriter, base)
-                    return
-                if rule is not None and rule.action == "hold":
-                    if len(rule.hit_keys) < 20:
-                        rule.hit_keys.append(f"{req.op} {req.target_key}")
-                    ev = self.released.setdefault(rule.rule_id, asyncio.Event())
-                    try:
-                        await asyncio.wait_for(ev.wait(), 60)
-                    except asyncio.TimeoutError:
-                        pass
-                    cwriter.transport.abort()  # never forwarded: the store never sees the held request
-                    self.record(**base, op=req.op, status=None, req_bytes=0, resp_bytes=0, rule=rule.rule_id,
-                                fault=rule.fault, held=True, aborted=True, ms=round((clock() - t0) * 1000, 3))
-                    return
-                throttle_up = throttle_down = None
-                delayed = None
-                if rule is not None and rule.action == "delay":
-                    delayed = rule
-                    delay_s = rule.delay_s()
-                    await asyncio.sleep(delay_s)
-                    throttle_up, throttle_down = rule.buckets()
-                    waited0 = sum(b.waited_s for b in (throttle_up, throttle_down) if b is not None)
-                    if len(rule.hit_keys) < 20:
-                        rule.hit_keys.append(req.target_key)
-                elif rule is not None:
-                    expect = head.get("expect").lower() == "100-continue"
-                    req_bytes = 0
-                    if not expect:
-                        req_bytes = await copy_body(creader, None, head)
-                    cwriter.write(error_response(rule, req, close=expect, answer=rule_answer))
-                    await cwriter.drain()
-                    if len(rule.hit_keys) < 20:
-                        rule.hit_keys.append(req.target_key)
-                    self.record(**base, status=rule_answer[0], code=rule_answer[1], req_bytes=req_bytes,
-                                resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
-                                ms=round((clock() - t0) * 1000, 3))
-                    if expect:
-                        return
-                    continue
-                strip = self._listing_lag(req) if self.rules.lag else []
-                expect = head.get("expect").lower() == "100-continue"
-                held = None
-                if not head.chunked and head.length is not None and 0 < head.length <= HOLD_MAX:
-                    # A small body is held whole before the store sees the request: a client that dies
-                    # mid-body never reaches the store (SeaweedFS turns a PUT whose body never arrived
-                    # into an EMPTY object, even over a newer complete one, when its connection closes).
-                    if expect:
-                        cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                        await cwriter.drain()
-                    held = await creader.readexactly(head.length)
-                if uwriter is None:
-                    ureader, uwriter = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
-                uwriter.write(head.raw + held if held is not None and not expect else head.raw)  # one send
-                await uwriter.drain()
-                if held is not None:
-                    if throttle_up is not None:
-                        await throttle_up.take(len(held))
-                    body_task = asyncio.get_running_loop().create_future()
-                    if not expect:
-                        body_task.set_result(len(held))
-                elif not head.chunked and not head.length:  # no body (GET, HEAD, DELETE): nothing to relay
-                    body_task = asyncio.get_running_loop().create_future()
-                    body_task.set_result(0)
-                else:
-                    body_task = asyncio.create_task(copy_body(creader, uwriter, head, throttle=throttle_up))
-                while True:
-                    rhead = await self._upstream_head(ureader, uwriter, body_task)
-                    status = int(rhead.start.split(" ", 2)[1])
-                    if 100 <= status < 200:
-                        if held is not None and expect and not body_task.done():
-                            uwriter.write(held)  # our own 100 went to the client already
-                            await uwriter.drain()
-                            body_task.set_result(len(held))
-                        else:
-                            cwriter.write(rhead.raw)
-                            await cwriter.drain()
+                rule = self._lagging(req) if self.rules.lag else None  # ST7: the object reads as missing
+                if rule is None and self.rules:
+                    rule = self.match(req)
+                shaping = None
+                if rule is not None:
+                    done = await ACTIONS[rule.action].hit(Hit(self, head, req, rule, creader, cwriter, base))
+                    if done == NEXT:
                         continue
-                    if self.rules.lag:
-                        self._lag_note(req, status)
-                    fired = await self._boundary(req, status)
-                    if fired is not None and fired.variant == "ambiguous":
-                        # the store applied the write; its answer never reaches the runner (killed meanwhile)
-                        self.record(**base, status=status, req_bytes=body_task.result() if body_task.done()
-                                    and not body_task.exception() else 0, resp_bytes=0, rule=fired.rule_id,
-                                    fault=fired.fault, held=True, ms=round((clock() - t0) * 1000, 3))
-                        ev = self.released.setdefault(fired.rule_id, asyncio.Event())
-                        await asyncio.wait_for(ev.wait(), 60)
+                    if done == CLOSE:
                         return
-                    if strip and status == 200 and rhead.length is not None and rhead.length <= HOLD_MAX:
-                        break  # a listing that may name lagging keys: rewritten below before it is relayed
-                    strip = []
-                    break
-                no_body = method == "HEAD" or status in (204, 304)
-                closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
-                small = not strip and throttle_down is None and not rhead.chunked and (
-                    no_body or (rhead.length is not None and rhead.length <= SMALL_BODY))
-                if small:  # head and body in one send (most S3 answers are small)
-                    body = b"" if no_body else await ureader.readexactly(rhead.length)
-                    cwriter.write(rhead.raw + body)
-                    await cwriter.drain()
-                    resp_bytes = len(body)
-                elif not strip:
-                    cwriter.write(rhead.raw)
-                    await cwriter.drain()
-                if small:
-                    pass
-                elif strip:  # ST7: drop the lagging keys from the listing, fix its length
-                    body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
-                    raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
-                    cwriter.write(raw + body)
-                    await cwriter.drain()
-                    resp_bytes = len(body)
-                else:
-                    resp_bytes = 0 if no_body else await copy_body(
-                        ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked,
-                        throttle=throttle_down)
-                if not body_task.done():
-                    # The upstream answered without taking the body (e.g. refused a 100-continue).
-                    body_task.cancel()
-                    closing = True
-                    req_bytes = 0
-                elif body_task.exception() is not None:
-                    return
-                else:
-                    req_bytes = body_task.result()
-                extra = {}
-                if delayed is not None:
-                    waited = sum(b.waited_s for b in (throttle_up, throttle_down) if b is not None) - waited0
-                    extra = {"delay_ms": round(delay_s * 1000, 3), "throttle_wait_ms": round(waited * 1000, 3)}
-                self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
-                            rule=delayed.rule_id if delayed else None, fault=delayed.fault if delayed else None,
-                            ms=round((clock() - t0) * 1000, 3), **extra)
-                if closing or (rhead.length is None and not rhead.chunked and not no_body):
+                    shaping = done
+                if upstream is None:
+                    upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+                    uwriter = upstream[1]
+                if not await self._relay(head, req, base, shaping, creader, cwriter, *upstream):
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             return
@@ -855,6 +856,103 @@ class FaultProxy:
             for w in (cwriter, uwriter):
                 if w is not None:
                     w.close()
+
+    async def _relay(self, head: Head, req: S3Request, base: dict, shaping: Shaping | None, creader, cwriter,
+                     ureader, uwriter) -> bool:
+        """Forward one request to the store and its answer to the client (bodies streamed; a small request body
+        held whole first; ST7 listings rewritten; a boundary counted). True: the connection reads its next
+        request."""
+        method, t0 = req.method, base["t"]
+        throttle_up, throttle_down = (shaping.up, shaping.down) if shaping is not None else (None, None)
+        strip = self._listing_lag(req) if self.rules.lag else []
+        expect = head.get("expect").lower() == "100-continue"
+        held = None
+        if not head.chunked and head.length is not None and 0 < head.length <= HOLD_MAX:
+            # A small body is held whole before the store sees the request: a client that dies
+            # mid-body never reaches the store (SeaweedFS turns a PUT whose body never arrived
+            # into an EMPTY object, even over a newer complete one, when its connection closes).
+            if expect:
+                cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                await cwriter.drain()
+            held = await creader.readexactly(head.length)
+        uwriter.write(head.raw + held if held is not None and not expect else head.raw)  # one send
+        await uwriter.drain()
+        if held is not None:
+            if throttle_up is not None:
+                await throttle_up.take(len(held))
+            body_task = asyncio.get_running_loop().create_future()
+            if not expect:
+                body_task.set_result(len(held))
+        elif not head.chunked and not head.length:  # no body (GET, HEAD, DELETE): nothing to relay
+            body_task = asyncio.get_running_loop().create_future()
+            body_task.set_result(0)
+        else:
+            body_task = asyncio.create_task(copy_body(creader, uwriter, head, throttle=throttle_up))
+        while True:
+            rhead = await self._upstream_head(ureader, uwriter, body_task)
+            status = int(rhead.start.split(" ", 2)[1])
+            if 100 <= status < 200:
+                if held is not None and expect and not body_task.done():
+                    uwriter.write(held)  # our own 100 went to the client already
+                    await uwriter.drain()
+                    body_task.set_result(len(held))
+                else:
+                    cwriter.write(rhead.raw)
+                    await cwriter.drain()
+                continue
+            if self.rules.lag:
+                self._lag_note(req, status)
+            fired = await self._boundary(req, status)
+            if fired is not None and fired.variant == "ambiguous":
+                # the store applied the write; its answer never reaches the runner (killed meanwhile)
+                self.record(**base, status=status, req_bytes=body_task.result() if body_task.done()
+                            and not body_task.exception() else 0, resp_bytes=0, rule=fired.rule_id,
+                            fault=fired.fault, held=True, ms=round((clock() - t0) * 1000, 3))
+                ev = self.released.setdefault(fired.rule_id, asyncio.Event())
+                await asyncio.wait_for(ev.wait(), 60)
+                return False
+            if strip and status == 200 and rhead.length is not None and rhead.length <= HOLD_MAX:
+                break  # a listing that may name lagging keys: rewritten below before it is relayed
+            strip = []
+            break
+        no_body = method == "HEAD" or status in (204, 304)
+        closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
+        small = not strip and throttle_down is None and not rhead.chunked and (
+            no_body or (rhead.length is not None and rhead.length <= SMALL_BODY))
+        if small:  # head and body in one send (most S3 answers are small)
+            body = b"" if no_body else await ureader.readexactly(rhead.length)
+            cwriter.write(rhead.raw + body)
+            await cwriter.drain()
+            resp_bytes = len(body)
+        elif not strip:
+            cwriter.write(rhead.raw)
+            await cwriter.drain()
+        if small:
+            pass
+        elif strip:  # ST7: drop the lagging keys from the listing, fix its length
+            body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
+            raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
+            cwriter.write(raw + body)
+            await cwriter.drain()
+            resp_bytes = len(body)
+        else:
+            resp_bytes = 0 if no_body else await copy_body(
+                ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked,
+                throttle=throttle_down)
+        if not body_task.done():
+            # The upstream answered without taking the body (e.g. refused a 100-continue).
+            body_task.cancel()
+            closing = True
+            req_bytes = 0
+        elif body_task.exception() is not None:
+            return False
+        else:
+            req_bytes = body_task.result()
+        shaped = shaping.rule if shaping is not None else None
+        self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
+                    rule=shaped.rule_id if shaped else None, fault=shaped.fault if shaped else None,
+                    ms=round((clock() - t0) * 1000, 3), **(shaping.extra() if shaping is not None else {}))
+        return not (closing or (rhead.length is None and not rhead.chunked and not no_body))
 
     # -- control API --------------------------------------------------------
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -177,3 +177,71 @@ def test_windows_hits_and_lags_run_on_one_injectable_clock(monkeypatch):
     assert p._lagging(S3Request.parse("GET", "/b/a/k")) is not None
     now[0] += 1.6
     assert p._lagging(S3Request.parse("GET", "/b/a/k")) is None
+
+
+def test_actions_are_a_registry_the_relay_dispatches_to(monkeypatch, tmp_path):
+    """Each action is a class in ACTIONS: a new one answers hits with no change to the relay. Through a real proxy on
+    127.0.0.1 in front of a tiny upstream: an `error` hit answers 503 and the kept-alive connection serves the next
+    request (NEXT), which the upstream answers; a `delay` hit is still relayed and logged with its delay; a class
+    registered here (`teapot`) answers its hits, and its rule is accepted only once it is registered."""
+    import asyncio
+
+    import orjson
+
+    from storage import proxy as px
+
+    class Teapot(px.Action):
+        name = "teapot"
+
+        async def hit(self, h):
+            h.cwriter.write(b"HTTP/1.1 418 I'm a teapot\r\nContent-Length: 0\r\n\r\n")
+            await h.cwriter.drain()
+            h.proxy.record(**h.base, status=418, rule=h.rule.rule_id, fault=None)
+            return px.NEXT
+
+    with pytest.raises(ValueError, match="rule.action='teapot'"):
+        Rule(rule_id="t", action="teapot")
+    monkeypatch.setitem(px.ACTIONS, "teapot", Teapot())
+    assert {a.name for a in px.ACTIONS.values()} >= {"error", "cut_body", "reset", "hold", "delay", "lag",
+                                                      "boundary", "teapot"}
+    assert [n for n, a in px.ACTIONS.items() if not a.drawn] == ["boundary", "lag"]
+
+    async def main():
+        seen = []
+
+        async def upstream(r, w):
+            while True:
+                head = await px.read_head(r)
+                if head is None:
+                    break
+                seen.append(head.start)
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await w.drain()
+            w.close()
+
+        up = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        proxy = FaultProxy("127.0.0.1", up.sockets[0].getsockname()[1], str(tmp_path / "log.jsonl"))
+        front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+        proxy.rules["e"] = Rule(rule_id="e", key_prefix="err/", max_hits=1)
+        proxy.rules["d"] = Rule(rule_id="d", action="delay", key_prefix="slow/", latency_ms=[5, 5])
+        proxy.rules["t"] = Rule(rule_id="t", action="teapot", key_prefix="tea/")
+        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        answers = []
+        for key in ("err/a", "err/a", "slow/b", "tea/c", "plain/d"):
+            w.write(f"GET /bkt/{key} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await w.drain()
+            head = await px.read_head(r)
+            await r.readexactly(head.length or 0)
+            answers.append(int(head.start.split()[1]))
+        w.close()
+        front.close()
+        up.close()
+        proxy.flush_log()
+        return answers, seen
+
+    answers, seen = asyncio.run(main())
+    assert answers == [503, 200, 200, 418, 200]  # one connection throughout: each hit went on to the next request
+    assert [s.split()[1] for s in seen] == ["/bkt/err/a", "/bkt/slow/b", "/bkt/plain/d"]  # hits never forwarded
+    log = [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
+    slow = next(e for e in log if e["key"] == "slow/b")
+    assert slow["rule"] == "d" and slow["status"] == 200 and slow["delay_ms"] == 5.0
