@@ -198,6 +198,11 @@ def wave_resume(
         d = orjson.loads((private / results.DRIVER_RECORD).read_bytes())
         _err(f"error: wave {wave_id} is still running (driver pid {d['pid']}); resume only a wave whose driver died")
         return EXIT_HARNESS
+    if plan["config"].get("address") == "fleet":  # its data is in the fleet's store and ledger, not its own
+        _err(f"error: cannot resume {wave_id}: it ran on the fleet of `sandfleet up` (--address fleet), and a wave "
+             "on a fleet cannot be resumed yet; run it again, and grade what finished with "
+             f"`sandfleet grade {results_dir}`")
+        return EXIT_HARNESS
     if not (private / "store").is_dir() and not plan["config"].get("store", {}).get("url"):
         _err(f"error: cannot resume {wave_id}: its store data ({private}/store) is gone (was it swept?). "
              f"Grade what finished with `sandfleet grade {results_dir}`")
@@ -411,7 +416,8 @@ def shrink_cmd(
     fleet = None
     try:
         preflight(cfg)
-        fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
+        if cfg.address != "fleet":  # (on `sandfleet up`'s fleet each run attaches)
+            fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
         with _shrink_progress(budget, no_progress) as step:
             s = shrink.Shrinker(plan, task_id, wave_dir.parent, cfg, fleet, budget, on_step=step)
             outcome = s.search(task, signature)
@@ -619,10 +625,14 @@ def up_cmd() -> int:
 @app.command("down")
 def down_cmd() -> int:
     """Stop the fleet of `sandfleet up` (its sandboxes, actors, Ray and store). Exit 0 when it is down (or none was
-    up), 2 when it had to be killed and swept."""
+    up), 2 when it had to be killed and swept, or the record file is not a fleet's (left as it is)."""
     from cluster import localfleet
 
-    info = localfleet.down()
+    try:
+        info = localfleet.down()
+    except localfleet.FleetError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
     if info is None:
         out.print("no fleet is up", highlight=False, soft_wrap=True)
         return EXIT_OK
@@ -639,12 +649,16 @@ def down_cmd() -> int:
 @app.command("status")
 def status_cmd() -> int:
     """Is the fleet of `sandfleet up` up, and do its Ray and store answer? Exit 0 when up and answering, 1 when no
-    fleet is up, 2 when one is up but a part of it does not answer."""
+    fleet is up, 2 when one is up but a part of it does not answer, or the record file is not a fleet's."""
     from cluster import localfleet
 
-    st = localfleet.status()
+    try:
+        st = localfleet.status()
+        gone = localfleet.stale() if st is None else None
+    except localfleet.FleetError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
     if st is None:
-        gone = localfleet.stale()
         out.print("no fleet is up" + (f" (the record of a dead one is there, pid {gone.get('pid')}: "
                                        "`sandfleet sweep` removes it)" if gone else ""), highlight=False,
                   soft_wrap=True)

@@ -68,6 +68,9 @@ class WaveConfig(Strict):
         if self.nodes > 1 and self.address != "local":
             raise ValueError(f"nodes {self.nodes} simulates a cluster on this machine and needs address 'local'; "
                              f"with address {self.address!r} the wave uses that cluster's nodes")
+        if self.address == "fleet" and self.store.url:
+            raise ValueError(f"address 'fleet' runs on the fleet's own store; store.url {self.store.url!r} is for a "
+                             "wave's own Ray (address 'local')")
         if self.node_isolation == "namespaces" and (self.nodes < 2 or self.address != "local"):
             raise ValueError(f"nodes {self.nodes} with node_isolation 'namespaces': isolated nodes are a head and at "
                              "least one sandbox node made on this machine (nodes >= 2, address 'local')")

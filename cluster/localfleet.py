@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -37,37 +38,101 @@ class FleetError(RuntimeError):
     """The fleet could not be started, found or stopped; the message says why and what to do."""
 
 
+KIND = "sandfleet-fleet"
+STATE_PREFIX = "/tmp/sandfleet-fleet-"
+
+
 def fleet_file() -> Path:
-    return Path(os.environ.get(FILE_ENV) or DEFAULT_FILE)
+    """The record's path, absolute (the daemon runs in another directory than its caller)."""
+    return Path(os.path.abspath(os.environ.get(FILE_ENV) or DEFAULT_FILE))
 
 
-def _alive(info: dict) -> bool:
+def _serve_argv(path: Path) -> list[str]:
+    return ["-m", "cluster.localfleet", "serve", str(path)]
+
+
+def daemons(path: Path) -> list[int]:
+    """Pids of the daemons that serve this record file, by their command line (the fleet's own marker)."""
+    want = [a.encode() for a in _serve_argv(path)]
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if argv[1:] == want:
+                found.append(int(pid))
+    return found
+
+
+def _alive(info: dict, path: Path) -> bool:
+    """The record's daemon runs: its pid has the recorded start time and is a daemon of this file (a pid reused by
+    another process, or a record naming some other process, is not)."""
     from fleet.markers import _start_time
 
-    try:
-        return _start_time(int(info["pid"])) == info["start"]
-    except (KeyError, TypeError, ValueError):
-        return False
+    return _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path)
+
+
+_FIELDS = {"kind": str, "pid": int, "start": str, "ready": bool, "up_since": (int, float), "state_dir": str,
+           "namespace": str, "ray": dict, "actors": dict, "node_ids": list, "host_info": list, "bucket": str,
+           "store": dict}
+
+
+def _invalid(info) -> str | None:
+    """Why this is not the record of a `sandfleet up` fleet, or None."""
+    if not isinstance(info, dict):
+        return f"its JSON is a {type(info).__name__}, not an object"
+    if info.get("kind") != KIND:
+        return f"kind is {info.get('kind')!r}, not {KIND!r}"
+    for name, types in _FIELDS.items():
+        if not isinstance(info.get(name), types) or (types is int and isinstance(info.get(name), bool)):
+            return f"{name} is {info.get(name)!r}"
+    if not info["state_dir"].startswith(STATE_PREFIX) or not info["ready"]:
+        return f"state_dir is {info['state_dir']!r}, not under {STATE_PREFIX}*"
+    return None
 
 
 def _load(path: Path) -> dict | None:
+    """The record at `path`; None when there is no file. A FleetError, and nothing changed, when the file is not a
+    fleet's record or others could read or change it (it holds the Ray token and the store's admin key)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise FleetError(f"the fleet record {path} cannot be looked at: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FleetError(f"the fleet record {path} is not a regular file; nothing was changed: remove it, or set "
+                         f"${FILE_ENV} to another path")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise FleetError(f"the fleet record {path} has mode {stat.S_IMODE(st.st_mode):o} and owner uid {st.st_uid}: "
+                         "it holds the Ray token and the store's admin key, so only a file of this user with mode "
+                         "600 is read; nothing was changed")
     try:
         info = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return info if isinstance(info, dict) else None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        info, why = None, f"not JSON: {str(exc)[:80]}"
+    else:
+        why = _invalid(info)
+    if why:
+        raise FleetError(f"{path} is not the record of a `sandfleet up` fleet ({why}); nothing was changed: "
+                         f"remove it, or set ${FILE_ENV} to another path")
+    return info
 
 
 def read(path: Path | None = None) -> dict | None:
     """The fleet's record when one is up (its daemon alive), else None (no file, or a stale one)."""
-    info = _load(path or fleet_file())
-    return info if info is not None and info.get("ready") and _alive(info) else None
+    path = path or fleet_file()
+    info = _load(path)
+    return info if info is not None and _alive(info, path) else None
 
 
 def stale(path: Path | None = None) -> dict | None:
     """The record of a fleet whose daemon is gone (killed; its leftovers are the sweep's), else None."""
-    info = _load(path or fleet_file())
-    return info if info is not None and not _alive(info) else None
+    path = path or fleet_file()
+    info = _load(path)
+    return info if info is not None and not _alive(info, path) else None
 
 
 def require() -> dict:
@@ -109,7 +174,7 @@ def serve(path: Path) -> int:
         import ray
 
         store = session.store
-        info = dict(me, ready=True, up_since=time.time(), state_dir=session.state_dir, namespace=NAMESPACE,
+        info = dict(me, kind=KIND, ready=True, up_since=time.time(), state_dir=session.state_dir, namespace=NAMESPACE,
                     ray={"address": ray.get_runtime_context().gcs_address, "token": token,
                          "tmpdir": session.ray_session.tmpdir},
                     actors={"ledger": "sandfleet-ledger", "sweeper": "sandfleet-sweeper",
@@ -120,36 +185,101 @@ def serve(path: Path) -> int:
                            "admin": [store.endpoint.creds.access_key, store.endpoint.creds.secret_key]})
         _write(path, info)
         print(f"fleet up: pid {me['pid']}, Ray {info['ray']['address']}, store {store.endpoint.url}", flush=True)
+        actors = [("lease ledger", session.ledger), ("sweep actor", session.sweeper)] + [
+            (f"sandbox host {n}", h) for n, h in zip(session.node_ids, session.hosts)]
         while not stop.wait(1.0):
             if store.proc.poll() is not None:  # a fleet without its store serves no wave: say so and end
                 print(f"the fleet's store exited ({store.proc.returncode}); stopping the fleet", flush=True)
                 break
+            dead = _dead_actor(actors)
+            if dead:  # nor without one of its actors: a wave would meet a lookup error; `sandfleet up` starts anew
+                print(f"the fleet's {dead}; stopping the fleet", flush=True)
+                break
     finally:
-        if (_load(path) or {}).get("pid") == me["pid"]:
+        try:
+            mine = (_load(path) or {}).get("pid") == me["pid"]
+        except FleetError:  # a record of this file damaged while this daemon served it: it was this daemon's
+            mine = path.is_file()
+        if mine:
             path.unlink(missing_ok=True)
         session.stop()
         print("fleet down", flush=True)
     return 0
 
 
+def _dead_actor(actors: list, timeout_s: float = 2.0) -> str | None:
+    """The first of the fleet's actors that died (a ping answered with the actor's death), as `<part> died (why)`;
+    one that is only slow or hung is not called dead here (waves name it by their own health watch)."""
+    import ray
+
+    refs = [a.ping.remote() for _, a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for (part, _), ref in zip(actors, refs):
+        if ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as exc:
+                return f"{part} died ({type(exc).__name__})"
+            except Exception:  # noqa: BLE001 - any other answer: it is there
+                pass
+    return None
+
+
+class _UpLock:
+    """One `sandfleet up` at a time per record file (an flock beside it, waited for within the caller's bound): a
+    second `up` started at the same moment finds the first's fleet instead of starting another."""
+
+    def __init__(self, path: Path, timeout_s: float):
+        self.path, self.timeout_s, self.fd = path.with_name(path.name + ".up.lock"), timeout_s, None
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise FleetError(f"another `sandfleet up` of {self.path.parent} held its lock for "
+                                     f"{self.timeout_s:.0f} s") from None
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # (the lock goes with it)
+
+
 def up(timeout_s: float = UP_TIMEOUT_S) -> tuple[dict, bool]:
     """Start the fleet's daemon and wait (bounded) until its record says it is ready. Returns (record, started):
     `started` False when a fleet was already up (nothing is started twice)."""
     path = fleet_file()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = _UpLock(path, timeout_s)
+        with lock:
+            return _up(path, timeout_s)
+    except OSError as exc:
+        raise FleetError(f"the fleet record's directory {path.parent} cannot be used: {exc.strerror or exc} "
+                         f"(set ${FILE_ENV} to a path this user may write)") from None
+
+
+def _up(path: Path, timeout_s: float) -> tuple[dict, bool]:
     info = read(path)
     if info is not None:
         return info, False
     if stale(path) is not None:
         raise FleetError(f"{path} names a fleet whose daemon is gone: run `sandfleet sweep` (it ends what that "
                          "fleet left and removes the file), then `sandfleet up`")
-    if path.exists():  # a fleet still starting (no `ready` yet) is not started twice
-        raise FleetError(f"{path} exists but says no fleet is ready: another `sandfleet up` may be starting one; "
-                         "wait, or `sandfleet down`")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if daemons(path):
+        raise FleetError(f"a fleet daemon serves {path} (pids {daemons(path)}) but no record of it is there: "
+                         "`sandfleet down` stops it")
     log_path = path.with_suffix(".log")
     root = Path(__file__).resolve().parent.parent
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cluster.localfleet", "serve", str(path)], cwd=root,
+        proc = subprocess.Popen([sys.executable, *_serve_argv(path)], cwd=root,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=dict(os.environ, PYTHONPATH=str(root)))
     deadline = time.monotonic() + timeout_s
@@ -174,17 +304,27 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
-    """Stop the fleet: SIGTERM to its daemon (by the pid and start time in its record), which stops its sandboxes,
-    actors, Ray and store and removes the record; waits (bounded). A daemon that does not end in time is
-    SIGKILLed and what it left is swept. Returns the record of the fleet stopped, None when none was up."""
+    """Stop the fleet: SIGTERM to its daemon (by the pid and start time in its record, or, when the record is gone
+    or damaged, by its command line), which stops its sandboxes, actors, Ray and store and removes the record;
+    waits (bounded). A daemon that does not end in time is SIGKILLed and what it left is swept. Returns the record
+    of the fleet stopped, None when none was up. A file there that is not a fleet's record, with no daemon serving
+    it, is a FleetError and is left as it is."""
     from fleet.markers import _start_time
 
     path = fleet_file()
-    info = _load(path)
-    if info is None:
-        return None
-    if _alive(info):
-        pid = int(info["pid"])
+    try:
+        info = _load(path)
+    except FleetError as exc:
+        if not daemons(path):
+            raise
+        info = {"damaged": str(exc)}
+    if info is None or "damaged" in info:
+        pids = daemons(path)
+        if not pids:
+            return None
+        info = dict(info or {}, pid=pids[0], start=_start_time(pids[0]), ready=True)
+    if _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path):
+        pid = info["pid"]
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while _start_time(pid) == info["start"] and time.monotonic() < deadline:
@@ -192,17 +332,18 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
         if _start_time(pid) == info["start"]:
             os.kill(pid, signal.SIGKILL)
             info["killed"] = True
-    if info.get("killed") or not info.get("ready") or path.exists():  # what a killed daemon left, by its markers
+    if info.get("killed") or path.exists():  # what a killed daemon left, by its markers
         from cluster import sweep
 
         deadline = time.monotonic() + 10  # (the kill lands in a moment)
-        while _start_time(int(info.get("pid", 0))) == info.get("start") and time.monotonic() < deadline:
+        while info.get("killed") and _start_time(info["pid"]) == info["start"] and time.monotonic() < deadline:
             time.sleep(0.05)
         found = sweep.find()
         found = {"waves": {}, "harness_cgroups": found["harness_cgroups"],
                  "fleets": {d: e for d, e in found["fleets"].items() if d == info.get("state_dir")}}
         info["swept"] = sweep.remove(found)
-    path.unlink(missing_ok=True)
+    if "damaged" not in info:
+        path.unlink(missing_ok=True)
     return info
 
 

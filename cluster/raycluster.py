@@ -147,14 +147,22 @@ class FleetSession:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = info["ray"]["token"]
         import ray
+        from cluster.wave.errors import HarnessError
 
         self = cls(info["ray"]["address"], state_dir=info["state_dir"], namespace=info["namespace"])
         self.attached = True
         self.ray_session.start()
         names = info["actors"]
-        self.ledger = ray.get_actor(names["ledger"], namespace=info["namespace"])
-        self.sweeper = ray.get_actor(names["sweeper"], namespace=info["namespace"])
-        self.hosts = [ray.get_actor(n, namespace=info["namespace"]) for n in names["hosts"]]
+
+        def actor(name: str):
+            try:
+                return ray.get_actor(name, namespace=info["namespace"])
+            except ValueError:  # (Ray's word for a name no live actor holds)
+                raise HarnessError(f"the fleet of `sandfleet up` has lost its actor {name!r}: `sandfleet down`, then "
+                                   "`sandfleet up`") from None
+
+        self.ledger, self.sweeper = actor(names["ledger"]), actor(names["sweeper"])
+        self.hosts = [actor(n) for n in names["hosts"]]
         self.node_ids, self.host_info = list(info["node_ids"]), list(info["host_info"])
         st = info["store"]
         endpoint = StoreEndpoint(url=st["url"], creds=Credentials(*st["admin"]), region=st["region"])

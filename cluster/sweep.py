@@ -68,9 +68,13 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
     nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
     from cluster import localfleet
 
-    record = localfleet.stale() if not wave else None
+    try:
+        record, bad_record = (localfleet.stale() if not wave else None), None
+    except localfleet.FleetError as exc:  # a file there that is not a fleet's record: named, never removed
+        record, bad_record = None, str(exc)
     return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
             "fleet_record": str(localfleet.fleet_file()) if record is not None else None,
+            "bad_fleet_record": bad_record,
             "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
 
 
@@ -271,6 +275,8 @@ def summary(found: dict) -> list[str]:
                      + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))
     if found.get("fleet_record"):
         lines.append(f"the record of a `sandfleet up` fleet whose daemon is gone: {found['fleet_record']}")
+    if found.get("bad_fleet_record"):
+        lines.append(f"left alone: {found['bad_fleet_record']}")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
     for d in found.get("node_cgroups", []):

@@ -74,9 +74,6 @@ def preflight(cfg: WaveConfig) -> None:
             localfleet.require()
         except localfleet.FleetError as exc:
             raise HarnessError(str(exc)) from None
-        if cfg.store.url:
-            raise HarnessError("address 'fleet' runs on the fleet's own store; store.url is for a wave's own fleet "
-                               "(--address local)")
     elif cfg.address not in ("local", "auto"):
         check_ray_address(cfg.address)
 

@@ -54,10 +54,11 @@ class Teardown:
         if sweeper is None or self.parts.ledger is None:
             return
         if self.health.lost("sweep actor"):  # dead or hung: its last pass would only wait for the timeout
-            try:
-                ray.kill(sweeper)
-            except Exception:  # noqa: BLE001
-                pass
+            if not self.parts.fleet.attached:  # (a `sandfleet up` fleet's actor serves other waves: never ended here)
+                try:
+                    ray.kill(sweeper)
+                except Exception:  # noqa: BLE001
+                    pass
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor is lost (harness fault): "
                                                        f"{self.health.harness_fault.why[:200]}"],
                    "unavailable": True}
@@ -120,6 +121,8 @@ class Teardown:
                                                                zip(fleet.node_ids, fleet.hosts) if n not in fleet.down]:
             if self.health.lost(part):
                 problems.append(f"{part} lost (harness fault)")
+                if fleet.attached:  # a `sandfleet up` fleet's actor serves other waves: a wave never ends it
+                    continue
                 try:
                     ray.kill(actor)
                 except Exception:  # noqa: BLE001

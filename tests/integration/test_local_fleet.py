@@ -44,8 +44,7 @@ def _marked(marker: str) -> list[str]:
 def _gone(info: dict, timeout_s: float = 20.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while True:
-        left = _marked(info["state_dir"] + "/") + [f"{p['pid']} {p['cmd']}" for p in
-                                                   leftovers.ray_processes(info["ray"]["tmpdir"])]
+        left = _marked(info["state_dir"] + "/") + leftovers.ray_processes(info["ray"]["tmpdir"])
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -123,4 +122,63 @@ def test_a_killed_fleet_daemon_is_named_by_status_and_ended_by_the_sweep(fleet_e
     assert sw.returncode == 0, sw.stderr[-2000:]
     assert f"record of a `sandfleet up` fleet whose daemon is gone: {record}" in sw.stdout, sw.stdout
     assert not record.exists()
+    assert not _gone(info)
+
+
+def test_two_ups_at_once_make_one_fleet_and_down_ends_it_through_a_damaged_record(fleet_env):
+    env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
+    ups = [_cli("up", env=env, wait=False) for _ in range(2)]
+    outs = [u.communicate(timeout=180) for u in ups]
+    assert [u.returncode for u in ups] == [0, 0], outs
+    info = orjson.loads(record.read_bytes())
+    assert all(f"pid {info['pid']}" in o[0] for o in outs), outs  # the second found the first's fleet
+    from cluster import localfleet
+
+    assert localfleet.daemons(record) == [info["pid"]]
+    record.write_bytes(record.read_bytes()[:300])  # damaged while its daemon runs
+    st = _cli("status", env=env)
+    assert st.returncode == 2 and "is not the record of a `sandfleet up` fleet" in st.stderr, st.stderr
+    p = _cli("down", env=env, timeout=120)
+    assert p.returncode == 0 and f"fleet down (pid {info['pid']})" in p.stdout, (p.stdout, p.stderr[-2000:])
+    assert not record.exists() and not _gone(info)
+
+
+def test_a_wave_that_finds_the_fleets_host_hung_leaves_it_and_a_dead_host_stops_the_fleet(fleet_env, tmp_path):
+    """A wave attached to the fleet never ends the fleet's actors (they serve other waves): a host it finds hung is
+    its harness fault (exit 2), and the host runs on once it answers again. A host that died stops the fleet (no
+    wave could run on it): the daemon says so, removes its record and leaves nothing."""
+    env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
+    assert _cli("up", env=env, timeout=180).returncode == 0
+    info = orjson.loads(record.read_bytes())
+    host = info["host_info"][0]["pid"]
+    host_start = Path(f"/proc/{host}/stat").read_text().split(") ", 1)[1].split()[19]
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text("tasks: 1\nconcurrency: 1\nfaults: none\nworkload: {steps: 40, think_ms: 200}\n"
+                   "health: {actor_timeout_s: 1, actor_strikes: 2}\n")
+    wave = _cli("wave", "run", str(cfg), "--address", "fleet", "--results", str(tmp_path / "r"), "--no-progress",
+                env=env, wait=False)
+    timeline = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and wave.poll() is None:  # the condition: an attempt runs on the host
+        timeline = next((tmp_path / "r").glob("w-*/timeline.jsonl"), None)
+        if timeline is not None and b'"attempt_start"' in timeline.read_bytes():
+            break
+        time.sleep(0.1)
+    assert timeline is not None and wave.poll() is None, wave.communicate()
+    os.kill(host, signal.SIGSTOP)
+    try:
+        stdout, stderr = wave.communicate(timeout=120)
+    finally:
+        os.kill(host, signal.SIGCONT)
+    assert wave.returncode == 2 and "sandbox host" in stderr, (stdout[-1000:], stderr[-2000:])
+    assert Path(f"/proc/{host}/stat").read_text().split(") ", 1)[1].split()[19] == host_start  # not ended
+    assert _cli("status", env=env).returncode == 0
+
+    os.kill(host, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while record.exists() and time.monotonic() < deadline:  # the daemon's watch sees the host's death
+        time.sleep(0.2)
+    assert not record.exists()
+    assert "sandbox host node-0 died" in (record.parent / "fleet.log").read_text()
+    assert _cli("status", env=env).returncode == 1
     assert not _gone(info)

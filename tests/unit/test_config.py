@@ -269,3 +269,8 @@ def test_serve_names_a_damaged_wave_on_its_row_and_renders_the_others(tmp_path):
     assert rows["w-5"]["problems"] == [] and rows["w-5"]["verdict"] == "pass"
     page = index_html(tmp_path, list(rows.values()))
     assert all(w in page for w in rows) and page.count("damaged") >= 4
+
+
+def test_a_fleet_wave_with_its_own_store_url_is_bad_input_naming_both():
+    with pytest.raises(ConfigError, match="address 'fleet' runs on the fleet's own store; store.url 'http://x:1'"):
+        build_config({"address": "fleet", "store": {"url": "http://x:1", "access_key": "a", "secret_key": "b"}})
