@@ -144,9 +144,8 @@ class EmbeddedStore:
         ] + list(extra or [])}, option=orjson.OPT_INDENT_2)
         tmp = self.identities_path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+        try:  # (no fsync: the store's data dies with it; the rename alone is what weed must see whole)
             os.write(fd, body)
-            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.identities_path)
