@@ -30,6 +30,7 @@ from cluster.wave.timeline import TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import drawn
 from fleet import workloads
+from fleet.host import awaitable
 from fleet.lifecycle import TaskState
 from fleet.records import AttemptResult, PlannedTask
 from fleet.sandbox import SandboxSpec
@@ -226,7 +227,7 @@ class Attempts:
         """The attempt's result, or {"abandoned": ...} when a fault gave up on it first (the attempt then runs on
         as a zombie: its end is recorded as `zombie_end` when it comes). Raises asyncio.TimeoutError at the
         deadline and what the host raised (RayActorError) as before."""
-        fut = asyncio.wrap_future(ref.future())
+        fut = awaitable(ref)  # (an error after the wave gave up on it is not printed as never retrieved)
         ab = asyncio.ensure_future(run.abandon_ev.wait())
         loop = asyncio.get_running_loop()
         until, started = loop.time() + timeout, time.time()
