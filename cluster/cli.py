@@ -155,6 +155,16 @@ def _report(wave, result: dict) -> int:
         return 130 if result["interrupted"] == "SIGINT" else 143
     for e in result.get("harness_errors", []):
         _err(f"harness error: {e}")
+    if result.get("harness_errors") and wave.cfg.address == "fleet":
+        from cluster import localfleet
+
+        try:
+            gone = localfleet.read() is None
+        except localfleet.FleetError:
+            gone = True
+        if gone:  # the likely why: say it rather than leave the user with a refused connection
+            _err("harness error: the fleet of `sandfleet up` this wave ran on is no longer up (stopped with "
+                 "`sandfleet down`, or a part of it died: its log is beside its record)")
     for e in result.get("runner_failures", []):
         _err(f"runner failure: {e}")
     counts = {}
@@ -636,6 +646,9 @@ def down_cmd() -> int:
     if info is None:
         out.print("no fleet is up", highlight=False, soft_wrap=True)
         return EXIT_OK
+    if info.get("waves"):
+        _err("warning: the fleet was stopped under running wave(s), which end with a harness error (exit 2): "
+             + ", ".join(f"{w['wave']} (pid {w['pid']})" for w in info["waves"]))
     for line in info.get("swept", []):
         out.print(f"  {line}", highlight=False, soft_wrap=True)
     if info.get("killed"):
@@ -663,7 +676,8 @@ def status_cmd() -> int:
                                        "`sandfleet sweep` removes it)" if gone else ""), highlight=False,
                   soft_wrap=True)
         return EXIT_FAIL
-    for k in ("pid", "up_s", "ray", "ray_answers", "store", "store_answers", "bucket", "nodes", "state_dir", "file"):
+    for k in ("pid", "up_s", "ray", "ray_answers", "store", "store_answers", "bucket", "nodes", "state_dir", "file",
+              "waves"):
         out.print(f"{k}: {st[k]}", highlight=False, soft_wrap=True)
     return EXIT_OK if st["ray_answers"] and st["store_answers"] else EXIT_HARNESS
 

@@ -147,7 +147,7 @@ class WaveRun:
 
             t = time.perf_counter()
             try:
-                self.parts.fleet = FleetSession.attach(localfleet.require())
+                self.parts.fleet = FleetSession.attach(localfleet.require(), self.wave_id)
             except localfleet.FleetError as exc:
                 raise HarnessError(str(exc)) from None
             self.figures["fleet_attach_s"] = round(time.perf_counter() - t, 3)

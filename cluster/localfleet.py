@@ -145,6 +145,33 @@ def require() -> dict:
     return info
 
 
+def join(info: dict, wave_id: str) -> Path:
+    """A wave attached to the fleet says so in the fleet's state dir (its driver's pid and start time), for
+    `status` and `down`; its driver removes it when it lets go (a dead driver's is ignored)."""
+    from fleet.markers import _start_time
+
+    d = Path(info["state_dir"], "waves")
+    d.mkdir(mode=0o700, exist_ok=True)
+    path = d / f"{wave_id}.json"
+    _write(path, {"wave": wave_id, "pid": os.getpid(), "start": _start_time(os.getpid())})
+    return path
+
+
+def attached_waves(info: dict) -> list[dict]:
+    """The waves whose drivers run attached to the fleet now: [{wave, pid}]."""
+    from fleet.markers import _start_time
+
+    out = []
+    for p in sorted(Path(info["state_dir"], "waves").glob("*.json")):
+        try:
+            w = orjson.loads(p.read_bytes())
+            if _start_time(int(w["pid"])) == w["start"]:
+                out.append({"wave": str(w["wave"]), "pid": int(w["pid"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def _write(path: Path, info: dict) -> None:
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -324,6 +351,8 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
             return None
         info = dict(info or {}, pid=pids[0], start=_start_time(pids[0]), ready=True)
     if _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path):
+        if "state_dir" in info:
+            info["waves"] = attached_waves(info)  # (they end with a harness error: the CLI says so)
         pid = info["pid"]
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -357,7 +386,8 @@ def status(timeout_s: float = 2.0) -> dict | None:
         return None
     out = {"pid": info["pid"], "up_s": round(time.time() - info["up_since"], 1), "ray": info["ray"]["address"],
            "store": info["store"]["url"], "bucket": info["bucket"], "nodes": info["node_ids"],
-           "state_dir": info["state_dir"], "file": str(fleet_file())}
+           "state_dir": info["state_dir"], "file": str(fleet_file()),
+           "waves": ", ".join(f"{w['wave']} (pid {w['pid']})" for w in attached_waves(info)) or "none"}
     for part, url in (("ray_answers", info["ray"]["address"]), ("store_answers", info["store"]["url"])):
         host, _, port = url.split("://", 1)[-1].rpartition(":")
         try:

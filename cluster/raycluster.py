@@ -134,7 +134,7 @@ class FleetSession:
         return self
 
     @classmethod
-    def attach(cls, info: dict) -> "FleetSession":
+    def attach(cls, info: dict, wave_id: str | None = None) -> "FleetSession":
         """The fleet of `sandfleet up` (its record, cluster/localfleet.py): this driver connects to its Ray and
         finds its actors by name, and gets its store's endpoint and a key book of its own (per-attempt keys of
         this driver only, beside those of other waves attached at the same time). Nothing is started; `stop`
@@ -169,6 +169,10 @@ class FleetSession:
         self.store = EmbeddedStore.attached(Path(st["workdir"]), st["pid"], st["start"], endpoint, st["ports"])
         self.keys = ScopedKeys(self.store, endpoint.creds)
         self.bucket = info["bucket"]
+        if wave_id is not None:  # `sandfleet status` and `down` name the waves on the fleet
+            from cluster import localfleet
+
+            self.joined = localfleet.join(info, wave_id)
         return self
 
     def _discover_cluster_nodes(self) -> bool:
@@ -380,6 +384,8 @@ class FleetSession:
         import ray
 
         if self.attached:  # the fleet is the daemon's: this driver only lets go of it
+            if getattr(self, "joined", None) is not None:
+                self.joined.unlink(missing_ok=True)
             if ray.is_initialized():
                 ray.shutdown()
             self.hosts, self.ledger, self.sweeper, self.store, self.keys = [], None, None, None, None

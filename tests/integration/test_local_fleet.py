@@ -82,7 +82,15 @@ def test_waves_attach_to_a_fleet_that_is_up_side_by_side_and_down_leaves_nothing
 
     waves = [_cli(*wave, "--seed", str(seed), "--results", str(tmp_path / f"r{seed}"), env=env, wait=False)
              for seed in (1, 2)]
+    from cluster import localfleet
+
+    seen: set = set()  # the waves the fleet names as attached, while they run (each is attached for seconds)
+    deadline = time.monotonic() + 300
+    while any(w.poll() is None for w in waves) and time.monotonic() < deadline:
+        seen |= {x["pid"] for x in localfleet.attached_waves(info)}
+        time.sleep(0.02)
     outs = [w.communicate(timeout=300) for w in waves]
+    assert seen == {w.pid for w in waves}, (seen, [w.pid for w in waves])
     for w, (stdout, stderr) in zip(waves, outs):
         assert w.returncode == 0, (stdout[-1000:], stderr[-2000:])
     for seed in (1, 2):
@@ -98,6 +106,7 @@ def test_waves_attach_to_a_fleet_that_is_up_side_by_side_and_down_leaves_nothing
         verdict = orjson.loads((d / "verdict.json").read_bytes())
         assert verdict["verdict"] == "pass", verdict
     assert sorted(_marked(info["state_dir"] + "/")) == fleet_procs  # nothing of the fleet started twice
+    assert "waves: none" in _cli("status", env=env).stdout and not localfleet.attached_waves(info)
 
     p = _cli("down", env=env, timeout=120)
     assert p.returncode == 0 and "fleet down" in p.stdout, (p.stdout, p.stderr[-2000:])
