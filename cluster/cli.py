@@ -569,6 +569,8 @@ def sweep_cmd(
     lines = sweep.summary(found)
     for why in unseen:  # a part of the machine the sweep could not look at: say so, and do not say "nothing"
         _err(f"warning: {why}; run `sandfleet sweep` again once it answers")
+    if found.get("bad_fleet_record"):  # never removed: it is not a fleet's
+        _err(f"warning: left alone: {found['bad_fleet_record']}")
     if not lines:
         out.print("nothing left behind by a dead wave" + (" that could be looked at" if unseen else ""),
                   highlight=False, soft_wrap=True)
@@ -655,6 +657,10 @@ def down_cmd() -> int:
         _err(f"error: the fleet's daemon (pid {info['pid']}) did not stop in {localfleet.DOWN_TIMEOUT_S:.0f} s: "
              "killed, and what it left was swept")
         return EXIT_HARNESS
+    if not info.get("stopped"):
+        out.print(f"no fleet daemon of {localfleet.fleet_file()} was running (pid {info['pid']} is not it): removed "
+                  "its record and what its fleet left", highlight=False, soft_wrap=True)
+        return EXIT_OK
     out.print(f"fleet down (pid {info['pid']})", highlight=False, soft_wrap=True)
     return EXIT_OK
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
+
 DEFAULT_FILE = "/run/sandfleet/fleet.json"
 FILE_ENV = "SANDFLEET_FLEET_FILE"
 NAMESPACE = "sandfleet-fleet"
@@ -40,11 +42,15 @@ class FleetError(RuntimeError):
 
 KIND = "sandfleet-fleet"
 STATE_PREFIX = "/tmp/sandfleet-fleet-"
+RECORD_MAX = 1 << 20
 
 
 def fleet_file() -> Path:
-    """The record's path, absolute (the daemon runs in another directory than its caller)."""
-    return Path(os.path.abspath(os.environ.get(FILE_ENV) or DEFAULT_FILE))
+    """The record's path, one spelling for one file (the daemon runs in another directory than its caller, and is
+    found by this path on its command line): its directory resolved (`..`, `//`, links), its name as given (a
+    record that is itself a link is refused when read)."""
+    p = Path(os.path.abspath(os.environ.get(FILE_ENV) or DEFAULT_FILE))
+    return Path(os.path.realpath(p.parent)) / p.name
 
 
 def _serve_argv(path: Path) -> list[str]:
@@ -88,7 +94,8 @@ def _invalid(info) -> str | None:
     for name, types in _FIELDS.items():
         if not isinstance(info.get(name), types) or (types is int and isinstance(info.get(name), bool)):
             return f"{name} is {info.get(name)!r}"
-    if not info["state_dir"].startswith(STATE_PREFIX) or not info["ready"]:
+    sd = info["state_dir"]
+    if not sd.startswith(STATE_PREFIX) or "/" in sd[len("/tmp/"):] or ".." in sd or not info["ready"]:
         return f"state_dir is {info['state_dir']!r}, not under {STATE_PREFIX}*"
     return None
 
@@ -102,6 +109,9 @@ def _load(path: Path) -> dict | None:
         return None
     except OSError as exc:
         raise FleetError(f"the fleet record {path} cannot be looked at: {exc.strerror or exc}") from None
+    if stat.S_ISREG(st.st_mode) and st.st_size > RECORD_MAX:
+        raise FleetError(f"{path} is not the record of a `sandfleet up` fleet ({st.st_size} bytes; a record is a "
+                         f"few kB); nothing was changed")
     if not stat.S_ISREG(st.st_mode):
         raise FleetError(f"the fleet record {path} is not a regular file; nothing was changed: remove it, or set "
                          f"${FILE_ENV} to another path")
@@ -350,11 +360,15 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
         if not pids:
             return None
         info = dict(info or {}, pid=pids[0], start=_start_time(pids[0]), ready=True)
+        sd = _state_dir_of(pids[0])
+        if sd:
+            info["state_dir"] = sd
     if _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path):
         if "state_dir" in info:
             info["waves"] = attached_waves(info)  # (they end with a harness error: the CLI says so)
         pid = info["pid"]
         os.kill(pid, signal.SIGTERM)
+        info["stopped"] = True
         deadline = time.monotonic() + timeout_s
         while _start_time(pid) == info["start"] and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -376,6 +390,17 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
     return info
 
 
+def _state_dir_of(pid: int) -> str | None:
+    """The state dir whose owner record names this daemon (a fleet whose record was damaged or removed)."""
+    for d in Path("/tmp").glob("sandfleet-fleet-*"):
+        try:
+            if orjson.loads((d / results.DRIVER_RECORD).read_bytes()).get("pid") == pid:
+                return str(d)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
 def status(timeout_s: float = 2.0) -> dict | None:
     """What the record says of the fleet that is up, with whether its store and its Ray's GCS answer now (no
     driver is connected: a status costs no Ray work); None when none is up."""
@@ -383,6 +408,11 @@ def status(timeout_s: float = 2.0) -> dict | None:
 
     info = read()
     if info is None:
+        running = daemons(fleet_file())
+        if running and stale() is None:
+            raise FleetError(f"a fleet daemon serves {fleet_file()} (pid {running[0]}) but its record is not there "
+                             "(it is starting or stopping, or the record was removed by hand): "
+                             "`sandfleet down` stops it")
         return None
     out = {"pid": info["pid"], "up_s": round(time.time() - info["up_since"], 1), "ray": info["ray"]["address"],
            "store": info["store"]["url"], "bucket": info["bucket"], "nodes": info["node_ids"],

@@ -46,6 +46,7 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
     """Leftovers of dead waves, grouped by kind; nothing is changed. `errors` gets what could not be looked at
     (a docker engine that did not answer)."""
     waves, private = markers(errors)
+    live_rays = live_ray_tmpdirs()
     dead = {}
     for w, e in waves.items():
         if wave and w != wave:
@@ -53,7 +54,7 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
         p = private.get(w)
         alive = driver_alive(p) if p is not None else False
         if not alive:
-            dead[w] = e
+            dead[w] = _without_live_ray(e, live_rays)
     harness = []
     for d in cgroups.harness_dirs():
         try:
@@ -123,20 +124,51 @@ def dead_node_cgroups(dead_tags: set[str] = frozenset(), min_age_s: float = 30.0
 FLEET_GLOB = "sandfleet-fleet-*"
 
 
+def live_ray_tmpdirs() -> set[str]:
+    """The Ray temp dirs recorded by an owner that is alive (a wave's driver, a fleet's owner): whatever a dead
+    one's dir says (a dir anyone can make under /tmp), a live one's Ray is never a dead one's leftover."""
+    out = set()
+    for d in list(Path("/tmp").glob(FLEET_GLOB)) + list(Path("/tmp").glob(PRIVATE_GLOB)):
+        if d.is_dir() and driver_alive(d):
+            tmp = _recorded_ray_tmpdir(str(d))
+            if tmp:
+                out.add(tmp)
+    return out
+
+
+def _ours(d: Path) -> bool:
+    try:
+        return d.stat().st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _without_live_ray(e: dict, live: set[str]) -> dict:
+    """A dead wave's leftovers less a Ray it names that is a live owner's, or that a dir of another user names."""
+    tmp = e.get("ray_tmpdir")
+    if tmp and (tmp in live or (e.get("private_dir") and not _ours(Path(e["private_dir"])))):
+        from fleet.markers import of_ray
+
+        e = dict(e, ray_tmpdir=None, processes=[p for p in e["processes"]
+                                                if not of_ray(str(p["pid"]), _cmdline(str(p["pid"])), tmp)])
+    return e
+
+
 def dead_fleets() -> dict:
     """{state dir: {"processes", "ray_tmpdir"}} of lent fleets whose owner is gone (a dir with no owner record is
     not touched: it may be a fleet still starting): its store (the dir is on its command line) and its private
     Ray's processes (their temp dir, recorded in the state dir, is on their command line, or held open by the
     agents that retitle themselves)."""
     out = {}
+    live = live_ray_tmpdirs()
     for d in Path("/tmp").glob(FLEET_GLOB):
-        if not d.is_dir() or not (d / results.DRIVER_RECORD).exists() or driver_alive(d):
-            continue
+        if not d.is_dir() or not _ours(d) or not (d / results.DRIVER_RECORD).exists() or driver_alive(d):
+            continue  # (a dir of another user is never this sweep's to act on)
         try:
             tmp = orjson.loads((d / results.RAY_RECORD).read_bytes())["tmpdir"]
         except (OSError, ValueError, KeyError, TypeError):
             tmp = None
-        tmp = tmp if tmp and tmp.startswith("/tmp/sfray-") else None
+        tmp = tmp if tmp and tmp.startswith("/tmp/sfray-") and tmp not in live else None
         store = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if f"{d}/" in cmd]
         out[str(d)] = {"processes": store + (ray_processes(tmp) if tmp else []), "ray_tmpdir": tmp}
     return out
@@ -206,7 +238,7 @@ def _remove_wave(w: str, e: dict, keep_data: bool) -> list[str]:
         unmount_workspace(m)
         done.append(f"unmounted {m}")
     tmp = e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)
-    if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir():
+    if tmp and tmp.startswith("/tmp/sfray-") and Path(tmp).is_dir() and tmp not in live_ray_tmpdirs():
         shutil.rmtree(tmp, ignore_errors=True)
         done.append(f"removed the dead wave's Ray temp dir {tmp}")
     if e["private_dir"] and keep_data:
@@ -275,8 +307,6 @@ def summary(found: dict) -> list[str]:
                      + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))
     if found.get("fleet_record"):
         lines.append(f"the record of a `sandfleet up` fleet whose daemon is gone: {found['fleet_record']}")
-    if found.get("bad_fleet_record"):
-        lines.append(f"left alone: {found['bad_fleet_record']}")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
     for d in found.get("node_cgroups", []):

@@ -4,11 +4,13 @@ the fleet's daemon is never signalled; two `up`s of one file take turns; a relat
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 
 import orjson
 import pytest
+from pathlib import Path
 
 from cluster import localfleet
 from fleet.markers import _start_time
@@ -68,7 +70,7 @@ def test_a_record_naming_a_process_that_is_not_the_daemon_is_never_signalled(rec
     _write(record, orjson.dumps(_valid(me, _start_time(me))))
     assert localfleet.read() is None and localfleet.stale()["pid"] == me
     got = localfleet.down(timeout_s=1)
-    assert got["pid"] == me and not got.get("killed") and not record.exists()
+    assert got["pid"] == me and not got.get("killed") and not got.get("stopped") and not record.exists()
 
 
 def test_a_relative_record_path_is_one_absolute_file(record, monkeypatch, tmp_path):
@@ -103,3 +105,58 @@ def test_an_unwritable_record_directory_is_a_fleet_error_naming_it(monkeypatch):
     monkeypatch.setenv(localfleet.FILE_ENV, "/proc/sandfleet-no/fleet.json")
     with pytest.raises(localfleet.FleetError, match="/proc/sandfleet-no cannot be used"):
         localfleet.up(timeout_s=1)
+
+
+def test_one_record_file_has_one_spelling(record, tmp_path, monkeypatch):
+    """The daemon is found by the record's path on its command line: `//`, `..` and a linked directory are the same
+    file as the plain path (else a live fleet looked dead, and `sweep` removed its record)."""
+    (tmp_path / "lnk").symlink_to(record.parent)
+    for spelling in (f"/{record}", str(tmp_path / "run" / ".." / "run" / "fleet.json"), str(tmp_path / "lnk" / "fleet.json")):
+        monkeypatch.setenv(localfleet.FILE_ENV, spelling)
+        assert localfleet.fleet_file() == record.resolve(), spelling
+
+
+def test_a_huge_file_or_a_state_dir_outside_tmp_is_not_a_record(record):
+    with open(record, "wb") as f:
+        f.truncate(localfleet.RECORD_MAX + 1)  # (sparse)
+    os.chmod(record, 0o600)
+    with pytest.raises(localfleet.FleetError, match="bytes; a record is a few kB"):
+        localfleet.read()
+    info = _valid(os.getpid(), _start_time(os.getpid()))
+    for sd in ("/tmp/sandfleet-fleet-../../etc", "/tmp/sandfleet-fleet-x/sub", "/etc/sandfleet-fleet-x"):
+        _write(record, orjson.dumps(dict(info, state_dir=sd)))
+        with pytest.raises(localfleet.FleetError, match="state_dir"):
+            localfleet.read()
+
+
+def test_a_dead_fleets_dir_never_names_a_live_owners_ray(tmp_path):
+    """Anyone can make a dir under /tmp: a dead fleet's dir that names the Ray temp dir of a live owner (a wave's
+    driver, a fleet) must not make the sweep end that Ray. Without the live owner, the same Ray is the dead one's."""
+    import secrets
+    import subprocess
+    import sys
+
+    from cluster import sweep
+
+    tag = secrets.token_hex(4)
+    ray_tmp = f"/tmp/sfray-test{tag}"
+    live, forged = Path(f"/tmp/sandfleet-fleet-live{tag}"), Path(f"/tmp/sandfleet-fleet-evil{tag}")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", ray_tmp])
+    try:
+        for d, owner in ((live, os.getpid()), (forged, None)):
+            d.mkdir()
+            (d / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
+            (d / "driver.json").write_bytes(orjson.dumps({"pid": owner or 999999999, "start": _start_time(owner)
+                                                          if owner else "1"}))
+        got = sweep.dead_fleets()
+        assert str(live) not in got and got[str(forged)]["ray_tmpdir"] is None
+        assert proc.pid not in [p["pid"] for p in got[str(forged)]["processes"]]
+        (live / "driver.json").unlink()  # the negative control: no live owner names it now
+        got = sweep.dead_fleets()
+        assert got[str(forged)]["ray_tmpdir"] == ray_tmp
+        assert proc.pid in [p["pid"] for p in got[str(forged)]["processes"]]
+    finally:
+        proc.kill()
+        proc.wait()
+        for d in (live, forged):
+            shutil.rmtree(d, ignore_errors=True)
