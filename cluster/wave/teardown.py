@@ -53,13 +53,14 @@ class Teardown:
         sweeper = getattr(self.parts.fleet, "sweeper", None) if self.parts.fleet is not None else None
         if sweeper is None or self.parts.ledger is None:
             return
-        if self.health.lost("sweep actor"):  # dead or hung: its last pass would only wait for the timeout
-            if not self.parts.fleet.attached:  # (a `sandfleet up` fleet's actor serves other waves: never ended here)
+        lost = next((p for p in ("sweep actor", "lease ledger") if self.health.lost(p)), None)
+        if lost:  # dead or hung: its last pass (which reads the ledger's leases) would only wait for the timeout
+            if lost == "sweep actor" and not self.parts.fleet.attached:  # (a fleet's actor serves other waves)
                 try:
                     ray.kill(sweeper)
                 except Exception:  # noqa: BLE001
                     pass
-            rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor is lost (harness fault): "
+            rep = {"wave_id": self.wave_id, "errors": [f"the {lost} is lost (harness fault): "
                                                        f"{self.health.harness_fault.why[:200]}"],
                    "unavailable": True}
             self._write_sweeper(rep)

@@ -50,6 +50,16 @@ def _gone(info: dict, timeout_s: float = 20.0) -> list[str]:
         time.sleep(0.2)
 
 
+def _actor_pid(title: str, info: dict) -> int:
+    """The pid of the fleet's actor process retitled `title` (one of its Ray's: its temp dir is open in it)."""
+    from fleet.markers import _cmdline, of_ray
+
+    found = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith(title)
+             and of_ray(pid, _cmdline(pid), info["ray"]["tmpdir"])]
+    assert len(found) == 1, found
+    return found[0]
+
+
 @pytest.fixture
 def fleet_env(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # not the test session's Ray
@@ -152,14 +162,16 @@ def test_two_ups_at_once_make_one_fleet_and_down_ends_it_through_a_damaged_recor
     assert not record.exists() and not _gone(info)
 
 
-def test_a_wave_that_finds_the_fleets_host_hung_leaves_it_and_a_dead_host_stops_the_fleet(fleet_env, tmp_path):
-    """A wave attached to the fleet never ends the fleet's actors (they serve other waves): a host it finds hung is
-    its harness fault (exit 2), and the host runs on once it answers again. A host that died stops the fleet (no
-    wave could run on it): the daemon says so, removes its record and leaves nothing."""
+@pytest.mark.parametrize("part", ["sandbox host", "lease ledger"])
+def test_a_wave_that_finds_a_fleet_part_hung_leaves_it_and_a_dead_part_stops_the_fleet(fleet_env, tmp_path, part):
+    """A wave attached to the fleet never ends the fleet's actors (they serve other waves): a host or ledger it finds
+    hung is its harness fault (exit 2), and the part runs on once it answers again (a hung ledger: the wave does not
+    ask the sweep actor for a last pass that reads it). A part that died stops the fleet (no wave could run on it):
+    the daemon says so, removes its record and leaves nothing."""
     env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
     assert _cli("up", env=env, timeout=180).returncode == 0
     info = orjson.loads(record.read_bytes())
-    host = info["host_info"][0]["pid"]
+    host = info["host_info"][0]["pid"] if part == "sandbox host" else _actor_pid("ray::LeaseLedger", info)
     host_start = Path(f"/proc/{host}/stat").read_text().split(") ", 1)[1].split()[19]
     cfg = tmp_path / "wave.yaml"
     cfg.write_text("tasks: 1\nconcurrency: 1\nfaults: none\nworkload: {steps: 40, think_ms: 200}\n"
@@ -182,7 +194,10 @@ def test_a_wave_that_finds_the_fleets_host_hung_leaves_it_and_a_dead_host_stops_
     finally:
         os.kill(host, signal.SIGCONT)
     stdout, stderr = wave.communicate(timeout=120)
-    assert wave.returncode == 2 and "sandbox host" in stderr, (stdout[-1000:], stderr[-2000:])
+    assert wave.returncode == 2 and part in stderr, (stdout[-1000:], stderr[-2000:])
+    if part == "lease ledger":  # no last pass of the sweep actor, which would wait out its timeouts on it
+        sweeper = orjson.loads(next((tmp_path / "r").glob("w-*/sweeper.json")).read_bytes())
+        assert sweeper.get("unavailable") and "the lease ledger is lost" in sweeper["errors"][0], sweeper
     assert Path(f"/proc/{host}/stat").read_text().split(") ", 1)[1].split()[19] == host_start  # not ended
     assert _cli("status", env=env).returncode == 0
 
@@ -191,6 +206,7 @@ def test_a_wave_that_finds_the_fleets_host_hung_leaves_it_and_a_dead_host_stops_
     while Path(f"/proc/{info['pid']}").exists() and time.monotonic() < deadline:  # its watch sees the death
         time.sleep(0.2)
     assert not record.exists()
-    assert "sandbox host node-0 died" in (record.parent / "fleet.log").read_text()
+    died = "sandbox host node-0 died" if part == "sandbox host" else "lease ledger died"
+    assert died in (record.parent / "fleet.log").read_text()
     assert _cli("status", env=env).returncode == 1
     assert not _gone(info)
