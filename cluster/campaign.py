@@ -93,8 +93,8 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
             def probe(x: float, runner=runner, tried=tried) -> str:
                 nonlocal fleet
                 cfg = _config(fault, runner, round(x, 4), wave)
-                if fleet is None and cfg.address != "fleet":  # (on `sandfleet up`'s fleet each wave attaches)
-                    fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
+                if fleet is None:
+                    fleet = FleetSession.lent_for(cfg)
                 t = time.perf_counter()
                 w = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
                 result = w.run()

@@ -426,8 +426,7 @@ def shrink_cmd(
     fleet = None
     try:
         preflight(cfg)
-        if cfg.address != "fleet":  # (on `sandfleet up`'s fleet each run attaches)
-            fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
+        fleet = FleetSession.lent_for(cfg)
         with _shrink_progress(budget, no_progress) as step:
             s = shrink.Shrinker(plan, task_id, wave_dir.parent, cfg, fleet, budget, on_step=step)
             outcome = s.search(task, signature)

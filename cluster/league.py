@@ -179,8 +179,8 @@ def run_league(league: LeagueConfig, results_root: Path, progress: bool = True, 
     own = fleet is None
     try:
         for name, fs, cfg in league.waves():
-            if fleet is None and cfg.address != "fleet":  # (on `sandfleet up`'s fleet each wave attaches)
-                fleet = FleetSession(cfg.address, store=not cfg.store.url).start()
+            if fleet is None:
+                fleet = FleetSession.lent_for(cfg)
             t = time.perf_counter()
             wave = WaveRun(cfg, out / "waves", progress=progress, fleet=fleet)
             result = wave.run()

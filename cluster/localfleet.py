@@ -392,7 +392,7 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
 
 def _state_dir_of(pid: int) -> str | None:
     """The state dir whose owner record names this daemon (a fleet whose record was damaged or removed)."""
-    for d in Path("/tmp").glob("sandfleet-fleet-*"):
+    for d in Path(STATE_PREFIX).parent.glob(Path(STATE_PREFIX).name + "*"):
         try:
             if orjson.loads((d / results.DRIVER_RECORD).read_bytes()).get("pid") == pid:
                 return str(d)

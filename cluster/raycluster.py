@@ -134,6 +134,12 @@ class FleetSession:
         return self
 
     @classmethod
+    def lent_for(cls, cfg) -> "FleetSession | None":
+        """The fleet a league, campaign or shrink lends its waves: one of its own, started now; None for address
+        'fleet' (each wave attaches to `sandfleet up`'s itself)."""
+        return None if cfg.address == "fleet" else cls(cfg.address, store=not cfg.store.url).start()
+
+    @classmethod
     def attach(cls, info: dict, wave_id: str | None = None) -> "FleetSession":
         """The fleet of `sandfleet up` (its record, cluster/localfleet.py): this driver connects to its Ray and
         finds its actors by name, and gets its store's endpoint and a key book of its own (per-attempt keys of

@@ -234,6 +234,10 @@ class Rule:
             self.last_hit_at = now
         return hit
 
+    def note_key(self, key: str) -> None:
+        """One of the first 20 keys this rule hit (its receipt names them)."""
+        self.note_key(key)
+
     def public(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "visible_at"}
         out["expired"] = self.expired()
@@ -365,10 +369,6 @@ class Hit:
     cwriter: asyncio.StreamWriter
     base: dict
 
-    def note_key(self, key: str) -> None:
-        if len(self.rule.hit_keys) < 20:
-            self.rule.hit_keys.append(key)
-
 
 @dataclass
 class Shaping:
@@ -413,7 +413,7 @@ class ErrorAnswer(Action):
         req_bytes = 0 if expect else await copy_body(h.creader, None, h.head)
         h.cwriter.write(error_response(h.rule, h.req, close=expect, answer=answer))
         await h.cwriter.drain()
-        h.note_key(h.req.target_key)
+        h.rule.note_key(h.req.target_key)
         h.proxy.record(**h.base, status=answer[0], code=answer[1], req_bytes=req_bytes, resp_bytes=0,
                        rule=h.rule.rule_id, fault=h.rule.fault, ms=round((clock() - h.base["t"]) * 1000, 3))
         return CLOSE if expect else NEXT
@@ -456,7 +456,7 @@ class Hold(Action):
     name = "hold"
 
     async def hit(self, h: Hit) -> str:
-        h.note_key(f"{h.req.op} {h.req.target_key}")
+        h.rule.note_key(f"{h.req.op} {h.req.target_key}")
         ev = h.proxy.released.setdefault(h.rule.rule_id, asyncio.Event())
         try:
             await asyncio.wait_for(ev.wait(), 60)
@@ -477,7 +477,7 @@ class Delay(Action):
         delay_s = h.rule.delay_s()
         await asyncio.sleep(delay_s)
         up, down = h.rule.buckets()
-        h.note_key(h.req.target_key)
+        h.rule.note_key(h.req.target_key)
         return Shaping(h.rule, delay_s, up, down, sum(b.waited_s for b in (up, down) if b is not None))
 
 
@@ -641,8 +641,7 @@ class FaultProxy:
         or the network dies mid-request). SeaweedFS then stores an EMPTY object under the key, even over a
         newer complete write (docs/store-hazards.md)."""
         t0 = base["t"]
-        if len(rule.hit_keys) < 20:
-            rule.hit_keys.append(req.target_key)
+        rule.note_key(req.target_key)
         cwriter.transport.abort()  # the writer is gone; it never sends its body
         uw = None
         try:
@@ -680,8 +679,7 @@ class FaultProxy:
                 rule.hits += 1
                 rule.first_hit_at = rule.first_hit_at or now
                 rule.last_hit_at = now
-                if len(rule.hit_keys) < 20:
-                    rule.hit_keys.append(req.key)
+                rule.note_key(req.key)
                 return rule
         return None
 
@@ -751,8 +749,7 @@ class FaultProxy:
             cwriter.transport.abort()
             if uw is not None:
                 uw.transport.abort()
-        if len(rule.hit_keys) < 20:
-            rule.hit_keys.append(req.target_key)
+        rule.note_key(req.target_key)
         self.record(**base, status=None, req_bytes=sent, resp_bytes=0, rule=rule.rule_id, fault=rule.fault,
                     reset=True, forwarded=sent, ms=round((clock() - t0) * 1000, 3))
 
@@ -775,8 +772,7 @@ class FaultProxy:
             if rule.counted == rule.nth:
                 rule.hits, rule.first_hit_at = 1, clock()
                 rule.last_hit_at = rule.first_hit_at
-                if len(rule.hit_keys) < 20:
-                    rule.hit_keys.append(req.target_key)
+                rule.note_key(req.target_key)
                 return rule
         return None
 
