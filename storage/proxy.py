@@ -236,7 +236,8 @@ class Rule:
 
     def note_key(self, key: str) -> None:
         """One of the first 20 keys this rule hit (its receipt names them)."""
-        self.note_key(key)
+        if len(self.hit_keys) < 20:
+            self.hit_keys.append(key)
 
     def public(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "visible_at"}
