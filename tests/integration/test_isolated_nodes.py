@@ -83,7 +83,9 @@ def test_a_wave_on_isolated_nodes_passes_and_nothing_but_ray_and_the_gate_crosse
         (work / "agent").chmod(0o755)
         assert os.stat(work).st_mode & 0o777 == 0o700
         with _CredentialWatch([tmp_path / "r"]) as watch:
-            r = _cli(tmp_path, "--tasks", "4", "--concurrency", "2", "--faults", "PK1,ST1,CR1", "--seed", "5",
+            cfg = tmp_path / "wave.yaml"  # CR1 right after a model answer (the runner's next store write meets it)
+            cfg.write_text("fault_timing: {CR1: {after_model_calls: [2, 4]}}\n")
+            r = _cli(tmp_path, str(cfg), "--tasks", "4", "--concurrency", "2", "--faults", "PK1,ST1,CR1", "--seed", "5",
                      "--nodes", "3", "--isolated-nodes", "--runner-cmd", f"{work}/agent",
                      "--runner-workdir", str(work))
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
