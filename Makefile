@@ -30,10 +30,17 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { echo "installing system packages: chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
-$(STAMP): pyproject.toml
+# The fault proxy's compiled front (relay/, Rust, std only): a wheel built here with maturin, its binary in
+# .venv/bin. With no cargo on the machine the proxy serves alone (slower, the same behaviour).
+CARGO := $(shell command -v cargo 2>/dev/null || ls $$HOME/.cargo/bin/cargo 2>/dev/null)
+RELAY_SRC := relay/Cargo.toml relay/Cargo.lock relay/pyproject.toml relay/src/main.rs
+
+$(STAMP): pyproject.toml $(RELAY_SRC)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@if [ -n "$(CARGO)" ]; then PATH="$(dir $(CARGO)):$$PATH" $(BIN)/python -m pip install -q --force-reinstall ./relay; \
+	else echo "no cargo here: the fault proxy serves alone (relay/ not built)"; fi
 	@touch $(STAMP)
 
 wave: setup

@@ -11,7 +11,10 @@ bucket, key prefix and part number, and applies its action: one `Action` class e
 a new one is a class, not a branch of the relay.
 
 Run as `python -m storage.proxy --upstream 127.0.0.1:PORT --log FILE`; it prints
-one line `READY <port> <control_port>` when both listeners are up.
+one line `READY <port> <control_port>` when both listeners are up. Where the
+compiled relay is installed (`relay/`, storage/relay.py) the relay owns the port:
+it relays plain requests itself while no rule is open, logging them as this
+proxy would, and hands every other connection's socket here.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
+from storage import relay
 from storage.process import stop_process
 
 CHUNK = 256 * 1024
@@ -608,6 +612,7 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.rules = RuleSet()
         self.closed_rules: list[dict] = []
+        self.log_path = log_path
         self.log = open(log_path, "ab") if log_path else None
         self.counts = {"requests": 0, "faulted": 0}
         self.port = 0
@@ -615,6 +620,8 @@ class FaultProxy:
         self.token = os.environ.get("SANDFLEET_PROXY_TOKEN") or None
         self.released: dict[str, asyncio.Event] = {}  # boundary rules: set when the rule is closed
         self._pending: list[bytes] = []
+        self.relay: relay.Relay | None = None  # the compiled front, when it owns the port (storage/relay.py)
+        self._adopted: set[asyncio.Task] = set()
 
     @staticmethod
     async def _upstream_head(ureader, uwriter, body_task) -> Head:
@@ -782,8 +789,14 @@ class FaultProxy:
         if entry.get("rule"):
             self.counts["faulted"] += 1
         if self.log:
-            # batched: one write per tick (LOG_FLUSH_S), not a syscall per request; any control call and the
-            # proxy's stop write what is pending first (a SIGKILL loses at most one tick of lines)
+            # batched: one write LOG_FLUSH_S after the first line pending, not a syscall per request and no tick
+            # while nothing is; any control call and the proxy's stop write what is pending first (a SIGKILL
+            # loses at most LOG_FLUSH_S of lines)
+            if not self._pending:
+                try:
+                    asyncio.get_running_loop().call_later(LOG_FLUSH_S, self.flush_log)
+                except RuntimeError:  # no loop (a unit test drives the proxy by hand): flush_log is its to call
+                    pass
             self._pending.append(orjson.dumps(entry) + b"\n")
 
     def flush_log(self) -> None:
@@ -791,11 +804,6 @@ class FaultProxy:
             batch, self._pending = self._pending, []
             self.log.write(b"".join(batch))
             self.log.flush()
-
-    async def _flusher(self) -> None:
-        while True:
-            await asyncio.sleep(LOG_FLUSH_S)
-            self.flush_log()
 
     async def handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         """One client connection: each request is checked, answered by the action of a rule that hit it, or relayed
@@ -962,7 +970,14 @@ class FaultProxy:
             if self.token and not hmac.compare_digest(head.get("authorization"), f"Bearer {self.token}"):
                 status, payload = 401, {"error": "the control API needs the harness's bearer token"}
             else:
-                status, payload = self.dispatch(method, urllib.parse.urlsplit(target).path, body)
+                path = urllib.parse.urlsplit(target).path
+                if self.relay is not None:  # the relay's log written too, and before a rule opens every
+                    # request whose head it reads from now on comes here
+                    opening = method == "POST" and path == "/rules"
+                    await self.relay.sync(python=self.relay.python or opening or bool(self.rules))
+                status, payload = self.dispatch(method, path, body)
+                if self.relay is not None and self.relay.python and not self.rules:
+                    await self.relay.sync(python=False)  # no rule left: the relay relays again
         except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
             status, payload = 400, {"error": str(exc)}
         data = orjson.dumps(payload)
@@ -980,7 +995,9 @@ class FaultProxy:
         if method == "GET" and path == "/rules":
             return 200, {"rules": [r.public() for r in self.rules.values()], "closed": self.closed_rules}
         if method == "GET" and path == "/stats":
-            return 200, dict(self.counts, open_rules=len(self.rules))
+            relayed = self.relay.relayed if self.relay is not None else 0
+            return 200, dict(self.counts, requests=self.counts["requests"] + relayed, relayed=relayed,
+                             open_rules=len(self.rules))
         if method == "POST" and path == "/rules":
             spec = orjson.loads(body)
             rule = Rule(**spec)
@@ -1006,23 +1023,56 @@ class FaultProxy:
             return 200, {"closed": closed}
         return 404, {"error": f"no route {method} {path}"}
 
-    async def serve(self, port: int = 0, control_port: int = 0) -> None:
-        server = await asyncio.start_server(self.handle, "127.0.0.1", port, limit=MAX_HEAD)
+    def _adopt(self, fd: int, data: bytes) -> None:
+        """A connection the relay handed over, served here from its next request on."""
+        task = asyncio.ensure_future(self._serve_adopted(fd, data))
+        self._adopted.add(task)
+        task.add_done_callback(self._adopted.discard)
+
+    async def _serve_adopted(self, fd: int, data: bytes) -> None:
+        try:
+            creader, cwriter = await relay.adopt_socket(fd, data, MAX_HEAD)
+        except OSError:
+            return
+        await self.handle(creader, cwriter)
+
+    async def serve(self, port: int = 0, control_port: int = 0) -> int:
+        """Serve until SIGTERM or SIGINT (0), or until the relay that owns the port exits (1)."""
+        path, server = relay.binary(), None
+        if path:
+            self.relay = relay.Relay(path, self.upstream, self.log_path)
+            self.port = self.relay.start(port)
+            self.relay.attach(self._adopt)
+        else:
+            server = await asyncio.start_server(self.handle, "127.0.0.1", port, limit=MAX_HEAD)
+            self.port = server.sockets[0].getsockname()[1]
         ctl = await asyncio.start_server(self.control, "127.0.0.1", control_port, limit=MAX_HEAD)
-        self.port = server.sockets[0].getsockname()[1]
         self.control_port = ctl.sockets[0].getsockname()[1]
         print(f"READY {self.port} {self.control_port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        flusher = asyncio.create_task(self._flusher())
-        async with server, ctl:
-            await stop.wait()
-        flusher.cancel()
+        waits = [asyncio.ensure_future(stop.wait())]
+        if self.relay is not None:
+            waits.append(asyncio.ensure_future(self.relay.lost.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for s in (server, ctl):
+                if s is not None:
+                    s.close()
+        lost = self.relay is not None and self.relay.lost.is_set() and not stop.is_set()
+        for w in waits:
+            w.cancel()
+        if self.relay is not None:
+            self.relay.stop()  # it writes what it relayed before it exits
         self.flush_log()
         if self.log:
             self.log.close()
+        if lost:
+            print("the proxy's relay exited; the proxy's port is gone", file=sys.stderr, flush=True)
+        return 1 if lost else 0
 
 
 class ProxyControl:
@@ -1065,8 +1115,9 @@ class ProxyControl:
 class ProxyProcess:
     """The proxy as a child process of the harness, ended by PID in `stop()`."""
 
-    def __init__(self, upstream_url: str, log_path: str):
+    def __init__(self, upstream_url: str, log_path: str, relay: bool = True):
         parts = urllib.parse.urlsplit(upstream_url)
+        self.relay = relay  # False: the proxy serves alone even where the relay is installed (a bench's "before")
         self.upstream = f"{parts.hostname}:{parts.port or 80}"
         self.log_path = log_path
         self.proc = None
@@ -1081,10 +1132,12 @@ class ProxyProcess:
         """Start the proxy's process and return at once (it needs nothing from its upstream to start);
         `wait_ready` reads its READY line with its ports."""
         self.token = secrets.token_urlsafe(32)
+        env = dict(os.environ, SANDFLEET_PROXY_TOKEN=self.token)
+        if not self.relay:
+            env["SANDFLEET_PROXY_RELAY"] = "off"
         self.proc = subprocess.Popen(  # the token goes through the environment, never argv (ps shows argv)
             [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            env=dict(os.environ, SANDFLEET_PROXY_TOKEN=self.token))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
         return self
 
     def wait_ready(self, timeout_s: float = 20.0) -> "ProxyProcess":
@@ -1100,6 +1153,15 @@ class ProxyProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def relay_pid(self) -> int | None:
+        """The compiled relay's pid (the proxy's one child), or None when the proxy serves alone."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                kids = f.read().split()
+        except (OSError, AttributeError):
+            return None
+        return int(kids[0]) if kids else None
 
     def control(self) -> ProxyControl:
         return ProxyControl(self.control_port, token=self.token)
@@ -1129,7 +1191,7 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(FaultProxy(host, int(port), args.log).serve(args.port, args.control_port))
+    sys.exit(asyncio.run(FaultProxy(host, int(port), args.log).serve(args.port, args.control_port)))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ def test_unknown_key_is_refused_and_every_port_is_loopback(store_and_proxy):
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     import subprocess
     ss = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
-    mine = [l for l in ss.splitlines() if f"pid={store.proc.pid}," in l or f"pid={proxy.proc.pid}," in l]
+    pids = [store.proc.pid, proxy.proc.pid] + ([proxy.relay_pid()] if proxy.relay_pid() else [])
+    mine = [l for l in ss.splitlines() if any(f"pid={p}," in l for p in pids)]
     assert mine and all("127.0.0.1:" in l.split()[3] for l in mine), mine
+    assert any(f":{proxy.port} " in l for l in mine), "the proxy's own port is not among them"
 
 
 def test_proxy_streams_multipart_and_keeps_signatures_valid(store_and_proxy):

@@ -1,0 +1,797 @@
+//! sandfleet-relay: the S3 fault proxy's compiled front.
+//!
+//! It owns the proxy's port on 127.0.0.1. While no fault rule is open it relays each request to the store
+//! itself, byte for byte, and logs it as the Python proxy (`storage/proxy.py`) would: the same JSON line with
+//! the same fields. Whenever it is not sure it would do exactly what the proxy does (a rule is open, the
+//! request is chunked, malformed, large, the health probe, a byte it does not parse the same way), it hands the
+//! client's socket and every byte read from it to the proxy (SCM_RIGHTS over the unix socket it was given), and
+//! the proxy serves that connection for the rest of its life.
+//!
+//! The control socket (a SOCK_SEQPACKET socket the proxy passes as `--control-fd`) carries one message a packet:
+//!   relay -> proxy  `R<port>`          listening
+//!                   `C<bytes>` + fd    a client connection handed over, with what was read from it
+//!                   `A<count>`         answer to `M`: mode set, log written, requests relayed so far
+//!   proxy -> relay  `M1` / `M0`        every request to the proxy from now on / relay them again
+//! The relay writes its log and exits when the proxy's end closes (the proxy stopped or died).
+//!
+//! std only (no crates): threads, one per client connection, blocking sockets.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::io::{AsRawFd, IntoRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const MAX_HEAD: usize = 64 * 1024; // as storage/proxy.py
+const HOLD_MAX: usize = 1024 * 1024;
+const SMALL_BODY: usize = 64 * 1024;
+const CHUNK: usize = 256 * 1024;
+const READ: usize = 64 * 1024;
+const HEALTH_PATH: &[u8] = b"/.sandfleet/health";
+const LOG_FLUSH: Duration = Duration::from_millis(10);
+
+// ------------------------------------------------------------------ the little libc this needs
+#[repr(C)]
+struct IoVec {
+    base: *const u8,
+    len: usize,
+}
+
+#[repr(C)]
+struct MsgHdr {
+    name: *mut u8,
+    namelen: u32,
+    iov: *const IoVec,
+    iovlen: usize,
+    control: *mut u8,
+    controllen: usize,
+    flags: i32,
+}
+
+extern "C" {
+    fn sendmsg(fd: i32, msg: *const MsgHdr, flags: i32) -> isize;
+    fn recv(fd: i32, buf: *mut u8, len: usize, flags: i32) -> isize;
+    fn close(fd: i32) -> i32;
+}
+
+const SOL_SOCKET: i32 = 1;
+const SCM_RIGHTS: i32 = 1;
+const MSG_NOSIGNAL: i32 = 0x4000;
+
+/// One packet on the control socket, with `fd` in its ancillary data when given.
+fn send_packet(ctl: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let iov = IoVec { base: data.as_ptr(), len: data.len() };
+    // struct cmsghdr { size_t len; int level; int type; } + one int, padded to 8: CMSG_SPACE(4) = 24
+    let mut cbuf = [0u8; 24];
+    let mut msg = MsgHdr {
+        name: std::ptr::null_mut(),
+        namelen: 0,
+        iov: &iov,
+        iovlen: 1,
+        control: std::ptr::null_mut(),
+        controllen: 0,
+        flags: 0,
+    };
+    if let Some(fd) = fd {
+        cbuf[0..8].copy_from_slice(&(20usize).to_ne_bytes()); // CMSG_LEN(4)
+        cbuf[8..12].copy_from_slice(&SOL_SOCKET.to_ne_bytes());
+        cbuf[12..16].copy_from_slice(&SCM_RIGHTS.to_ne_bytes());
+        cbuf[16..20].copy_from_slice(&fd.to_ne_bytes());
+        msg.control = cbuf.as_mut_ptr();
+        msg.controllen = cbuf.len();
+    }
+    loop {
+        let n = unsafe { sendmsg(ctl, &msg, MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ shared state
+struct State {
+    upstream: SocketAddr,
+    ctl: RawFd,
+    python: AtomicBool, // a rule is open: every request goes to the proxy
+    relayed: AtomicU64,
+    log: Mutex<Vec<u8>>,
+    logged: Condvar, // the first line pending: the writer wakes, waits LOG_FLUSH, writes the batch
+    log_file: Mutex<Option<File>>,
+}
+
+impl State {
+    fn note(&self, line: &[u8]) {
+        let mut pending = self.log.lock().unwrap();
+        if pending.is_empty() {
+            self.logged.notify_one();
+        }
+        pending.extend_from_slice(line);
+    }
+
+    /// The log's writer: no wake-up while nothing is pending.
+    fn writer(&self) {
+        loop {
+            {
+                let mut pending = self.log.lock().unwrap();
+                while pending.is_empty() {
+                    pending = self.logged.wait(pending).unwrap();
+                }
+            }
+            std::thread::sleep(LOG_FLUSH);
+            self.flush_log();
+        }
+    }
+
+    /// Write what is pending. The file's lock is held from taking the batch to writing it, so a flush that
+    /// returns (the answer to `M`) has every line noted before it on disk, a batch another thread took included.
+    fn flush_log(&self) {
+        let mut file = self.log_file.lock().unwrap();
+        let batch = std::mem::take(&mut *self.log.lock().unwrap());
+        if let (Some(f), false) = (file.as_mut(), batch.is_empty()) {
+            let _ = f.write_all(&batch); // O_APPEND: one write of whole lines, never torn by the proxy's
+        }
+    }
+}
+
+// ------------------------------------------------------------------ a buffered socket
+/// A socket and what was read from it and not yet used: `buf[pos..end]` (the buffer is zeroed once, when it
+/// grows, never per read).
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
+}
+
+impl Conn {
+    fn new(s: TcpStream) -> Conn {
+        Conn { s, buf: vec![0; READ], pos: 0, end: 0 }
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..self.end]
+    }
+
+    /// Put `data` back in front of what is pending (the head the proxy must read again).
+    fn unread(&mut self, data: &[u8]) {
+        let mut buf = data.to_vec();
+        buf.extend_from_slice(self.pending());
+        self.end = buf.len();
+        self.pos = 0;
+        self.buf = buf;
+    }
+
+    /// Read more; false at EOF.
+    fn fill(&mut self) -> io::Result<bool> {
+        if self.pos == self.end {
+            self.pos = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() && self.pos > 0 {
+            self.buf.copy_within(self.pos..self.end, 0);
+            self.end -= self.pos;
+            self.pos = 0;
+        }
+        if self.buf.len() - self.end < READ / 4 {
+            let grown = (self.buf.len() * 2).max(self.end + READ);
+            self.buf.resize(grown, 0);
+        }
+        loop {
+            match self.s.read(&mut self.buf[self.end..]) {
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(n > 0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The next head, up to and with its blank line: Ok(None) at a clean EOF before any byte of it;
+    /// an error for EOF inside one or one longer than MAX_HEAD (the proxy closes such connections too).
+    fn read_head(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let mut from = 0;
+        loop {
+            let p = self.pending();
+            if let Some(i) = find(&p[from..], b"\r\n\r\n") {
+                let end = from + i + 4;
+                if end > MAX_HEAD {
+                    return Err(bad("head too large"));
+                }
+                let head = p[..end].to_vec();
+                self.pos += end;
+                return Ok(Some(head));
+            }
+            if p.len() > MAX_HEAD {
+                return Err(bad("head too large"));
+            }
+            from = p.len().saturating_sub(3);
+            if !self.fill()? {
+                if self.pending().iter().all(|b| b.is_ascii_whitespace()) {
+                    return Ok(None);
+                }
+                return Err(bad("closed inside a head"));
+            }
+        }
+    }
+
+    fn read_exact(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        while self.pending().len() < n {
+            if !self.fill()? {
+                return Err(bad("closed inside a body"));
+            }
+        }
+        let out = self.pending()[..n].to_vec();
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn read_line(&mut self) -> io::Result<Vec<u8>> {
+        let mut from = 0;
+        loop {
+            let p = self.pending();
+            if let Some(i) = find(&p[from..], b"\r\n") {
+                let end = from + i + 2;
+                let line = p[..end].to_vec();
+                self.pos += end;
+                return Ok(line);
+            }
+            if p.len() > MAX_HEAD {
+                return Err(bad("line too long"));
+            }
+            from = p.len().saturating_sub(1);
+            if !self.fill()? {
+                return Err(bad("closed inside a chunk line"));
+            }
+        }
+    }
+
+    /// Copy `n` bytes (or to EOF when `n` is None) to `dst`; the bytes copied.
+    fn copy_to(&mut self, dst: &mut TcpStream, n: Option<usize>) -> io::Result<usize> {
+        let mut left = n.unwrap_or(usize::MAX);
+        let mut total = 0;
+        while left > 0 {
+            if self.pending().is_empty() && !self.fill()? {
+                if n.is_none() {
+                    return Ok(total);
+                }
+                return Err(bad("closed inside a body"));
+            }
+            let take = self.pending().len().min(left).min(CHUNK);
+            dst.write_all(&self.pending()[..take])?;
+            self.pos += take;
+            left -= take;
+            total += take;
+        }
+        Ok(total)
+    }
+}
+
+fn bad(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.to_string())
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+// ------------------------------------------------------------------ heads
+struct Head {
+    raw: Vec<u8>,
+    start: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Head {
+    /// None when the head holds a byte the proxy would read otherwise (non-ASCII, control bytes, a bare CR
+    /// or LF): such a request is the proxy's.
+    fn parse(raw: Vec<u8>) -> Option<Head> {
+        Head::parse_as(raw, true)
+    }
+
+    /// A response head: every byte read as latin-1, as the proxy reads it.
+    fn response(raw: Vec<u8>) -> Head {
+        Head::parse_as(raw, false).expect("a lenient parse always reads")
+    }
+
+    fn parse_as(raw: Vec<u8>, strict: bool) -> Option<Head> {
+        let body = &raw[..raw.len() - 4];
+        if !strict {
+            let text: String = body.iter().map(|&b| b as char).collect();
+            return Some(Head::from_text(&text, raw));
+        }
+        for (i, &b) in body.iter().enumerate() {
+            let ok = match b {
+                b'\r' => body.get(i + 1) == Some(&b'\n'),
+                b'\n' => i > 0 && body[i - 1] == b'\r',
+                b'\t' => true,
+                0x20..=0x7e => true,
+                _ => false,
+            };
+            if !ok {
+                return None;
+            }
+        }
+        let text = std::str::from_utf8(body).ok()?.to_string();
+        Some(Head::from_text(&text, raw))
+    }
+
+    fn from_text(text: &str, raw: Vec<u8>) -> Head {
+        let mut lines = text.split("\r\n");
+        let start = lines.next().unwrap_or("").to_string();
+        let mut headers = Vec::new();
+        for line in lines {
+            if line.is_empty() {
+                continue;
+            }
+            let (name, value) = match line.find(':') {
+                Some(i) => (&line[..i], &line[i + 1..]),
+                None => (line, ""),
+            };
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+        Head { raw, start, headers }
+    }
+
+    fn get(&self, name: &str) -> &str {
+        // the last one wins, as in the proxy's dict
+        self.headers.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).unwrap_or("")
+    }
+
+    fn chunked(&self) -> bool {
+        self.get("transfer-encoding").to_ascii_lowercase().contains("chunked")
+    }
+
+    fn length(&self) -> Option<usize> {
+        let v = self.get("content-length");
+        if !v.is_empty() && v.len() < 19 && v.bytes().all(|b| b.is_ascii_digit()) {
+            v.parse().ok()
+        } else {
+            None
+        }
+    }
+}
+
+// ------------------------------------------------------------------ what the log says of a request
+fn unhex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// urllib.parse.unquote (or unquote_plus): None when the bytes are not UTF-8 (the proxy would replace them).
+fn unquote(s: &str, plus: bool) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (unhex(b[i + 1]), unhex(b[i + 2])) {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if plus && b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+struct S3Req {
+    bucket: String,
+    key: String,
+    part: Option<u64>,
+    upload_id: Option<String>,
+    prefix: Option<String>,
+}
+
+/// S3Request.parse for a target the proxy would split the same way; None otherwise.
+fn parse_target(target: &str) -> Option<S3Req> {
+    if target.starts_with("//") || target.contains('#') {
+        return None; // urlsplit reads a netloc or a fragment there
+    }
+    let (path, query) = match target.find('?') {
+        Some(i) => (&target[..i], &target[i + 1..]),
+        None => (target, ""),
+    };
+    let path = unquote(path, false)?;
+    let path = path.trim_start_matches('/');
+    let (bucket, key) = match path.find('/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (path, ""),
+    };
+    let mut first: Vec<(String, String)> = Vec::new();
+    for field in query.split('&') {
+        if field.is_empty() {
+            continue;
+        }
+        let (n, v) = match field.find('=') {
+            Some(i) => (&field[..i], &field[i + 1..]),
+            None => (field, ""),
+        };
+        let (n, v) = (unquote(n, true)?, unquote(v, true)?);
+        if !first.iter().any(|(m, _)| *m == n) {
+            first.push((n, v));
+        }
+    }
+    let q = |name: &str| first.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    let part = match q("partNumber") {
+        Some(p) if !p.is_ascii() => return None, // str.isdecimal reads other digits too
+        Some(p) if !p.is_empty() && p.len() < 10 && p.bytes().all(|b| b.is_ascii_digit()) => p.parse().ok(),
+        _ => None,
+    };
+    Some(S3Req {
+        bucket: bucket.to_string(),
+        key: key.to_string(),
+        part,
+        upload_id: q("uploadId"),
+        prefix: if key.is_empty() { q("prefix") } else { None },
+    })
+}
+
+/// The access key id after `marker` (`Credential=` in the header, `X-Amz-Credential=` in a presigned query):
+/// 8 to 128 letters and digits, then `/` (or `%2F` in the query), as the proxy's two regexes.
+fn akid_after(s: &str, marker: &str, query: bool) -> Option<String> {
+    let mut from = 0;
+    while let Some(i) = s[from..].find(marker) {
+        let at = from + i;
+        if query && !(at > 0 && matches!(s.as_bytes()[at - 1], b'?' | b'&')) {
+            from = at + 1;
+            continue;
+        }
+        let rest = &s[at + marker.len()..];
+        let n = rest.bytes().take_while(|b| b.is_ascii_alphanumeric()).count();
+        let after = &rest[n..];
+        let ends = after.starts_with('/') || (query && after.starts_with("%2F"));
+        if (8..=128).contains(&n) && ends {
+            return Some(rest[..n].to_string());
+        }
+        from = at + 1;
+    }
+    None
+}
+
+fn access_key_id(authorization: &str, target: &str) -> Option<String> {
+    akid_after(authorization, "Credential=", false).or_else(|| akid_after(target, "X-Amz-Credential=", true))
+}
+
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn json_opt(out: &mut String, s: &Option<String>) {
+    match s {
+        Some(v) => json_str(out, v),
+        None => out.push_str("null"),
+    }
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+// ------------------------------------------------------------------ one client connection
+enum Next {
+    Again,
+    Close,
+    HandOff,
+}
+
+fn hand_off(st: &State, client: Conn) {
+    let mut data = Vec::with_capacity(1 + client.pending().len());
+    data.push(b'C');
+    data.extend_from_slice(client.pending());
+    let fd = client.s.as_raw_fd();
+    let _ = send_packet(st.ctl, &data, Some(fd)); // the proxy holds its own copy of the socket now
+}
+
+fn serve(st: Arc<State>, s: TcpStream) {
+    let _ = s.set_nodelay(true);
+    let mut client = Conn::new(s);
+    let mut upstream: Option<Conn> = None;
+    loop {
+        let raw = match client.read_head() {
+            Ok(Some(raw)) => raw,
+            _ => return,
+        };
+        // should the proxy take the connection, the head goes back in front of what is pending
+        if st.python.load(Ordering::SeqCst) {
+            client.unread(&raw);
+            return hand_off(&st, client);
+        }
+        let head = match Head::parse(raw.clone()) {
+            Some(h) => h,
+            None => {
+                client.unread(&raw);
+                return hand_off(&st, client);
+            }
+        };
+        match relay_one(&st, &head, &mut client, &mut upstream) {
+            Ok(Next::Again) => continue,
+            Ok(Next::HandOff) => {
+                client.unread(&raw);
+                if let Some(u) = upstream.take() {
+                    let _ = u.s.shutdown(Shutdown::Both);
+                }
+                return hand_off(&st, client);
+            }
+            Ok(Next::Close) | Err(_) => return, // both sockets close as they drop, as the proxy closes them
+        }
+    }
+}
+
+/// One request relayed as the proxy's `_relay` does with no rule; HandOff before anything is read or sent when
+/// the proxy must serve it.
+fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<Conn>) -> io::Result<Next> {
+    let mut parts = head.start.splitn(3, ' ');
+    let method = parts.next().unwrap_or("");
+    let target = parts.next().unwrap_or("");
+    let cl = head.get("content-length");
+    let length = head.length();
+    let plain = !method.is_empty()
+        && method.bytes().all(|b| b.is_ascii_alphabetic())
+        && target.starts_with('/')
+        && !target.contains('\t')
+        && target.as_bytes() != HEALTH_PATH
+        && !head.chunked()
+        && (cl.is_empty() || length.map_or(false, |n| n <= HOLD_MAX));
+    if !plain {
+        return Ok(Next::HandOff);
+    }
+    let req = match parse_target(target) {
+        Some(r) => r,
+        None => return Ok(Next::HandOff),
+    };
+    let t0 = now();
+    let started = Instant::now();
+    let akid = access_key_id(head.get("authorization"), target);
+    let sha = head.get("x-amz-content-sha256");
+    let expect = head.get("expect").to_ascii_lowercase() == "100-continue";
+    if upstream.is_none() {
+        let u = TcpStream::connect(st.upstream)?;
+        let _ = u.set_nodelay(true);
+        *upstream = Some(Conn::new(u));
+    }
+    let up = upstream.as_mut().unwrap();
+    let held = match length {
+        Some(n) if n > 0 => {
+            // a small body is held whole before the store sees the request (see the proxy's _relay)
+            if expect {
+                client.s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+            }
+            Some(client.read_exact(n)?)
+        }
+        _ => None,
+    };
+    let mut sent_body: Option<usize> = match &held {
+        Some(body) if !expect => {
+            let mut one = Vec::with_capacity(head.raw.len() + body.len());
+            one.extend_from_slice(&head.raw);
+            one.extend_from_slice(body);
+            up.s.write_all(&one)?;
+            Some(body.len())
+        }
+        Some(_) => {
+            up.s.write_all(&head.raw)?;
+            None
+        }
+        None => {
+            up.s.write_all(&head.raw)?;
+            Some(0)
+        }
+    };
+    let (rhead, status) = loop {
+        let raw = up.read_head()?.ok_or_else(|| bad("upstream closed before answering"))?;
+        let rhead = Head::response(raw);
+        let status: u16 = rhead
+            .start
+            .splitn(3, ' ')
+            .nth(1)
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| bad("upstream status unreadable"))?;
+        if (100..200).contains(&status) {
+            match (&held, sent_body) {
+                (Some(body), None) if expect => {
+                    up.s.write_all(body)?; // our own 100 went to the client already
+                    sent_body = Some(body.len());
+                }
+                _ => client.s.write_all(&rhead.raw)?,
+            }
+            continue;
+        }
+        break (rhead, status);
+    };
+    let no_body = method == "HEAD" || status == 204 || status == 304;
+    let mut closing = rhead.get("connection").to_ascii_lowercase() == "close"
+        || head.get("connection").to_ascii_lowercase() == "close";
+    let rlen = rhead.length();
+    let rchunked = rhead.chunked();
+    let small = !rchunked && (no_body || rlen.map_or(false, |n| n <= SMALL_BODY));
+    let resp_bytes = if small {
+        let body = if no_body { Vec::new() } else { up.read_exact(rlen.unwrap())? };
+        let mut one = Vec::with_capacity(rhead.raw.len() + body.len());
+        one.extend_from_slice(&rhead.raw);
+        one.extend_from_slice(&body);
+        client.s.write_all(&one)?;
+        body.len()
+    } else {
+        client.s.write_all(&rhead.raw)?;
+        if rchunked {
+            copy_chunked(up, &mut client.s)?
+        } else {
+            up.copy_to(&mut client.s, rlen)?
+        }
+    };
+    let req_bytes = match sent_body {
+        Some(n) => n,
+        None => {
+            closing = true; // the store answered without taking the body
+            0
+        }
+    };
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut line = String::with_capacity(320);
+    line.push_str(&format!("{{\"t\":{},\"method\":", t0));
+    json_str(&mut line, method);
+    line.push_str(",\"bucket\":");
+    json_str(&mut line, &req.bucket);
+    line.push_str(",\"key\":");
+    json_str(&mut line, &req.key);
+    match req.part {
+        Some(p) => line.push_str(&format!(",\"part\":{}", p)),
+        None => line.push_str(",\"part\":null"),
+    }
+    line.push_str(",\"upload_id\":");
+    json_opt(&mut line, &req.upload_id);
+    line.push_str(",\"prefix\":");
+    json_opt(&mut line, &req.prefix);
+    line.push_str(",\"akid\":");
+    json_opt(&mut line, &akid);
+    if sha.len() == 64 {
+        line.push_str(",\"sha\":");
+        json_str(&mut line, sha);
+    }
+    line.push_str(&format!(
+        ",\"status\":{},\"req_bytes\":{},\"resp_bytes\":{},\"rule\":null,\"fault\":null,\"ms\":{:.3}}}\n",
+        status, req_bytes, resp_bytes, ms
+    ));
+    st.note(line.as_bytes());
+    st.relayed.fetch_add(1, Ordering::Relaxed);
+    let until_eof = rlen.is_none() && !rchunked && !no_body;
+    Ok(if closing || until_eof { Next::Close } else { Next::Again })
+}
+
+/// A chunked body relayed as it comes, trailers included; the body's bytes (chunk data only).
+fn copy_chunked(src: &mut Conn, dst: &mut TcpStream) -> io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let line = src.read_line()?;
+        dst.write_all(&line)?;
+        let text = std::str::from_utf8(&line).map_err(|_| bad("chunk size unreadable"))?;
+        let size = text.split(';').next().unwrap_or("").trim();
+        let size = if size.is_empty() { 0 } else {
+            usize::from_str_radix(size, 16).map_err(|_| bad("chunk size unreadable"))?
+        };
+        if size == 0 {
+            loop {
+                let trailer = src.read_line()?;
+                dst.write_all(&trailer)?;
+                if trailer == b"\r\n" {
+                    return Ok(total);
+                }
+            }
+        }
+        src.copy_to(dst, Some(size.saturating_add(2)))?;
+        total += size;
+    }
+}
+
+// ------------------------------------------------------------------ main
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn control(st: Arc<State>) {
+    let mut buf = [0u8; 64];
+    loop {
+        let n = unsafe { recv(st.ctl, buf.as_mut_ptr(), buf.len(), 0) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            st.flush_log(); // the proxy is gone: what was relayed is written, and no one serves a rule now
+            std::process::exit(0);
+        }
+        let msg = &buf[..n as usize];
+        if msg.len() == 2 && msg[0] == b'M' {
+            st.python.store(msg[1] == b'1', Ordering::SeqCst);
+            st.flush_log();
+            let answer = format!("A{}", st.relayed.load(Ordering::SeqCst));
+            let _ = send_packet(st.ctl, answer.as_bytes(), None);
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: sandfleet-relay --upstream HOST:PORT --control-fd FD [--port N] [--log FILE]";
+    let upstream = arg(&args, "--upstream")
+        .and_then(|u| u.to_socket_addrs().ok())
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| {
+            eprintln!("{usage}: --upstream must be HOST:PORT");
+            std::process::exit(2)
+        });
+    let ctl: RawFd = arg(&args, "--control-fd").and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        eprintln!("{usage}: --control-fd must be an open unix socket's number");
+        std::process::exit(2)
+    });
+    let port: u16 = arg(&args, "--port").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let log_file = arg(&args, "--log").map(|p| {
+        OpenOptions::new().create(true).append(true).open(&p).unwrap_or_else(|e| {
+            eprintln!("sandfleet-relay: --log {p}: {e}");
+            std::process::exit(2)
+        })
+    });
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| {
+        eprintln!("sandfleet-relay: cannot listen on 127.0.0.1:{port}: {e}");
+        std::process::exit(2)
+    });
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let st = Arc::new(State {
+        upstream,
+        ctl,
+        python: AtomicBool::new(false),
+        relayed: AtomicU64::new(0),
+        log: Mutex::new(Vec::with_capacity(64 * 1024)),
+        logged: Condvar::new(),
+        log_file: Mutex::new(log_file),
+    });
+    {
+        let st = st.clone();
+        std::thread::spawn(move || control(st));
+    }
+    {
+        let st = st.clone();
+        std::thread::spawn(move || st.writer());
+    }
+    if send_packet(ctl, format!("R{port}").as_bytes(), None).is_err() {
+        std::process::exit(1);
+    }
+    for s in listener.incoming() {
+        let s = match s {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        let st = st.clone();
+        let spawned = std::thread::Builder::new().stack_size(256 * 1024).spawn(move || serve(st, s));
+        if spawned.is_err() {
+            std::thread::sleep(Duration::from_millis(5)); // out of threads: the socket closes, the client retries
+        }
+    }
+    let _ = unsafe { close(listener.into_raw_fd()) };
+}

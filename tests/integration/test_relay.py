@@ -1,0 +1,148 @@
+"""The proxy's compiled front (relay/, storage/relay.py) on real SeaweedFS: it logs exactly what the proxy alone
+logs for the same requests, a rule opened through the control API catches the very next request, and the proxy
+does not outlive its relay."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import urllib.parse
+
+import orjson
+import pytest
+
+from storage import relay
+from storage.proxy import ProxyProcess
+from storage.store import EmbeddedStore, s3_client
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(relay.binary() is None, reason="sandfleet-relay is not installed (no cargo at "
+                                                                   "set-up); the proxy serves alone")]
+
+VOLATILE = ("t", "ms")  # the clock and the time taken: the rest of each line must be the same
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("relay")
+    store = EmbeddedStore(d / "store")
+    ep = store.start()
+    s3_client(ep.url, ep.creds).create_bucket(Bucket="sf-relay")
+    yield ep, d
+    store.stop()
+
+
+def _log(proxy: ProxyProcess) -> list[dict]:
+    proxy.control().flush()
+    with open(proxy.log_path, "rb") as f:
+        return [orjson.loads(line) for line in f.read().splitlines()]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _traffic(c, raw_port: int, tag: str) -> None:
+    """What runners do, and what they rarely do: small and large bodies, listings, multipart, keys that need
+    quoting, a presigned GET, a missing key, a HEAD, a delete, pipelined and hand-made requests."""
+    b = "sf-relay"
+    c.put_object(Bucket=b, Key=f"{tag}/a", Body=b"x" * 1000)
+    c.put_object(Bucket=b, Key=f"{tag}/sp ace+plus/é?&=", Body=b"odd key")
+    c.put_object(Bucket=b, Key=f"{tag}/big", Body=(b"0123456789abcdef" * 65537)[:1024 * 1024 + 7])  # streamed
+    c.put_object(Bucket=b, Key=f"{tag}/journal/0001", Body=b"y", IfNoneMatch="*")  # the durable runner's commit
+    c.head_object(Bucket=b, Key=f"{tag}/a")
+    assert len(c.get_object(Bucket=b, Key=f"{tag}/big")["Body"].read()) == 1024 * 1024 + 7
+    c.get_object(Bucket=b, Key=f"{tag}/sp ace+plus/é?&=")["Body"].read()
+    c.list_objects_v2(Bucket=b, Prefix=f"{tag}/")
+    c.list_objects_v2(Bucket=b, Prefix=f"{tag}/sp ace+")
+    up = c.create_multipart_upload(Bucket=b, Key=f"{tag}/mp")
+    e = c.upload_part(Bucket=b, Key=f"{tag}/mp", UploadId=up["UploadId"], PartNumber=1, Body=b"p" * 5000)
+    c.complete_multipart_upload(Bucket=b, Key=f"{tag}/mp", UploadId=up["UploadId"],
+                                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e["ETag"]}]})
+    with pytest.raises(c.exceptions.NoSuchKey):
+        c.get_object(Bucket=b, Key=f"{tag}/missing")
+    c.delete_object(Bucket=b, Key=f"{tag}/a")
+    url = c.generate_presigned_url("get_object", Params={"Bucket": b, "Key": f"{tag}/mp"}, ExpiresIn=60)
+    target = url.split(f":{urllib.parse.urlsplit(url).port}", 1)[1]
+    with socket.create_connection(("127.0.0.1", raw_port), timeout=10) as s:  # two pipelined, then a close
+        host = f"127.0.0.1:{raw_port}"
+        s.sendall((f"GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n"
+                   f"HEAD {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").encode())
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1 ") == 2, got[:300]  # the HEAD: 403 (signed for GET)
+
+
+def _same(line: dict, tag: str) -> dict:
+    keep = {k: v for k, v in line.items() if k not in VOLATILE}
+    for k in ("key", "prefix"):
+        if isinstance(keep.get(k), str):
+            keep[k] = keep[k].replace(tag, "TAG", 1)
+    if keep.get("upload_id") is not None:
+        keep["upload_id"] = "an upload id"  # the store's own, new each time
+    return keep
+
+
+def test_the_relay_logs_what_the_proxy_alone_logs(store):
+    ep, d = store
+    alone = ProxyProcess(ep.url, str(d / "alone.jsonl"), relay=False).start()
+    front = ProxyProcess(ep.url, str(d / "front.jsonl")).start()
+    try:
+        assert _children(alone.proc.pid) == [] and len(_children(front.proc.pid)) == 1
+        for proxy, tag in ((alone, "alone"), (front, "front")):
+            _traffic(s3_client(proxy.url, ep.creds), proxy.port, tag)
+        a, f = (sorted(_log(p), key=lambda x: x["t"]) for p in (alone, front))  # two writers: in time order
+        stats = front.control().stats()
+        assert [_same(x, "alone") for x in a] == [_same(x, "front") for x in f]
+        assert len(f) >= 16 and stats["requests"] == len(f)
+        # the relay relayed all but what it must not: the streamed 1 MiB PUT is the proxy's, and so is every
+        # later request on that connection
+        assert 0 < stats["relayed"] < len(f) and alone.control().stats()["relayed"] == 0
+    finally:
+        front.stop()
+        alone.stop()
+
+
+def test_a_rule_catches_the_next_request_and_the_relay_relays_again_after_it(store):
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "rules.jsonl")).start()
+    try:
+        c = s3_client(front.url, ep.creds, max_attempts=1)
+        c.put_object(Bucket="sf-relay", Key="rule/k", Body=b"v")
+        ctl = front.control()
+        before = ctl.stats()["relayed"]
+        ctl.open_rule(rule_id="st1", bucket="sf-relay", key_prefix="rule/", fault="ST1")
+        with pytest.raises(c.exceptions.ClientError) as e:
+            c.get_object(Bucket="sf-relay", Key="rule/k")  # on the connection the relay served until now
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        assert ctl.stats()["relayed"] == before
+        ctl.close_rule("st1")
+        fresh = s3_client(front.url, ep.creds, max_attempts=1)  # a new connection: the relay's again
+        assert fresh.get_object(Bucket="sf-relay", Key="rule/k")["Body"].read() == b"v"
+        assert ctl.stats()["relayed"] == before + 1
+        hits = [x for x in _log(front) if x.get("rule") == "st1"]
+        assert hits and all(x["status"] == 503 for x in hits)  # botocore may have sent it twice
+    finally:
+        front.stop()
+
+
+def test_the_proxy_ends_when_its_relay_dies_and_leaves_nothing(store):
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "dies.jsonl")).start()
+    try:
+        (kid,) = _children(front.proc.pid)
+        os.kill(kid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while front.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert front.proc.returncode == 1
+        assert b"relay exited" in front.proc.stderr.read()
+    finally:
+        front.stop()
+    stopped = ProxyProcess(ep.url, str(d / "stop.jsonl")).start()
+    (kid,) = _children(stopped.proc.pid)
+    stopped.stop()
+    assert not os.path.exists(f"/proc/{kid}") or open(f"/proc/{kid}/stat").read().split()[2] == "Z"
