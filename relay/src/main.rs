@@ -256,6 +256,9 @@ impl Conn {
     fn copy_to(&mut self, dst: &mut TcpStream, n: Option<usize>) -> io::Result<usize> {
         let mut left = n.unwrap_or(usize::MAX);
         let mut total = 0;
+        if left > READ && self.buf.len() < CHUNK {
+            self.buf.resize(CHUNK, 0); // a large body: fewer, larger reads (zeroed once per connection)
+        }
         while left > 0 {
             if self.pending().is_empty() && !self.fill()? {
                 if n.is_none() {
