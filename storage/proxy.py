@@ -48,6 +48,7 @@ MAX_HEAD = 64 * 1024
 LOG_FLUSH_S = 0.01  # the request log is written in batches this often
 SMALL_BODY = 64 * 1024  # responses up to this size are sent with their head in one write
 HOLD_MAX = 1024 * 1024  # request bodies up to this size are held whole before the store sees the request
+ROUTE_MAX = 150 * 1024  # the relay is told at most this many bytes of slots (one SOCK_SEQPACKET packet), else all
 
 
 # --------------------------------------------------------------------------- rules
@@ -292,6 +293,23 @@ class RuleSet(dict):
         self._order.pop(rid, None)
         self.lag.pop(rid, None)
         return rule
+
+    def route(self) -> bytes:
+        """What the compiled relay must hand over (storage/relay.py): b"0" nothing (no rule open), b"1" every
+        request (a rule not pinned to a slot, or a lag window: any request may meet it), else b"S" and the slots
+        (`bucket/seg0/seg1`, one a line): only a request in one of them may meet a rule."""
+        if not self:
+            return b"0"
+        if self._wide or self.lag:
+            return b"1"
+        slots = ["/".join(slot) for slot in self._slots]
+        if any(len(slot.split("/")) != 3 or "\n" in slot for slot in slots):
+            return b"1"  # a bucket or segment the line format cannot carry: the safe side
+        try:
+            data = b"S" + "\n".join(slots).encode()
+        except UnicodeEncodeError:
+            return b"1"
+        return data if len(data) <= ROUTE_MAX else b"1"
 
     def candidates(self, req: "S3Request") -> list[Rule]:
         """The rules that could match `req`, in the order they were opened."""
@@ -924,26 +942,37 @@ class FaultProxy:
         closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
         small = not strip and throttle_down is None and not rhead.chunked and (
             no_body or (rhead.length is not None and rhead.length <= SMALL_BODY))
-        if small:  # head and body in one send (most S3 answers are small)
-            body = b"" if no_body else await ureader.readexactly(rhead.length)
-            cwriter.write(rhead.raw + body)
-            await cwriter.drain()
-            resp_bytes = len(body)
-        elif not strip:
-            cwriter.write(rhead.raw)
-            await cwriter.drain()
-        if small:
-            pass
-        elif strip:  # ST7: drop the lagging keys from the listing, fix its length
-            body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
-            raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
-            cwriter.write(raw + body)
-            await cwriter.drain()
-            resp_bytes = len(body)
-        else:
-            resp_bytes = 0 if no_body else await copy_body(
-                ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked,
-                throttle=throttle_down)
+        shaped = shaping.rule if shaping is not None else None
+        try:
+            if small:  # head and body in one send (most S3 answers are small)
+                body = b"" if no_body else await ureader.readexactly(rhead.length)
+                cwriter.write(rhead.raw + body)
+                await cwriter.drain()
+                resp_bytes = len(body)
+            elif not strip:
+                cwriter.write(rhead.raw)
+                await cwriter.drain()
+            if small:
+                pass
+            elif strip:  # ST7: drop the lagging keys from the listing, fix its length
+                body, _ = self._strip_listing(await ureader.readexactly(rhead.length), req.bucket, strip)
+                raw = re.sub(rb"(?im)^content-length:[^\r\n]*", b"Content-Length: %d" % len(body), rhead.raw)
+                cwriter.write(raw + body)
+                await cwriter.drain()
+                resp_bytes = len(body)
+            else:
+                resp_bytes = 0 if no_body else await copy_body(
+                    ureader, cwriter, rhead, until_eof=rhead.length is None and not rhead.chunked,
+                    throttle=throttle_down)
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            # the store has answered: the line is written even when its answer does not reach the client whole
+            # (a write it applied is never missing from the log); the connection then closes
+            sent = body_task.done() and not body_task.cancelled() and body_task.exception() is None
+            self.record(**base, status=status, req_bytes=body_task.result() if sent else 0, resp_bytes=0,
+                        rule=shaped.rule_id if shaped else None, fault=shaped.fault if shaped else None,
+                        ms=round((clock() - t0) * 1000, 3), answer_lost=True,
+                        **(shaping.extra() if shaping is not None else {}))
+            raise
         if not body_task.done():
             # The upstream answered without taking the body (e.g. refused a 100-continue).
             body_task.cancel()
@@ -953,7 +982,6 @@ class FaultProxy:
             return False
         else:
             req_bytes = body_task.result()
-        shaped = shaping.rule if shaping is not None else None
         self.record(**base, status=status, req_bytes=req_bytes, resp_bytes=resp_bytes,
                     rule=shaped.rule_id if shaped else None, fault=shaped.fault if shaped else None,
                     ms=round((clock() - t0) * 1000, 3), **(shaping.extra() if shaping is not None else {}))
@@ -974,10 +1002,10 @@ class FaultProxy:
                 if self.relay is not None:  # the relay's log written too, and before a rule opens every
                     # request whose head it reads from now on comes here
                     opening = method == "POST" and path == "/rules"
-                    await self.relay.sync(python=self.relay.python or opening or bool(self.rules))
+                    await self.relay.sync(b"1" if opening else self.relay.route)
                 status, payload = self.dispatch(method, path, body)
-                if self.relay is not None and self.relay.python and not self.rules:
-                    await self.relay.sync(python=False)  # no rule left: the relay relays again
+                if self.relay is not None and self.relay.route != self.rules.route():
+                    await self.relay.sync(self.rules.route())  # only what the open rules may meet comes here
         except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
             status, payload = 400, {"error": str(exc)}
         data = orjson.dumps(payload)

@@ -4,8 +4,10 @@ The relay owns the proxy's port. While no rule is open it relays every plain req
 logs it as the proxy would (the same JSON line, appended to the same log). Anything else, and every request
 whose head it reads while a rule is open, it hands over: the client's socket (SCM_RIGHTS) and every byte read
 from it, over a SOCK_SEQPACKET pair; the proxy then serves that connection for the rest of its life, as if it
-had accepted it. Before a rule opens the proxy puts the relay in "python" mode and waits for its answer, so no
-request whose head is read after `POST /rules` returns escapes the rule.
+had accepted it. Before a rule opens the proxy tells the relay to hand over every request and waits for its
+answer, so no request whose head is read after `POST /rules` returns escapes the rule; once the rule is in, it
+narrows that to the slots (bucket and a task's prefix) its open rules are pinned to (RuleSet.route), so the
+tasks with no fault open stay on the relay.
 
 Without the binary (`SANDFLEET_PROXY_RELAY=off`, or a machine with no cargo when the project was set up) the
 proxy listens itself and serves everything: the same behaviour, its own cost.
@@ -41,7 +43,7 @@ class Relay:
         self.path, self.upstream, self.log_path = path, upstream, log_path
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.python = False  # the mode the relay was last told
+        self.route = b"0"  # what the relay was last told to hand over (RuleSet.route)
         self.relayed = 0  # requests the relay relayed itself, as of its last answer
         self._answer: asyncio.Future | None = None
         self._lock: asyncio.Lock | None = None
@@ -78,11 +80,18 @@ class Relay:
     def _readable(self) -> None:
         while True:
             try:
-                msg, fds, _, _ = socket.recv_fds(self.sock, PACKET_MAX, 1)
+                msg, fds, flags, _ = socket.recv_fds(self.sock, PACKET_MAX, 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                msg, fds = b"", []
+                msg, fds, flags = b"", [], 0
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):  # never (the relay sends at most 64 KiB + 1):
+                # a connection whose bytes did not all arrive is not served as if they had
+                print(f"the relay's packet was truncated ({len(msg)} bytes); its connection is closed",
+                      file=sys.stderr, flush=True)
+                for fd in fds:
+                    os.close(fd)
+                continue
             if not msg:
                 asyncio.get_running_loop().remove_reader(self.sock.fileno())
                 self.lost.set()
@@ -98,13 +107,18 @@ class Relay:
             for fd in fds:  # nothing else carries a socket
                 os.close(fd)
 
-    async def sync(self, python: bool) -> int:
-        """Set the relay's mode and have it write its log; the requests it has relayed so far."""
+    async def sync(self, route: bytes) -> int:
+        """Tell the relay which requests to hand over (RuleSet.route) and have it write its log; the requests it
+        has relayed so far."""
         async with self._lock:
             self._answer = asyncio.get_running_loop().create_future()
-            self.sock.send(b"M1" if python else b"M0")
+            try:
+                self.sock.send(b"M" + route)
+            except OSError:  # a packet too large for the socket: everything, the safe side
+                route = b"1"
+                self.sock.send(b"M1")
             self.relayed = await asyncio.wait_for(self._answer, 10)
-            self.python = python
+            self.route = route
             return self.relayed
 
     def stop(self, grace_s: float = 5.0) -> None:

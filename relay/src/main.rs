@@ -11,7 +11,10 @@
 //!   relay -> proxy  `R<port>`          listening
 //!                   `C<bytes>` + fd    a client connection handed over, with what was read from it
 //!                   `A<count>`         answer to `M`: mode set, log written, requests relayed so far
-//!   proxy -> relay  `M1` / `M0`        every request to the proxy from now on / relay them again
+//!   proxy -> relay  `M1`               every request to the proxy from now on
+//!                   `M0`               relay every plain request again (no rule open)
+//!                   `MS<slots>`        only requests in these slots go to the proxy: `bucket/seg0/seg1`, one a
+//!                                      line, the proxy's RuleSet slots (a rule pinned to a task's prefix)
 //! The relay writes its log and exits when the proxy's end closes (the proxy stopped or died).
 //!
 //! std only (no crates): threads, one per client connection, blocking sockets.
@@ -20,8 +23,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::io::{AsRawFd, IntoRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashSet;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const MAX_HEAD: usize = 64 * 1024; // as storage/proxy.py
@@ -31,6 +35,9 @@ const CHUNK: usize = 256 * 1024;
 const READ: usize = 64 * 1024;
 const HEALTH_PATH: &[u8] = b"/.sandfleet/health";
 const LOG_FLUSH: Duration = Duration::from_millis(10);
+// connections the relay serves at once, a thread each; the next ones go to the proxy, whose event loop holds any
+// number (thousands of threads would reach vm.max_map_count, and a thread that cannot start aborts the relay)
+const MAX_CONNS: usize = 512;
 
 // ------------------------------------------------------------------ the little libc this needs
 #[repr(C)]
@@ -95,11 +102,45 @@ fn send_packet(ctl: RawFd, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
 }
 
 // ------------------------------------------------------------------ shared state
+/// Which requests go to the proxy, from the rules it has open.
+enum Route {
+    Direct,                 // none open
+    All,                    // a rule that could match any request (no bucket and prefix pinning two segments)
+    Slots(HashSet<String>), // only rules pinned to these `bucket/seg0/seg1`
+}
+
+impl Route {
+    fn parse(msg: &[u8]) -> Route {
+        match msg {
+            b"0" => Route::Direct,
+            [b'S', slots @ ..] => match std::str::from_utf8(slots) {
+                Ok(text) => Route::Slots(text.split('\n').filter(|l| !l.is_empty()).map(str::to_string).collect()),
+                Err(_) => Route::All,
+            },
+            _ => Route::All, // anything else: the safe side
+        }
+    }
+
+    /// RuleSet._slot of the request: the bucket and the first two segments of its key (or listing prefix).
+    fn takes(&self, req: &S3Req) -> bool {
+        match self {
+            Route::Direct => false,
+            Route::All => true,
+            Route::Slots(slots) => {
+                let key = if req.key.is_empty() { req.prefix.as_deref().unwrap_or("") } else { &req.key };
+                let segs: Vec<&str> = key.splitn(3, '/').collect();
+                !key.is_empty() && segs.len() == 3 && slots.contains(&format!("{}/{}/{}", req.bucket, segs[0], segs[1]))
+            }
+        }
+    }
+}
+
 struct State {
     upstream: SocketAddr,
     ctl: RawFd,
-    python: AtomicBool, // a rule is open: every request goes to the proxy
+    route: RwLock<Arc<Route>>, // which requests the proxy must serve (the rules it has open)
     relayed: AtomicU64,
+    live: AtomicUsize, // connections served by a thread of the relay now
     log: Mutex<Vec<u8>>,
     logged: Condvar, // the first line pending: the writer wakes, waits LOG_FLUSH, writes the batch
     log_file: Mutex<Option<File>>,
@@ -139,6 +180,15 @@ impl State {
     }
 }
 
+/// A connection a thread serves: counted while it lives.
+struct Live(Arc<State>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 // ------------------------------------------------------------------ a buffered socket
 /// A socket and what was read from it and not yet used: `buf[pos..end]` (the buffer is zeroed once, when it
 /// grows, never per read).
@@ -167,22 +217,24 @@ impl Conn {
         self.buf = buf;
     }
 
-    /// Read more; false at EOF.
-    fn fill(&mut self) -> io::Result<bool> {
+    /// Read at most `limit` more bytes (never more than the caller needs: what is pending when a connection
+    /// is handed over stays within one packet); false at EOF.
+    fn fill(&mut self, limit: usize) -> io::Result<bool> {
+        let limit = limit.clamp(1, CHUNK);
         if self.pos == self.end {
             self.pos = 0;
             self.end = 0;
-        } else if self.end == self.buf.len() && self.pos > 0 {
-            self.buf.copy_within(self.pos..self.end, 0);
-            self.end -= self.pos;
+        } else if self.pos > 0 && self.buf.len() - self.end < limit {
+            self.buf.copy_within(self.pos..self.end, 0); // what is pending to the front: the buffer grows
+            self.end -= self.pos; // only past what is pending and the next read
             self.pos = 0;
         }
-        if self.buf.len() - self.end < READ / 4 {
-            let grown = (self.buf.len() * 2).max(self.end + READ);
+        if self.buf.len() - self.end < limit {
+            let grown = (self.buf.len() * 2).max(self.end + limit);
             self.buf.resize(grown, 0);
         }
         loop {
-            match self.s.read(&mut self.buf[self.end..]) {
+            match self.s.read(&mut self.buf[self.end..self.end + limit]) {
                 Ok(n) => {
                     self.end += n;
                     return Ok(n > 0);
@@ -193,28 +245,29 @@ impl Conn {
         }
     }
 
-    /// The next head, up to and with its blank line: Ok(None) at a clean EOF before any byte of it;
-    /// an error for EOF inside one or one longer than MAX_HEAD (the proxy closes such connections too).
-    fn read_head(&mut self) -> io::Result<Option<Vec<u8>>> {
+    /// The next head, up to and with its blank line; `Eof` at a clean EOF before any byte of it, an error for
+    /// EOF inside one. `TooLong` when its blank line is not within MAX_HEAD (the proxy's own limit decides
+    /// what then: it is handed the bytes).
+    fn read_head(&mut self) -> io::Result<Got> {
         let mut from = 0;
         loop {
             let p = self.pending();
             if let Some(i) = find(&p[from..], b"\r\n\r\n") {
                 let end = from + i + 4;
                 if end > MAX_HEAD {
-                    return Err(bad("head too large"));
+                    return Ok(Got::TooLong);
                 }
                 let head = p[..end].to_vec();
                 self.pos += end;
-                return Ok(Some(head));
+                return Ok(Got::Head(head));
             }
-            if p.len() > MAX_HEAD {
-                return Err(bad("head too large"));
+            if p.len() >= MAX_HEAD {
+                return Ok(Got::TooLong);
             }
             from = p.len().saturating_sub(3);
-            if !self.fill()? {
+            if !self.fill(MAX_HEAD - p.len())? {
                 if self.pending().iter().all(|b| b.is_ascii_whitespace()) {
-                    return Ok(None);
+                    return Ok(Got::Eof);
                 }
                 return Err(bad("closed inside a head"));
             }
@@ -223,7 +276,7 @@ impl Conn {
 
     fn read_exact(&mut self, n: usize) -> io::Result<Vec<u8>> {
         while self.pending().len() < n {
-            if !self.fill()? {
+            if !self.fill(n - self.pending().len())? {
                 return Err(bad("closed inside a body"));
             }
         }
@@ -246,7 +299,7 @@ impl Conn {
                 return Err(bad("line too long"));
             }
             from = p.len().saturating_sub(1);
-            if !self.fill()? {
+            if !self.fill(READ)? {
                 return Err(bad("closed inside a chunk line"));
             }
         }
@@ -256,11 +309,8 @@ impl Conn {
     fn copy_to(&mut self, dst: &mut TcpStream, n: Option<usize>) -> io::Result<usize> {
         let mut left = n.unwrap_or(usize::MAX);
         let mut total = 0;
-        if left > READ && self.buf.len() < CHUNK {
-            self.buf.resize(CHUNK, 0); // a large body: fewer, larger reads (zeroed once per connection)
-        }
         while left > 0 {
-            if self.pending().is_empty() && !self.fill()? {
+            if self.pending().is_empty() && !self.fill(left)? {
                 if n.is_none() {
                     return Ok(total);
                 }
@@ -274,6 +324,12 @@ impl Conn {
         }
         Ok(total)
     }
+}
+
+enum Got {
+    Head(Vec<u8>),
+    Eof,
+    TooLong,
 }
 
 fn bad(why: &str) -> io::Error {
@@ -518,11 +574,13 @@ fn serve(st: Arc<State>, s: TcpStream) {
     let mut upstream: Option<Conn> = None;
     loop {
         let raw = match client.read_head() {
-            Ok(Some(raw)) => raw,
+            Ok(Got::Head(raw)) => raw,
+            Ok(Got::TooLong) => return hand_off(&st, client),
             _ => return,
         };
         // should the proxy take the connection, the head goes back in front of what is pending
-        if st.python.load(Ordering::SeqCst) {
+        let route = st.route.read().unwrap().clone();
+        if matches!(*route, Route::All) {
             client.unread(&raw);
             return hand_off(&st, client);
         }
@@ -533,7 +591,7 @@ fn serve(st: Arc<State>, s: TcpStream) {
                 return hand_off(&st, client);
             }
         };
-        match relay_one(&st, &head, &mut client, &mut upstream) {
+        match relay_one(&st, &route, &head, &mut client, &mut upstream) {
             Ok(Next::Again) => continue,
             Ok(Next::HandOff) => {
                 client.unread(&raw);
@@ -549,7 +607,8 @@ fn serve(st: Arc<State>, s: TcpStream) {
 
 /// One request relayed as the proxy's `_relay` does with no rule; HandOff before anything is read or sent when
 /// the proxy must serve it.
-fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<Conn>) -> io::Result<Next> {
+fn relay_one(st: &State, route: &Route, head: &Head, client: &mut Conn, upstream: &mut Option<Conn>)
+    -> io::Result<Next> {
     let mut parts = head.start.splitn(3, ' ');
     let method = parts.next().unwrap_or("");
     let target = parts.next().unwrap_or("");
@@ -566,8 +625,8 @@ fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<C
         return Ok(Next::HandOff);
     }
     let req = match parse_target(target) {
-        Some(r) => r,
-        None => return Ok(Next::HandOff),
+        Some(r) if !route.takes(&r) => r,
+        _ => return Ok(Next::HandOff),
     };
     let t0 = now();
     let started = Instant::now();
@@ -608,7 +667,11 @@ fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<C
         }
     };
     let (rhead, status) = loop {
-        let raw = up.read_head()?.ok_or_else(|| bad("upstream closed before answering"))?;
+        let raw = match up.read_head()? {
+            Got::Head(raw) => raw,
+            Got::Eof => return Err(bad("upstream closed before answering")),
+            Got::TooLong => return Err(bad("upstream head too large")),
+        };
         let rhead = Head::response(raw);
         let status: u16 = rhead
             .start
@@ -634,20 +697,30 @@ fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<C
     let rlen = rhead.length();
     let rchunked = rhead.chunked();
     let small = !rchunked && (no_body || rlen.map_or(false, |n| n <= SMALL_BODY));
-    let resp_bytes = if small {
-        let body = if no_body { Vec::new() } else { up.read_exact(rlen.unwrap())? };
-        let mut one = Vec::with_capacity(rhead.raw.len() + body.len());
-        one.extend_from_slice(&rhead.raw);
-        one.extend_from_slice(&body);
-        client.s.write_all(&one)?;
-        body.len()
-    } else {
-        client.s.write_all(&rhead.raw)?;
-        if rchunked {
-            copy_chunked(up, &mut client.s)?
+    let answered: io::Result<usize> = (|| {
+        if small {
+            let body = if no_body { Vec::new() } else { up.read_exact(rlen.unwrap())? };
+            let mut one = Vec::with_capacity(rhead.raw.len() + body.len());
+            one.extend_from_slice(&rhead.raw);
+            one.extend_from_slice(&body);
+            client.s.write_all(&one)?;
+            Ok(body.len())
         } else {
-            up.copy_to(&mut client.s, rlen)?
+            client.s.write_all(&rhead.raw)?;
+            if no_body {
+                Ok(0) // a HEAD, 204 or 304 has no body, whatever its framing says
+            } else if rchunked {
+                copy_chunked(up, &mut client.s)
+            } else {
+                up.copy_to(&mut client.s, rlen)
+            }
         }
+    })();
+    // the store has answered: the line is written even when its answer does not reach the client whole (a write
+    // it applied is never missing from the log), and the connection then closes
+    let (resp_bytes, lost) = match &answered {
+        Ok(n) => (*n, false),
+        Err(_) => (0, true),
     };
     let req_bytes = match sent_body {
         Some(n) => n,
@@ -679,11 +752,12 @@ fn relay_one(st: &State, head: &Head, client: &mut Conn, upstream: &mut Option<C
         json_str(&mut line, sha);
     }
     line.push_str(&format!(
-        ",\"status\":{},\"req_bytes\":{},\"resp_bytes\":{},\"rule\":null,\"fault\":null,\"ms\":{:.3}}}\n",
-        status, req_bytes, resp_bytes, ms
+        ",\"status\":{},\"req_bytes\":{},\"resp_bytes\":{},\"rule\":null,\"fault\":null,\"ms\":{:.3}{}}}\n",
+        status, req_bytes, resp_bytes, ms, if lost { ",\"answer_lost\":true" } else { "" }
     ));
     st.note(line.as_bytes());
     st.relayed.fetch_add(1, Ordering::Relaxed);
+    answered?;
     let until_eof = rlen.is_none() && !rchunked && !no_body;
     Ok(if closing || until_eof { Next::Close } else { Next::Again })
 }
@@ -719,7 +793,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 fn control(st: Arc<State>) {
-    let mut buf = [0u8; 64];
+    let mut buf = vec![0u8; 1 << 20]; // the proxy sends at most 150 KiB of slots (else M1)
     loop {
         let n = unsafe { recv(st.ctl, buf.as_mut_ptr(), buf.len(), 0) };
         if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
@@ -730,8 +804,8 @@ fn control(st: Arc<State>) {
             std::process::exit(0);
         }
         let msg = &buf[..n as usize];
-        if msg.len() == 2 && msg[0] == b'M' {
-            st.python.store(msg[1] == b'1', Ordering::SeqCst);
+        if msg.len() >= 2 && msg[0] == b'M' {
+            *st.route.write().unwrap() = Arc::new(Route::parse(&msg[1..]));
             st.flush_log();
             let answer = format!("A{}", st.relayed.load(Ordering::SeqCst));
             let _ = send_packet(st.ctl, answer.as_bytes(), None);
@@ -768,8 +842,9 @@ fn main() {
     let st = Arc::new(State {
         upstream,
         ctl,
-        python: AtomicBool::new(false),
+        route: RwLock::new(Arc::new(Route::Direct)),
         relayed: AtomicU64::new(0),
+        live: AtomicUsize::new(0),
         log: Mutex::new(Vec::with_capacity(64 * 1024)),
         logged: Condvar::new(),
         log_file: Mutex::new(log_file),
@@ -788,12 +863,27 @@ fn main() {
     for s in listener.incoming() {
         let s = match s {
             Ok(s) => s,
-            Err(_) => continue,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10)); // out of descriptors: no busy loop meanwhile
+                continue;
+            }
         };
-        let st = st.clone();
-        let spawned = std::thread::Builder::new().stack_size(256 * 1024).spawn(move || serve(st, s));
+        if st.live.load(Ordering::SeqCst) >= MAX_CONNS {
+            hand_off(&st, Conn::new(s));
+            continue;
+        }
+        let spare = s.try_clone(); // should no thread start: the proxy takes the connection, never dropped
+        st.live.fetch_add(1, Ordering::SeqCst);
+        let ours = st.clone();
+        let spawned = std::thread::Builder::new().stack_size(256 * 1024).spawn(move || {
+            let _live = Live(ours.clone());
+            serve(ours, s)
+        });
         if spawned.is_err() {
-            std::thread::sleep(Duration::from_millis(5)); // out of threads: the socket closes, the client retries
+            st.live.fetch_sub(1, Ordering::SeqCst);
+            if let Ok(spare) = spare {
+                hand_off(&st, Conn::new(spare));
+            }
         }
     }
     let _ = unsafe { close(listener.into_raw_fd()) };

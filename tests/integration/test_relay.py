@@ -129,6 +129,99 @@ def test_a_rule_catches_the_next_request_and_the_relay_relays_again_after_it(sto
         front.stop()
 
 
+def test_a_rule_on_one_tasks_prefix_takes_only_that_tasks_requests_from_the_relay(store):
+    """The planner pins a rule to a task's prefix (`wave/task/`): the tasks beside it stay on the relay, and the
+    task's own next request, on a connection the relay served until then, meets the rule."""
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "slots.jsonl")).start()
+    try:
+        c = s3_client(front.url, ep.creds, max_attempts=1)
+        for task in ("t1", "t2"):
+            c.put_object(Bucket="sf-relay", Key=f"w1/{task}/k", Body=b"v")
+        ctl = front.control()
+        ctl.open_rule(rule_id="st1-t1", bucket="sf-relay", key_prefix="w1/t1/", fault="ST1")
+        before = ctl.stats()["relayed"]
+        assert c.get_object(Bucket="sf-relay", Key="w1/t2/k")["Body"].read() == b"v"
+        c.list_objects_v2(Bucket="sf-relay", Prefix="w1/t2/")
+        assert ctl.stats()["relayed"] == before + 2  # the other task's, relayed
+        with pytest.raises(c.exceptions.ClientError) as e:
+            c.get_object(Bucket="sf-relay", Key="w1/t1/k")
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        with pytest.raises(c.exceptions.ClientError):
+            s3_client(front.url, ep.creds, max_attempts=1).list_objects_v2(Bucket="sf-relay", Prefix="w1/t1/")
+        assert ctl.stats()["relayed"] == before + 2
+        assert ctl.close_rule("st1-t1")["hits"] >= 2
+    finally:
+        front.stop()
+
+
+def _signed_put(url: str, creds, key: str, body: bytes) -> bytes:
+    """The raw bytes of a SigV4-signed PUT of `body` to `key`, to send by hand."""
+    import hashlib
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials as Signing
+
+    req = AWSRequest(method="PUT", url=f"{url}/sf-relay/{key}", data=body,
+                     headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest()})
+    S3SigV4Auth(Signing(creds.access_key, creds.secret_key), "s3", "us-east-1").add_auth(req)
+    p = req.prepare()
+    head = f"PUT {urllib.parse.urlsplit(p.url).path} HTTP/1.1\r\nHost: {urllib.parse.urlsplit(url).netloc}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in p.headers.items()) + f"Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def test_a_write_the_store_applied_is_logged_even_when_its_client_vanished(store):
+    """A client that resets its connection right after its PUT: whether or not the store got it, a PUT the
+    store holds has its line in the log (the audit attributes every object to a logged write)."""
+    import struct
+
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "rst.jsonl")).start()
+    try:
+        keys = [f"rst/{i}" for i in range(8)]
+        s3_client(front.url, ep.creds).put_object(Bucket="sf-relay", Key="warm/k", Body=b"the store's first write")
+        for key in keys:
+            s = socket.create_connection(("127.0.0.1", front.port), timeout=10)
+            s.sendall(_signed_put(front.url, ep.creds, key, b"z" * 5000))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # a reset, at once
+        direct = s3_client(ep.url, ep.creds)
+        deadline = time.monotonic() + 30  # a PUT still in flight is waited for; a line never written fails
+        while True:
+            stored = {o["Key"] for o in direct.list_objects_v2(Bucket="sf-relay", Prefix="rst/").get("Contents", [])}
+            logged = {x["key"] for x in _log(front) if x["method"] == "PUT" and 200 <= x["status"] < 300}
+            if stored <= logged or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stored <= logged, (stored, logged)
+    finally:
+        front.stop()
+
+
+def test_more_connections_than_the_relay_serves_go_to_the_proxy_and_nothing_dies(store):
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "many.jsonl")).start()
+    held = []
+    try:
+        relay_pid = front.relay_pid()
+        for _ in range(700):  # idle, each half a head: more than the relay's 512 threads
+            s = socket.create_connection(("127.0.0.1", front.port), timeout=10)
+            s.sendall(b"GET /sf-relay/x HTTP/1.1\r\nHo")
+            held.append(s)
+        c = s3_client(front.url, ep.creds, max_attempts=1)
+        c.put_object(Bucket="sf-relay", Key="many/k", Body=b"fine")
+        assert c.get_object(Bucket="sf-relay", Key="many/k")["Body"].read() == b"fine"
+        held[-1].sendall(b"st: x\r\nConnection: close\r\n\r\n")  # one the proxy took: it answers
+        assert held[-1].recv(12) == b"HTTP/1.1 403"
+        assert front.proc.poll() is None and front.relay_pid() == relay_pid
+    finally:
+        for s in held:
+            s.close()
+        front.stop()
+
+
 def test_the_proxy_ends_when_its_relay_dies_and_leaves_nothing(store):
     ep, d = store
     front = ProxyProcess(ep.url, str(d / "dies.jsonl")).start()
