@@ -163,8 +163,8 @@ def bench_store(rows: list) -> None:
              f"{pr['p50']:.2f} / {pr['p99']:.2f}",
              f"x{pr['p50'] / px['p50']:.2f} of the proxy with no rule open (p50), x{pr['p99'] / px['p99']:.2f} (p99)"),
             (f"relay CPU per 1 KiB GET (user+system, n={n_lat}, µs)", "",
-             f"{cpu_us['proxy']:.0f} (alone: {cpu_us['proxy alone']:.0f}; with 1,000 rules open, every request "
-             f"the asyncio proxy's: {cpu_us['proxy+1000 rules']:.0f})",
+             f"{cpu_us['proxy']:.0f} (alone: {cpu_us['proxy alone']:.0f}; with 1,000 rules open on other tasks' "
+             f"prefixes, which leave this traffic on the relay: {cpu_us['proxy+1000 rules']:.0f})",
              "HAProxy " + (f"{cpu_us['haproxy']:.0f}: proxy x{cpu_us['proxy'] / max(cpu_us['haproxy'], 1e-9):.2f}, "
                            f"alone x{cpu_us['proxy alone'] / max(cpu_us['haproxy'], 1e-9):.2f}"
                            if "haproxy" in cpu_us else "not installed")),
