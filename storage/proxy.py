@@ -1002,10 +1002,10 @@ class FaultProxy:
                 if self.relay is not None:  # the relay's log written too, and before a rule opens every
                     # request whose head it reads from now on comes here
                     opening = method == "POST" and path == "/rules"
-                    await self.relay.sync(b"1" if opening else self.relay.route)
+                    await self.relay.sync((lambda: b"1") if opening else self.rules.route)
                 status, payload = self.dispatch(method, path, body)
                 if self.relay is not None and self.relay.route != self.rules.route():
-                    await self.relay.sync(self.rules.route())  # only what the open rules may meet comes here
+                    await self.relay.sync(self.rules.route)  # only what the open rules may meet comes here
         except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
             status, payload = 400, {"error": str(exc)}
         data = orjson.dumps(payload)

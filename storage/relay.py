@@ -107,10 +107,12 @@ class Relay:
             for fd in fds:  # nothing else carries a socket
                 os.close(fd)
 
-    async def sync(self, route: bytes) -> int:
-        """Tell the relay which requests to hand over (RuleSet.route) and have it write its log; the requests it
-        has relayed so far."""
+    async def sync(self, route) -> int:
+        """Tell the relay which requests to hand over and have it write its log; the requests it has relayed so
+        far. `route()` (RuleSet.route) is read once this sync has the socket, never before: a control call that
+        waited behind a rule's opening must not send the route from before it."""
         async with self._lock:
+            route = route()
             self._answer = asyncio.get_running_loop().create_future()
             try:
                 self.sock.send(b"M" + route)
