@@ -169,7 +169,8 @@ class WaveRun:
         else:
             self.parts.store = EmbeddedStore(self.private / "store")
             self.parts.endpoint = self.parts.store.launch()
-        self.parts.proxy = ProxyProcess(self.parts.endpoint.url, str(self.out.proxy_requests)).launch()
+        self.parts.proxy = ProxyProcess(self.parts.endpoint.url, str(self.out.proxy_requests),
+                                        merge_slashes=not self.cfg.store.url).launch()  # SeaweedFS's keys
         self.parts.model = ModelEndpoint(self.parts.registry, think_ms=self.cfg.workload.think_ms,
                                          log_path=self.out.model_calls, dialect=self.cfg.model.dialect,
                                          finish=self.cfg.model.finish).start()

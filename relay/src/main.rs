@@ -532,6 +532,9 @@ fn parse_target(target: &str) -> Option<S3Req> {
         Some(i) => (&path[..i], &path[i + 1..]),
         None => (path, ""),
     };
+    if key.starts_with('/') || key.contains("//") {
+        return None; // the proxy may read it as the store will hold it (`--merge-slashes`)
+    }
     let mut first: Vec<(String, String)> = Vec::new();
     for field in query.split('&') {
         if field.is_empty() {

@@ -200,6 +200,31 @@ def test_a_write_the_store_applied_is_logged_even_when_its_client_vanished(store
         front.stop()
 
 
+def test_keys_are_matched_and_logged_as_the_store_holds_them(store):
+    """SeaweedFS stores `w2//t1/k` as `w2/t1/k` and `/w2/t1/k` as `w2/t1/k`: a rule on `w2/t1/` meets both, and
+    the log names the key the store holds (the audit finds the write of every object)."""
+    ep, d = store
+    front = ProxyProcess(ep.url, str(d / "slashes.jsonl"), merge_slashes=True).start()
+    try:
+        def put(key: str) -> bytes:
+            with socket.create_connection(("127.0.0.1", front.port), timeout=10) as s:
+                s.sendall(_signed_put(front.url, ep.creds, key, b"doubled").replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\n"
+                                                                                     b"Connection: close\r\n", 1))
+                return s.recv(12)
+
+        ctl = front.control()
+        ctl.open_rule(rule_id="st1", bucket="sf-relay", key_prefix="w2/t1/", fault="ST1")
+        assert put("w2//t1/dbl") == b"HTTP/1.1 503" and put("/w2/t1/lead") == b"HTTP/1.1 503"
+        ctl.close_rule("st1")
+        assert put("w2//t1/dbl") == b"HTTP/1.1 200"
+        held = [o["Key"] for o in s3_client(ep.url, ep.creds).list_objects_v2(Bucket="sf-relay", Prefix="w2/t1/")
+                .get("Contents", [])]
+        assert held == ["w2/t1/dbl"]
+        assert [x["key"] for x in _log(front)] == ["w2/t1/dbl", "w2/t1/lead", "w2/t1/dbl"]
+    finally:
+        front.stop()
+
+
 def test_more_connections_than_the_relay_serves_go_to_the_proxy_and_nothing_dies(store):
     ep, d = store
     front = ProxyProcess(ep.url, str(d / "many.jsonl")).start()
