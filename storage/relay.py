@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
 
-from storage.process import stop_process
+from storage.process import installed_binary, stop_process
 
 BINARY = "sandfleet-relay"
 PACKET_MAX = 256 * 1024  # a handed-over head (at most 64 KiB) and what was read after it (at most 64 KiB)
@@ -32,8 +31,7 @@ def binary() -> str | None:
     """The relay to start, or None: the proxy serves alone (`SANDFLEET_PROXY_RELAY=off` asks for that)."""
     if os.environ.get("SANDFLEET_PROXY_RELAY", "").lower() in ("off", "0", "no"):
         return None
-    beside = os.path.join(os.path.dirname(sys.executable), BINARY)
-    return beside if os.access(beside, os.X_OK) else shutil.which(BINARY)
+    return installed_binary(BINARY)
 
 
 class Relay:

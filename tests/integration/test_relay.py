@@ -3,6 +3,7 @@ logs for the same requests, a rule opened through the control API catches the ve
 does not outlive its relay."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -39,9 +40,14 @@ def _log(proxy: ProxyProcess) -> list[dict]:
         return [orjson.loads(line) for line in f.read().splitlines()]
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+@contextlib.contextmanager
+def _proxy(upstream: str, log: str, **kw):
+    """A proxy (with its relay unless `relay=False`), stopped by PID however the test ends."""
+    proxy = ProxyProcess(upstream, log, **kw).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 def _traffic(c, raw_port: int, tag: str) -> None:
@@ -88,10 +94,9 @@ def _same(line: dict, tag: str | None = None) -> dict:
 
 def test_the_relay_logs_what_the_proxy_alone_logs(store):
     ep, d = store
-    alone = ProxyProcess(ep.url, str(d / "alone.jsonl"), relay=False).start()
-    front = ProxyProcess(ep.url, str(d / "front.jsonl")).start()
-    try:
-        assert _children(alone.proc.pid) == [] and len(_children(front.proc.pid)) == 1
+    with (_proxy(ep.url, str(d / "alone.jsonl"), relay=False) as alone,
+          _proxy(ep.url, str(d / "front.jsonl")) as front):
+        assert alone.relay_pid() is None and front.relay_pid() is not None
         for proxy, tag in ((alone, "alone"), (front, "front")):
             _traffic(s3_client(proxy.url, ep.creds), proxy.port, tag)
         a, f = (sorted(_log(p), key=lambda x: x["t"]) for p in (alone, front))  # two writers: in time order
@@ -101,15 +106,11 @@ def test_the_relay_logs_what_the_proxy_alone_logs(store):
         # the relay relayed all but what it must not: the streamed 1 MiB PUT is the proxy's, and so is every
         # later request on that connection
         assert 0 < stats["relayed"] < len(f) and alone.control().stats()["relayed"] == 0
-    finally:
-        front.stop()
-        alone.stop()
 
 
 def test_a_rule_catches_the_next_request_and_the_relay_relays_again_after_it(store):
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "rules.jsonl")).start()
-    try:
+    with _proxy(ep.url, str(d / "rules.jsonl")) as front:
         c = s3_client(front.url, ep.creds, max_attempts=1)
         c.put_object(Bucket="sf-relay", Key="rule/k", Body=b"v")
         ctl = front.control()
@@ -125,16 +126,13 @@ def test_a_rule_catches_the_next_request_and_the_relay_relays_again_after_it(sto
         assert ctl.stats()["relayed"] == before + 1
         hits = [x for x in _log(front) if x.get("rule") == "st1"]
         assert hits and all(x["status"] == 503 for x in hits)  # botocore may have sent it twice
-    finally:
-        front.stop()
 
 
 def test_a_rule_on_one_tasks_prefix_takes_only_that_tasks_requests_from_the_relay(store):
     """The planner pins a rule to a task's prefix (`wave/task/`): the tasks beside it stay on the relay, and the
     task's own next request, on a connection the relay served until then, meets the rule."""
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "slots.jsonl")).start()
-    try:
+    with _proxy(ep.url, str(d / "slots.jsonl")) as front:
         c = s3_client(front.url, ep.creds, max_attempts=1)
         for task in ("t1", "t2"):
             c.put_object(Bucket="sf-relay", Key=f"w1/{task}/k", Body=b"v")
@@ -151,8 +149,6 @@ def test_a_rule_on_one_tasks_prefix_takes_only_that_tasks_requests_from_the_rela
             s3_client(front.url, ep.creds, max_attempts=1).list_objects_v2(Bucket="sf-relay", Prefix="w1/t1/")
         assert ctl.stats()["relayed"] == before + 2
         assert ctl.close_rule("st1-t1")["hits"] >= 2
-    finally:
-        front.stop()
 
 
 def _signed_put(url: str, creds, key: str, body: bytes) -> bytes:
@@ -178,8 +174,7 @@ def test_a_write_the_store_applied_is_logged_even_when_its_client_vanished(store
     import struct
 
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "rst.jsonl")).start()
-    try:
+    with _proxy(ep.url, str(d / "rst.jsonl")) as front:
         keys = [f"rst/{i}" for i in range(8)]
         s3_client(front.url, ep.creds).put_object(Bucket="sf-relay", Key="warm/k", Body=b"the store's first write")
         for key in keys:
@@ -196,16 +191,13 @@ def test_a_write_the_store_applied_is_logged_even_when_its_client_vanished(store
                 break
             time.sleep(0.2)
         assert stored <= logged, (stored, logged)
-    finally:
-        front.stop()
 
 
 def test_keys_are_matched_and_logged_as_the_store_holds_them(store):
     """SeaweedFS stores `w2//t1/k` as `w2/t1/k` and `/w2/t1/k` as `w2/t1/k`: a rule on `w2/t1/` meets both, and
     the log names the key the store holds (the audit finds the write of every object)."""
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "slashes.jsonl"), merge_slashes=True).start()
-    try:
+    with _proxy(ep.url, str(d / "slashes.jsonl"), merge_slashes=True) as front:
         def put(key: str) -> bytes:
             with socket.create_connection(("127.0.0.1", front.port), timeout=10) as s:
                 s.sendall(_signed_put(front.url, ep.creds, key, b"doubled").replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\n"
@@ -221,48 +213,37 @@ def test_keys_are_matched_and_logged_as_the_store_holds_them(store):
                 .get("Contents", [])]
         assert held == ["w2/t1/dbl"]
         assert [x["key"] for x in _log(front)] == ["w2/t1/dbl", "w2/t1/lead", "w2/t1/dbl"]
-    finally:
-        front.stop()
 
 
 def test_more_connections_than_the_relay_serves_go_to_the_proxy_and_nothing_dies(store):
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "many.jsonl")).start()
     held = []
-    try:
+    with _proxy(ep.url, str(d / "many.jsonl")) as front, contextlib.ExitStack() as closing:
         relay_pid = front.relay_pid()
         for _ in range(700):  # idle, each half a head: more than the relay's 512 threads
             s = socket.create_connection(("127.0.0.1", front.port), timeout=10)
             s.sendall(b"GET /sf-relay/x HTTP/1.1\r\nHo")
-            held.append(s)
+            held.append(closing.enter_context(s))
         c = s3_client(front.url, ep.creds, max_attempts=1)
         c.put_object(Bucket="sf-relay", Key="many/k", Body=b"fine")
         assert c.get_object(Bucket="sf-relay", Key="many/k")["Body"].read() == b"fine"
         held[-1].sendall(b"st: x\r\nConnection: close\r\n\r\n")  # one the proxy took: it answers
         assert held[-1].recv(12) == b"HTTP/1.1 403"
         assert front.proc.poll() is None and front.relay_pid() == relay_pid
-    finally:
-        for s in held:
-            s.close()
-        front.stop()
 
 
 def test_the_proxy_ends_when_its_relay_dies_and_leaves_nothing(store):
     ep, d = store
-    front = ProxyProcess(ep.url, str(d / "dies.jsonl")).start()
-    try:
-        (kid,) = _children(front.proc.pid)
+    with _proxy(ep.url, str(d / "dies.jsonl")) as front:
+        kid = front.relay_pid()
         os.kill(kid, signal.SIGKILL)
         deadline = time.monotonic() + 20
         while front.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert front.proc.returncode == 1
         assert b"relay exited" in front.proc.stderr.read()
-    finally:
-        front.stop()
-    stopped = ProxyProcess(ep.url, str(d / "stop.jsonl")).start()
-    (kid,) = _children(stopped.proc.pid)
-    stopped.stop()
+    with _proxy(ep.url, str(d / "stop.jsonl")) as stopped:
+        kid = stopped.relay_pid()
     assert not os.path.exists(f"/proc/{kid}") or open(f"/proc/{kid}/stat").read().split()[2] == "Z"
 
 
@@ -292,9 +273,8 @@ def test_odd_targets_and_heads_are_logged_as_the_proxy_alone_logs_them(store):
     """Hand-made requests (unsigned: the store refuses most) whose targets and heads the two parsers could read
     differently: each logs the same line through the relay as through the proxy alone, or is handed over."""
     ep, d = store
-    alone = ProxyProcess(ep.url, str(d / "odd-alone.jsonl"), relay=False).start()
-    front = ProxyProcess(ep.url, str(d / "odd-front.jsonl")).start()
-    try:
+    with (_proxy(ep.url, str(d / "odd-alone.jsonl"), relay=False) as alone,
+          _proxy(ep.url, str(d / "odd-front.jsonl")) as front):
         cases = [(m, t, h) for t in ODD for h in HEADS[:2] for m in ("GET", "HEAD")]
         cases += [("PUT", "/sf-relay/odd/k", h) for h in HEADS] + [("DELETE", t, HEADS[2]) for t in ODD[:6]]
         for method, target, extra in cases:
@@ -303,6 +283,3 @@ def test_odd_targets_and_heads_are_logged_as_the_proxy_alone_logs_them(store):
         a, f = (sorted(_log(p), key=lambda x: x["t"]) for p in (alone, front))
         assert len(a) == len(cases) and [_same(x) for x in a] == [_same(x) for x in f]
         assert front.control().stats()["relayed"] > len(cases) // 2  # most were the relay's own
-    finally:
-        front.stop()
-        alone.stop()
