@@ -126,6 +126,47 @@ def test_connections_past_the_cap_are_closed_and_the_others_still_served(effects
     assert services.MAX_CONNECTIONS >= 256  # the default leaves room for every attempt of a large wave
 
 
+def test_a_connection_per_call_reuses_the_threads_and_stop_ends_them(tmp_path):
+    """A runner that opens a connection per call (urllib) gets a thread that served an earlier connection, not a
+    new one per call; and stop() ends every one of them."""
+    import threading
+    import urllib.request
+
+    reg = TaskRegistry()
+    key = reg.register("t1", 1, 4, "patch-repo")
+    reg.set_attempt("t1", 1)
+    before = set(threading.enumerate())
+    fx = EffectsService(reg, log_path=tmp_path / "fx.jsonl").start()
+    try:
+        deadline = time.monotonic() + 30
+        for _ in range(40):  # one after another, each once the last one's thread is idle: one thread serves them all
+            while fx.server._idle != fx.server._workers and time.monotonic() < deadline:
+                time.sleep(0.005)
+            req = urllib.request.Request(fx.url + "/v1/effects", headers={"Authorization": f"Bearer {key}"})
+            try:
+                urllib.request.urlopen(req, timeout=10).read()
+            except urllib.error.HTTPError as exc:
+                assert exc.code in (404, 405), exc.code
+        while fx.server._open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fx.server._open == 0
+        assert fx.server._workers == 1, fx.server._workers
+        held = [_connect(fx) for _ in range(3)]  # three open at once: each has its own thread
+        try:
+            while fx.server._open < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert fx.server._workers == 3, fx.server._workers
+        finally:
+            for s in held:
+                s.close()
+    finally:
+        fx.stop()
+    deadline = time.monotonic() + 10
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not set(threading.enumerate()) - before, set(threading.enumerate()) - before
+
+
 def test_a_key_that_floods_is_rate_limited_and_another_key_is_not(tmp_path, monkeypatch):
     """A runner looping on a service gets 429 past its key's burst, a second later it has RATE_PER_KEY more, and
     another task's key beside it is served. The service's clock is held still, so no refill depends on how fast
