@@ -33,7 +33,7 @@ browser:
 # The fault proxy's compiled front (relay/, Rust, std only): a wheel built here with maturin, its binary in
 # .venv/bin. With no cargo on the machine the proxy serves alone (slower, the same behaviour).
 CARGO := $(shell command -v cargo 2>/dev/null || ls $$HOME/.cargo/bin/cargo /root/.cargo/bin/cargo 2>/dev/null | head -1)
-RELAY_SRC := relay/Cargo.toml relay/Cargo.lock relay/pyproject.toml relay/src/main.rs
+RELAY_SRC := relay/Cargo.toml relay/Cargo.lock relay/pyproject.toml relay/src/main.rs relay/src/forward.rs
 
 $(STAMP): pyproject.toml $(RELAY_SRC)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -8,15 +8,26 @@ service on fixed loopback ports; the host accepts those connections in its own
 event loop and relays them to the services on its own 127.0.0.1. Nothing runs
 inside the sandbox for this, there is no start-up race (the sockets exist before
 the runner starts), and no address but loopback is used on either side.
+
+The relaying itself is compiled where it can be: one `sandfleet-relay forward`
+per host process (relay/src/forward.rs) is handed each sandbox's listeners and
+relays their connections the same way, with the same per-service cap; the
+host's event loop relays them itself when that binary is not installed, when
+SANDFLEET_NETNS_RELAY=python, or when the forwarder is gone.
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import fcntl
+import itertools
 import os
 import socket
 import struct
+import subprocess
+import threading
+
+from storage.process import installed_binary, stop_process
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -25,6 +36,7 @@ CHUNK = 256 * 1024
 # relayed, so a runner that opens thousands takes at most this many of the service's own (services.MAX_CONNECTIONS)
 # from the tasks beside it. An agent holds one or two per service; an HTTP pool keeps at most 10 (boto3) or 20
 MAX_CONNECTIONS_PER_SERVICE = 32
+READY_S = 10.0  # the forwarder's `R` within this, or the event loop relays
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -93,6 +105,66 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pass
 
 
+class Forwarder:
+    """This process's `sandfleet-relay forward`: it relays the listeners it is given until they are closed, and
+    exits when this process's end of its control socket closes (this process ended, however it died)."""
+
+    def __init__(self, binary: str):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno())],
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.ctl = ours
+        self._names = itertools.count(1)
+        ours.settimeout(READY_S)
+        try:
+            ready = ours.recv(16) == b"R"  # (a binary with no forward mode exits, and this reads its EOF)
+        except OSError:
+            ready = False
+        ours.settimeout(None)
+        if not ready:
+            self.ctl.close()
+            stop_process(self.proc, grace_s=0)
+            raise OSError(f"{binary} forward did not start")
+
+    def name(self) -> str:
+        return f"s{next(self._names)}"
+
+    def listen(self, group: str, sock: socket.socket, target: str, preface: bytes = b"") -> None:
+        msg = b"L%s\t%d\t%s\t%s" % (group.encode(), MAX_CONNECTIONS_PER_SERVICE, target.encode(), preface)
+        socket.send_fds(self.ctl, [msg], [sock.fileno()])
+
+    def close(self, group: str) -> None:
+        self.ctl.send(b"X" + group.encode())
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+_forwarder: Forwarder | None = None
+_forwarder_lock = threading.Lock()
+
+
+def forwarder() -> Forwarder | None:
+    """This process's forwarder, started on first use; None when the relaying stays in the event loop."""
+    global _forwarder
+    if os.environ.get("SANDFLEET_NETNS_RELAY") == "python":
+        return None
+    with _forwarder_lock:
+        if _forwarder is None or not _forwarder.alive():
+            binary = installed_binary("sandfleet-relay")
+            try:
+                _forwarder = Forwarder(binary) if binary else None
+            except OSError:
+                _forwarder = None
+        return _forwarder
+
+
 class SandboxNet:
     """The namespace of one sandbox and the host-side relays of its listeners."""
 
@@ -105,11 +177,32 @@ class SandboxNet:
         self.servers: list[asyncio.AbstractServer] = []
         self.conns: set[asyncio.Task] = set()
         self.open_per_port: dict[int, int] = {}
+        self.forwarded: tuple[Forwarder, str] | None = None  # (the forwarder, this sandbox's name there)
 
     async def open(self, join_pid: int | None = None) -> "SandboxNet":
         ports = sorted(self.relays)
         self.nsfd, socks = await asyncio.to_thread(make, ports, join_pid)
+        fwd = None
+        if os.environ.get("SANDFLEET_NETNS_RELAY") != "python":
+            fwd = _forwarder if _forwarder is not None and _forwarder.alive() else await asyncio.to_thread(forwarder)
+        if fwd is not None:
+            from fleet.gateway import preface  # (gateway imports this module)
+
+            name = fwd.name()
+            try:
+                for port, sock in zip(ports, socks):
+                    addr, _, service = self.relays[port].partition("/")
+                    fwd.listen(name, sock, addr, preface(self.token or "", service) if service else b"")
+                self.forwarded = (fwd, name)
+            except OSError:  # the forwarder is gone: this sandbox is relayed here (what it was given is closed)
+                try:
+                    fwd.close(name)
+                except OSError:
+                    pass
         for port, sock in zip(ports, socks):
+            if self.forwarded is not None:
+                sock.close()  # the forwarder holds its own copy
+                continue
             addr, _, service = self.relays[port].partition("/")
             host, _, tport = addr.rpartition(":")
             self.servers.append(await asyncio.start_server(
@@ -151,6 +244,13 @@ class SandboxNet:
         return f"/proc/{os.getpid()}/fd/{self.nsfd}"
 
     async def close(self) -> None:
+        if self.forwarded is not None:
+            fwd, name = self.forwarded
+            self.forwarded = None
+            try:
+                fwd.close(name)
+            except OSError:  # the forwarder is gone, and its relays with it
+                pass
         for srv in self.servers:
             srv.close()
         for t in list(self.conns):

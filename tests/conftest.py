@@ -86,6 +86,9 @@ def fleet(baseline):
     while leftovers.ray_processes(tmpdir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not leftovers.ray_processes(tmpdir), "Ray processes left after the session"
+    while leftovers.forwarders() and time.monotonic() < deadline:  # (they end with their host actors)
+        time.sleep(0.2)
+    assert not leftovers.forwarders(), f"sandbox hosts' relays left after the session: {leftovers.forwarders()}"
     left = leftovers.wait_clean(baseline["snapshot"])
     assert not left, f"left behind after the test session: {left}"
     from fleet import cgroups

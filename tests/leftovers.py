@@ -27,6 +27,23 @@ def marked_processes() -> list[str]:
     return out
 
 
+def forwarders() -> list[str]:
+    """`sandfleet-relay forward` processes (a sandbox host's relay, fleet/netns.py) not started by this process:
+    each ends when its host process does."""
+    out = []
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or "sandfleet-relay forward" not in _cmdline(pid):
+            continue
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid != me:
+            out.append(f"{pid} {_cmdline(pid)[:160]}")
+    return out
+
+
 def ray_processes(tmpdir: str) -> list[str]:
     return [f"{pid} {_cmdline(pid)[:160]}" for pid in os.listdir("/proc")
             if pid.isdigit() and tmpdir in _cmdline(pid)]

@@ -18,6 +18,9 @@
 //! The relay writes its log and exits when the proxy's end closes (the proxy stopped or died).
 //!
 //! std only (no crates): threads, one per client connection, blocking sockets.
+//!
+//! `sandfleet-relay forward --control-fd FD` is the other binary in this one: a sandbox host's loopback relay
+//! (src/forward.rs).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -27,6 +30,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod forward;
 
 const MAX_HEAD: usize = 64 * 1024; // as storage/proxy.py
 const HOLD_MAX: usize = 1024 * 1024;
@@ -881,6 +886,13 @@ fn control(st: Arc<State>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("forward") {
+        let ctl: RawFd = arg(&args, "--control-fd").and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+            eprintln!("usage: sandfleet-relay forward --control-fd FD: FD must be an open unix socket's number");
+            std::process::exit(2)
+        });
+        forward::main(ctl);
+    }
     let usage = "usage: sandfleet-relay --upstream HOST:PORT --control-fd FD [--port N] [--log FILE]";
     let upstream = arg(&args, "--upstream")
         .and_then(|u| u.to_socket_addrs().ok())

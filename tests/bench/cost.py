@@ -132,7 +132,8 @@ def _stat(pid: int) -> dict | None:
 
 
 def _part(cmd: str) -> str:
-    for key, name in (("weed ", "store (weed)"), ("storage.proxy", "fault proxy"), ("sandfleet-relay", "fault proxy"), ("gcs_server", "Ray GCS"), ("raylet/raylet", "raylet"),
+    for key, name in (("weed ", "store (weed)"), ("storage.proxy", "fault proxy"), ("sandfleet-relay forward", "host actor's relay (compiled)"),
+                      ("sandfleet-relay", "fault proxy"), ("gcs_server", "Ray GCS"), ("raylet/raylet", "raylet"),
                       ("ray::SandboxHost", "host actor"), ("ray::LeaseLedger", "ledger actor"),
                       ("ray::SweepActor", "sweep actor"), ("DashboardAgent", "Ray agents"),
                       ("RuntimeEnvAgent", "Ray agents"), ("dashboard.py", "Ray agents"), ("monitor.py", "Ray agents"),

@@ -1,0 +1,225 @@
+"""A sandbox's loopback relay (fleet/netns.py), both ways it runs: compiled (`sandfleet-relay forward`, one per
+host process) and in the host's event loop. Real network namespaces, real sockets; the client connects from
+inside the namespace as a runner would."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from fleet import netns
+from fleet.netns import SandboxNet
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+MODES = ["python", pytest.param("compiled", marks=pytest.mark.skipif(
+    __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None,
+    reason="sandfleet-relay is not installed (no cargo at setup)"))]
+
+
+@pytest.fixture(params=MODES)
+def mode(request, monkeypatch):
+    monkeypatch.setenv("SANDFLEET_NETNS_RELAY", request.param)
+    return request.param
+
+
+@pytest.fixture
+def loop():
+    lp = asyncio.new_event_loop()
+    th = threading.Thread(target=lp.run_forever, daemon=True)
+    th.start()
+    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, lp).result(30)  # noqa: E731
+    yield run
+
+    async def drain():  # the relays' tasks end before the loop does
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    run(drain())
+    lp.call_soon_threadsafe(lp.stop)
+    th.join(10)
+    lp.close()
+
+
+class Upstream:
+    """A service on the host's loopback: it echoes, after one line saying what it was sent first."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.firsts: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(c,), daemon=True).start()
+
+    def _echo(self, c):
+        with c:
+            first = True
+            while data := c.recv(65536):
+                if first:
+                    self.firsts.append(data)
+                    first = False
+                c.sendall(data)
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def upstream():
+    u = Upstream()
+    yield u
+    u.close()
+
+
+def inside(net: SandboxNet, port: int, timeout: float = 10) -> socket.socket:
+    """A connection to 127.0.0.1:port made inside the sandbox's namespace."""
+    out: list = []
+
+    def run():
+        orig = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            netns._check(netns._libc.setns(net.nsfd, netns.CLONE_NEWNET), "setns into the sandbox's namespace")
+            try:
+                out.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            finally:
+                netns._check(netns._libc.setns(orig, netns.CLONE_NEWNET), "setns back")
+        finally:
+            os.close(orig)
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    s = out[0]
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    got = b""
+    while data := s.recv(1 << 20):
+        got += data
+    return got
+
+
+def wait_for(cond, what: str, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_bytes_pass_both_ways_untouched_and_a_half_close_is_passed_on(mode, loop, upstream):
+    net = loop(SandboxNet({9000: f"127.0.0.1:{upstream.port}"}).open())
+    try:
+        assert (net.forwarded is not None) == (mode == "compiled")
+        body = os.urandom(3 << 20)
+        s = inside(net, 9000)
+        t = threading.Thread(target=lambda: (s.sendall(body), s.shutdown(socket.SHUT_WR)))
+        t.start()
+        assert read_all(s) == body  # the upstream saw our EOF, closed, and we saw its
+        t.join()
+        s.close()
+    finally:
+        loop(net.close())
+
+
+def test_a_gate_target_gets_the_token_line_first(mode, loop, upstream):
+    net = loop(SandboxNet({9001: f"127.0.0.1:{upstream.port}/model"}, token="t0k").open())
+    try:
+        s = inside(net, 9001)
+        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        assert read_all(s) == b"SFGW1 t0k model\nGET / HTTP/1.1\r\n\r\n"
+        s.close()
+    finally:
+        loop(net.close())
+
+
+def test_past_the_cap_a_connection_is_closed_unread_and_the_others_are_served(mode, loop, upstream):
+    net = loop(SandboxNet({9002: f"127.0.0.1:{upstream.port}"}).open())
+    held = []
+    try:
+        for i in range(netns.MAX_CONNECTIONS_PER_SERVICE):
+            s = inside(net, 9002)
+            s.sendall(b"%d" % i)
+            assert s.recv(100) == b"%d" % i  # relayed, so counted, before the next one opens
+            held.append(s)
+        extra = inside(net, 9002)
+        extra.sendall(b"more")
+        try:
+            assert extra.recv(100) == b""  # closed by the relay: nothing reached the service
+        except ConnectionResetError:
+            pass  # (closed with our bytes unread: a reset)
+        extra.close()
+        assert len(upstream.firsts) == netns.MAX_CONNECTIONS_PER_SERVICE
+        held.pop().close()  # one ends: there is room for one more
+        wait_for(lambda: _room(net, 9002), "a closed connection was not counted out")
+    finally:
+        for s in held:
+            s.close()
+        loop(net.close())
+
+
+def _room(net: SandboxNet, port: int) -> bool:
+    s = inside(net, port)
+    try:
+        s.sendall(b"again")
+        return s.recv(100) == b"again"
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def test_close_ends_the_sandbox_connections_and_its_listeners(mode, loop, upstream):
+    net = loop(SandboxNet({9003: f"127.0.0.1:{upstream.port}", 9004: f"127.0.0.1:{upstream.port}"}).open())
+    fwd = net.forwarded[0] if net.forwarded else None
+    a, b = inside(net, 9003), inside(net, 9004)
+    for s in (a, b):
+        s.sendall(b"x")
+        assert s.recv(10) == b"x"
+    # (two listeners' threads and each connection's two are running now)
+    threads = len(os.listdir(f"/proc/{fwd.proc.pid}/task")) if fwd else 0
+    nsfd = os.dup(net.nsfd)  # (close() closes the host's handle of the namespace; the test looks inside after)
+    try:
+        loop(net.close())
+        assert a.recv(10) == b"" and b.recv(10) == b""  # ended by the relay, the service never closed them
+        net.nsfd = nsfd
+        for port in (9003, 9004):
+            with pytest.raises(ConnectionRefusedError):
+                inside(net, port).recv(1)
+        if fwd:  # the forwarder's threads for them are gone, and it lives on for the next sandbox
+            wait_for(lambda: len(os.listdir(f"/proc/{fwd.proc.pid}/task")) <= threads - 6,
+                     "the forwarder kept the closed sandbox's threads")
+            assert fwd.alive()
+    finally:
+        a.close()
+        b.close()
+        os.close(nsfd)
+
+
+def test_the_forwarder_ends_when_its_host_process_end_closes():
+    binary = __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay")
+    if binary is None:
+        pytest.skip("sandfleet-relay is not installed")
+    fwd = netns.Forwarder(binary)
+    assert fwd.alive()
+    fwd.ctl.close()  # what the kernel does when the host process dies, however it dies
+    assert fwd.proc.wait(10) == 0
+
+
+def test_with_no_forwarder_the_event_loop_relays(monkeypatch):
+    monkeypatch.setenv("SANDFLEET_NETNS_RELAY", "python")
+    assert netns.forwarder() is None
