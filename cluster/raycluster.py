@@ -415,14 +415,18 @@ class FleetSession:
                 pass
             for h in live:
                 ray.kill(h)
-            for info in getattr(self, "host_info", []) if not self.remote else []:
-                _drop_harness_dir(info)  # a host that died could not leave its harness cgroup itself
             if self.sweeper is not None:
                 ray.kill(self.sweeper)
             if self.ledger is not None:
                 ray.kill(self.ledger)
         self.hosts, self.ledger, self.sweeper = [], None, None
-        self.ray_session.stop()
+        try:
+            self.ray_session.stop()
+        finally:
+            # a host that died could not leave its harness cgroup itself; after the session's stop, which ends a
+            # host that outlived its GCS (ray.kill cannot reach it) and so its relay child, whose cgroup it shares
+            for info in getattr(self, "host_info", []) if not self.remote else []:
+                _drop_harness_dir(info)
         if store is not None:
             store.join()
             self.store, self.keys = None, None

@@ -533,6 +533,9 @@ class SandboxHost:
             await asyncio.sleep(0.02)
         for sb in list(self.backend.sandboxes.values()):  # whatever did not go by itself
             await self.backend.remove(sb)
+        from fleet import netns
+
+        await asyncio.to_thread(netns.stop_forwarder)  # its relay child shares the cgroup it leaves
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
         await asyncio.to_thread(shutil.rmtree, self.home(), True)

@@ -145,6 +145,14 @@ class Forwarder:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Close the control socket (the relay exits on its EOF) and reap it; killed if it has not gone."""
+        self.ctl.close()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_process(self.proc, grace_s=0)
+
 
 _forwarder: Forwarder | None = None
 _forwarder_lock = threading.Lock()
@@ -163,6 +171,16 @@ def forwarder() -> Forwarder | None:
             except OSError:
                 _forwarder = None
         return _forwarder
+
+
+def stop_forwarder() -> None:
+    """End this process's forwarder, if it started one: a host that leaves its harness cgroup while its relay
+    child stays there cannot remove the cgroup (a host outlives its GCS: ray.kill cannot reach it)."""
+    global _forwarder
+    with _forwarder_lock:
+        fwd, _forwarder = _forwarder, None
+    if fwd is not None:
+        fwd.stop()
 
 
 class SandboxNet:
