@@ -9,6 +9,11 @@ started here with no harness around them (an embedded store with its admin key, 
 service), no sandbox, no lease, no proxy, no grading. Each runner must exit 0 and leave its journal in the store,
 or the row is not written.
 
+CPU, side by side: the wave with its own Ray and store runs in a cpuacct cgroup of its own, and so does the bare loop
+(in a child process, `--loop`, which starts its store and services and runs xargs). The wave's CPU less the bare
+loop's, per run, is what the harness costs beyond the runners' own work and their own traffic to the same services
+(the store's CPU for their requests, the model's answers): both pay those.
+
 `python -m tests.bench.bare` prints the row; `tests.bench.cost` writes it into its table (part of `make bench`).
 """
 from __future__ import annotations
@@ -23,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.bench.cpu import Cgroup, part_cpu
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,17 +38,51 @@ def _cli(args: list[str], env: dict, timeout: float = 900) -> subprocess.Complet
                           text=True, timeout=timeout)
 
 
-def _wave(root: Path, cfg: Path, address: str, env: dict) -> tuple[float, Path]:
+def _wave(root: Path, cfg: Path, address: str, env: dict, cpu: dict | None = None) -> tuple[float, Path]:
+    """The wave's wall and results dir; with `cpu` (a dict to fill), run in a cpuacct cgroup of its own: `all`,
+    `sandboxes` (the tree less every harness process) and `parts` (CPU-seconds)."""
     out = root / f"r-{address}"
+    argv = [sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address", address, "--results", str(out),
+            "--no-progress"]
     t = time.perf_counter()
-    p = _cli(["wave", "run", str(cfg), "--address", address, "--results", str(out), "--no-progress"], env)
+    if cpu is None:
+        p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    else:
+        cg = Cgroup("bare-wave")
+        try:
+            p, seen = cg.run(argv, sample=True, cwd=ROOT, env=env, timeout=900)
+            cpu["all"], cpu["parts"] = cg.usage_s(), part_cpu(seen)
+            cpu["sandboxes"] = cpu["all"] - sum(cpu["parts"].values())
+        finally:
+            cg.remove()
     wall = time.perf_counter() - t
     if p.returncode != 0:
         raise SystemExit(f"the wave on {address}: exit {p.returncode}: {p.stdout[-500:]} {p.stderr[-2000:]}")
     return wall, (out / "latest").resolve()
 
 
-def _bare(root: Path, runs: list[dict], concurrency: int, think_ms: int) -> float:
+def _bare(root: Path, runs: list[dict], concurrency: int, think_ms: int) -> dict:
+    """The bare loop in a child process (`--loop`) inside a cpuacct cgroup of its own: its `wall`, and its CPU
+    `all` in, split into the `store` (weed), the `services` (the model and effects services, in the child's own
+    process) and the `runners` (the rest: the runner processes and their sh/xargs)."""
+    spec = root / "bare-spec.json"
+    spec.write_text(json.dumps({"root": str(root), "runs": runs, "concurrency": concurrency, "think_ms": think_ms}))
+    cg = Cgroup("bare-loop")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        p, seen = cg.run([sys.executable, "-m", "tests.bench.bare", "--loop", str(spec)], sample=True, cwd=ROOT,
+                         env=env, timeout=900)
+        total, parts = cg.usage_s(), part_cpu(seen)
+    finally:
+        cg.remove()
+    if p.returncode != 0:
+        raise SystemExit(f"the bare loop: exit {p.returncode}: {p.stdout[-500:]} {p.stderr[-2000:]}")
+    store, services = parts.get("store (weed)", 0.0), parts.get("services (bare loop)", 0.0)
+    return {"wall": json.loads(p.stdout.strip().splitlines()[-1])["wall"], "all": total, "store": store,
+            "services": services, "runners": total - store - services}
+
+
+def _loop(root: Path, runs: list[dict], concurrency: int, think_ms: int) -> float:
     """`runs`: [{task_id, seed, steps, workload}], one per runner execution. Returns the loop's wall."""
     from fleet import workloads
     from fleet.effects import EffectsService
@@ -117,7 +158,8 @@ def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 
     cfg.write_text(f"tasks: {tasks}\nconcurrency: {concurrency}\nseed: 5\nrunner: durable\nfaults: none\n"
                    f"workload: {{steps: {steps}, think_ms: {think_ms}}}\ndeadline_s: 300\n")
     try:
-        wall, d = _wave(root, cfg, "local", env)
+        cpu: dict = {}
+        wall, d = _wave(root, cfg, "local", env, cpu)
         up = _cli(["up"], env, 300)
         if up.returncode != 0:
             raise SystemExit(f"sandfleet up: exit {up.returncode}: {up.stderr[-2000:]}")
@@ -144,11 +186,24 @@ def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 
             shutil.rmtree(root, ignore_errors=True)
     rows.append((f"{tasks} durable tasks ({steps} steps x {think_ms} ms), concurrency {concurrency}: the product's "
                  f"wave (its own Ray and store) / the bare `xargs -P {concurrency}` loop of the same {len(runs)} runner "
-                 "runs against the same services", f"{wall:.1f} s", f"{bare:.1f} s",
-                 f"x{wall / bare:.2f} (goal: x1.25); the wave's attempts ended: "
+                 "runs against the same services", f"{wall:.1f} s", f"{bare['wall']:.1f} s",
+                 f"x{wall / bare['wall']:.2f} (goal: x1.25); the wave's attempts ended: "
                  + ", ".join(f"{k} {v}" for k, v in sorted(causes.items(), key=str))))
+    n = len(runs)
+    harness = cpu["all"] - cpu["sandboxes"]
+    rows.append((f"the same {n} runs, CPU all in: the wave (own Ray and store) / the bare loop",
+                 f"{cpu['all']:.1f} s", f"{bare['all']:.1f} s",
+                 f"the wave's sandboxes {cpu['sandboxes']:.1f} s, harness {harness:.1f} s = "
+                 f"x{harness / cpu['sandboxes']:.2f} of the sandboxes (goal: x0.15 at 32 tasks); the bare loop's "
+                 f"runners {bare['runners']:.1f} s, store {bare['store']:.1f} s, services {bare['services']:.1f} s"))
+    beyond = cpu["all"] - bare["all"]
+    rows.append((f"the same {n} runs: what the wave costs beyond the bare loop (CPU all in, per run)",
+                 f"{beyond / n * 1000:.0f} ms", f"of which the sandboxes beyond the bare runners "
+                 f"{(cpu['sandboxes'] - bare['runners']) / n * 1000:.0f} ms",
+                 f"x{beyond / bare['runners']:.2f} of the bare runners' CPU; the wave's harness by part: " + "; ".join(
+                     f"{k} {v:.1f} s" for k, v in sorted(cpu["parts"].items(), key=lambda kv: -kv[1]) if v >= 0.05)))
     rows.append(("the same wave on a fleet already up (`sandfleet up`, `--address fleet`) / the bare loop",
-                 f"{on_fleet:.1f} s", f"{bare:.1f} s", f"x{on_fleet / bare:.2f}"))
+                 f"{on_fleet:.1f} s", f"{bare['wall']:.1f} s", f"x{on_fleet / bare['wall']:.2f}"))
     rows.append((f"the same wave on the fleet, cold (every reference run, beside its task) / warm ({reused} of "
                  f"{tasks} references reused from the cache)", f"{on_fleet:.1f} s", f"{warm:.1f} s",
                  f"x{on_fleet / warm:.2f} (goal: x1.2)"))
@@ -156,6 +211,10 @@ def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["--loop"]:  # the bare loop itself, in the cgroup _bare made
+        spec = json.loads(Path(sys.argv[2]).read_text())
+        print(json.dumps({"wall": _loop(Path(spec["root"]), spec["runs"], spec["concurrency"], spec["think_ms"])}))
+        return
     rows: list = []
     bench_bare(rows)
     for r in rows:

@@ -24,17 +24,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from tests.bench import write_section
 from tests.bench.bare import bench_bare
+from tests.bench.cpu import CPUACCT, Cgroup, part_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- cost -->"
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-TICK = os.sysconf("SC_CLK_TCK")
 
 RAY_PLAIN = """
 import json, os, secrets, sys, tempfile, time
@@ -63,87 +61,6 @@ t2 = time.perf_counter()
 %s
 print(json.dumps({"start_s": t1 - t0, "stop_s": time.perf_counter() - t2, "procs": procs}))
 """
-
-
-class Cgroup:
-    def __init__(self, tag: str):
-        self.name = f"sfbench-cost-{tag}-{os.getpid()}"
-        self.dir = CPUACCT / self.name
-        self.dir.mkdir()
-
-    def usage_s(self) -> float:
-        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
-
-    def pids(self) -> list[int]:
-        return [int(x) for x in (self.dir / "cgroup.procs").read_text().split()]
-
-    def run(self, argv: list[str], sample: bool = False, **kw) -> tuple[subprocess.CompletedProcess, dict]:
-        """Run argv inside the cgroup (it joins before exec); with `sample`, each process's last CPU reading."""
-        seen: dict[int, dict] = {}
-        stop = threading.Event()
-
-        def sampler():
-            while not stop.is_set():
-                for pid in self.pids():
-                    st = _stat(pid)
-                    if st is not None:
-                        if not st["cmd"] and pid in seen:  # exiting: what it was is known from before
-                            st.update(cmd=seen[pid]["cmd"], sandbox=seen[pid]["sandbox"])
-                        seen[pid] = st
-                stop.wait(0.25)
-
-        procs = str(self.dir / "cgroup.procs")
-        th = threading.Thread(target=sampler, daemon=True)
-        if sample:
-            th.start()
-        try:
-            p = subprocess.run(argv, preexec_fn=lambda: _join(procs), capture_output=True, text=True, **kw)
-        finally:
-            stop.set()
-            if sample:
-                th.join()
-        return p, seen
-
-    def remove(self) -> None:
-        for _ in range(100):
-            try:
-                self.dir.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
-def _join(procs: str) -> None:
-    fd = os.open(procs, os.O_WRONLY)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-
-
-def _stat(pid: int) -> dict | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        cg = next((line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                   if line.split(":")[1] == "cpu"), "")
-    except (OSError, IndexError):
-        return None
-    f = raw[raw.rindex(")") + 2:].split()
-    return {"cpu": (int(f[11]) + int(f[12])) / TICK, "cmd": cmd, "sandbox": "/sandfleet/" in cg + "/"}
-
-
-def _part(cmd: str) -> str:
-    for key, name in (("weed ", "store (weed)"), ("storage.proxy", "fault proxy"), ("sandfleet-relay forward", "host actor's relay (compiled)"),
-                      ("sandfleet-relay", "fault proxy"), ("gcs_server", "Ray GCS"), ("raylet/raylet", "raylet"),
-                      ("ray::SandboxHost", "host actor"), ("ray::LeaseLedger", "ledger actor"),
-                      ("ray::SweepActor", "sweep actor"), ("DashboardAgent", "Ray agents"),
-                      ("RuntimeEnvAgent", "Ray agents"), ("dashboard.py", "Ray agents"), ("monitor.py", "Ray agents"),
-                      ("cluster.cli", "driver (services, grading)"), ("ray::IDLE", "Ray idle workers"),
-                      ("cluster.report", "driver (services, grading)"), ("sandfleet-wrap", "sandbox start (bash wrap)"),
-                      ("bwrap", "sandbox start (bwrap)"), ("nsenter", "sandbox start (nsenter)"),
-                      ("setpriv", "sandbox start (setpriv)")):
-        if key in cmd:
-            return name
-    return "other"
 
 
 def bench_ray(rows: list) -> None:
@@ -192,13 +109,7 @@ def _wave(tasks: int, root: Path) -> dict:
     ends = [e["t"] for e in events if e["event"] == "attempt_end"]
     start_wall = next(e["wall"] for e in events if e["event"] == "wave_start") - next(
         e["t"] for e in events if e["event"] == "wave_start")
-    parts: dict[str, float] = {}
-    for st in seen.values():
-        if not st["sandbox"]:  # (a sandbox's processes are in its cpu cgroup under sandfleet/)
-            name = _part(st["cmd"])
-            parts[name] = parts.get(name, 0.0) + st["cpu"]
-            if name == "other" and os.environ.get("SFBENCH_DEBUG"):
-                print(f"other: {st['cpu']:.2f} {st['cmd'][:150]}", file=sys.stderr)
+    parts = part_cpu(seen, bool(os.environ.get("SFBENCH_DEBUG")))
     # the sandboxes: the tree's CPU less every harness process seen (a runner's last moments escape a sampler)
     sandboxes = total - sum(parts.values())
     attempts = len(ends)
