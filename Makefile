@@ -70,6 +70,7 @@ bench: setup docker
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.isolated
 	$(BIN)/python -m tests.bench.cost
+	$(BIN)/python -m tests.bench.phases
 	$(BIN)/python -m tests.bench.report
 	$(BIN)/python -m tests.bench.keys_ab
 

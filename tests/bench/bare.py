@@ -150,7 +150,8 @@ def _loop(root: Path, runs: list[dict], concurrency: int, think_ms: int) -> floa
         store.stop()
 
 
-def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 10, think_ms: int = 50) -> None:
+def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 10, think_ms: int = 50) -> dict:
+    """Appends the rows; returns the bare loop's CPU per run (seconds): `store`, `services`, `runners`."""
     root = Path(tempfile.mkdtemp(prefix="sfbench-bare-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_USAGE_STATS_ENABLED="0", SANDFLEET_FLEET_FILE=str(root / "run" / "fleet.json"))
@@ -207,6 +208,7 @@ def bench_bare(rows: list, tasks: int = 32, concurrency: int = 16, steps: int = 
     rows.append((f"the same wave on the fleet, cold (every reference run, beside its task) / warm ({reused} of "
                  f"{tasks} references reused from the cache)", f"{on_fleet:.1f} s", f"{warm:.1f} s",
                  f"x{on_fleet / warm:.2f} (goal: x1.2)"))
+    return {k: bare[k] / n for k in ("store", "services", "runners")}
 
 
 def main() -> None:
