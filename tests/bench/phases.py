@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.cpu import TICK
+from tests.bench.cpu import TICK, Cgroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,9 +93,63 @@ def bench_phases(rows: list, tasks: int = 32, concurrency: int = 16) -> None:
                  "the report, the teardown"))
 
 
+def _lifecycles(mode: str, n: int) -> None:
+    """In the measuring cgroup: `n` process sandboxes (own netns with the three service listeners, bwrap, tini,
+    cgroups, tmpfs) each running /bin/true to its end and removed, or (`plain`) /bin/true spawned `n` times."""
+    import asyncio
+
+    from fleet.sandbox import ProcessBackend, SandboxSpec
+
+    async def run() -> None:
+        be = ProcessBackend()
+        d = Path(tempfile.mkdtemp(prefix="sfbench-sbcpu-"))
+        socks = {18000 + k: "127.0.0.1:9" for k in range(3)}
+        try:
+            for i in range(n):
+                if mode == "plain":
+                    proc = await asyncio.create_subprocess_exec("/bin/true")
+                    await proc.wait()
+                    continue
+                spec = SandboxSpec("w-bench-cpu", f"sb{i}", "t", 1, ["/bin/true"], {"PATH": "/usr/bin:/bin"},
+                                   str(d / f"sb{i}"), relays=socks)
+                os.makedirs(spec.state_dir)
+                sb = await be.start(spec)
+                await be.wait(sb)
+                await be.remove(sb)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    asyncio.run(run())
+
+
+def bench_sandbox_cpu(rows: list, n: int = 40) -> None:
+    """The CPU of a process sandbox's whole life beside spawning the same command bare, each in a cpuacct cgroup
+    (the interpreter's start is in both and cancels out)."""
+    got = {}
+    for mode in ("plain", "sandbox", "plain", "sandbox"):
+        cg = Cgroup("sbcpu")
+        try:
+            p, _ = cg.run([sys.executable, "-m", "tests.bench.phases", "--lifecycles", mode, str(n)], cwd=ROOT,
+                          timeout=300)
+            if p.returncode != 0:
+                raise SystemExit(f"sandbox lifecycles ({mode}): exit {p.returncode}: {p.stderr[-2000:]}")
+            got.setdefault(mode, []).append(cg.usage_s())
+        finally:
+            cg.remove()
+    plain, sandbox = min(got["plain"]), min(got["sandbox"])
+    rows.append((f"a process sandbox's life (own netns with 3 service listeners, bwrap, tini, cgroups, tmpfs; "
+                 f"/bin/true to its end, removed), n={n}, CPU (the better of two runs)",
+                 f"{sandbox / n * 1000:.1f} ms each", f"/bin/true spawned bare: {plain / n * 1000:.1f} ms each (both with 1/{n} of the interpreter start)",
+                 f"the sandbox's own CPU: {(sandbox - plain) / n * 1000:.1f} ms per attempt"))
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["--lifecycles"]:
+        _lifecycles(sys.argv[2], int(sys.argv[3]))
+        return
     rows: list = []
+    bench_sandbox_cpu(rows)
     bench_phases(rows)
     for r in rows:
         print(" | ".join(r))
