@@ -36,6 +36,10 @@ CHUNK = 256 * 1024
 # relayed, so a runner that opens thousands takes at most this many of the service's own (services.MAX_CONNECTIONS)
 # from the tasks beside it. An agent holds one or two per service; an HTTP pool keeps at most 10 (boto3) or 20
 MAX_CONNECTIONS_PER_SERVICE = 32
+LINGER_S = 10.0  # once the service's end of a connection closed, how long the sandbox's end may keep it open
+# what one forwarder holds at once over all its sandboxes; past half of it, only a sandbox under its fair share
+# (half / the sandboxes it relays) gets a new connection (relay/src/forward.rs)
+FORWARDER_MAX_CONNECTIONS = 2048
 READY_S = 10.0  # the forwarder's `R` within this, or the event loop relays
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -87,7 +91,8 @@ def make(ports: list[int], join_pid: int | None = None) -> tuple[int, list[socke
     return nsfd, socks
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Copy until the reader's EOF, passed on as a half close (True); False on an error of either end."""
     try:
         while True:
             data = await reader.read(CHUNK)
@@ -95,14 +100,29 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 break
             writer.write(data)
             await writer.drain()
-    except (ConnectionError, OSError):
-        pass
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError, RuntimeError):
+        return False
+    return True
+
+
+async def _both_ways(up: asyncio.Task, down: asyncio.Task) -> bool:
+    """Wait for a connection's two directions (`up`: sandbox -> service, `down`: service -> sandbox); True when
+    both ended on EOF. An error in either ends both (False, and the caller aborts both ends); once the service's
+    side has ended, the sandbox's side gets LINGER_S to end too (a runner that never closes keeps no slot)."""
+    pending: set = {up, down}
+    try:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if not all(t.result() for t in done):
+            return False
+        if pending:
+            more, pending = await asyncio.wait(pending, timeout=LINGER_S if down in done else None)
+            return not pending and all(t.result() for t in more)
+        return True
     finally:
-        try:
-            if writer.can_write_eof():
-                writer.write_eof()
-        except (OSError, RuntimeError):
-            pass
+        for t in pending:
+            t.cancel()
 
 
 class Forwarder:
@@ -112,7 +132,8 @@ class Forwarder:
     def __init__(self, binary: str):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno())],
+            self.proc = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno()), "--max-conns",
+                                          str(FORWARDER_MAX_CONNECTIONS), "--linger-ms", str(int(LINGER_S * 1000))],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
@@ -235,7 +256,7 @@ class SandboxNet:
             self.open_per_port[inside] = self.open_per_port.get(inside, 0) + 1
             task = asyncio.current_task()
             self.conns.add(task)
-            uwriter = None
+            uwriter, clean = None, False
             try:
                 ureader, uwriter = await asyncio.open_connection(host, port)
                 if service is not None:
@@ -246,13 +267,14 @@ class SandboxNet:
                     s = w.get_extra_info("socket")
                     if s is not None:
                         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await asyncio.gather(_pipe(creader, uwriter), _pipe(ureader, cwriter))
+                clean = await _both_ways(asyncio.ensure_future(_pipe(creader, uwriter)),
+                                         asyncio.ensure_future(_pipe(ureader, cwriter)))
             except (OSError, asyncio.CancelledError):  # (cancelled: the sandbox's relays are closing)
                 pass
             finally:
-                for w in (uwriter, cwriter):
+                for w in (uwriter, cwriter):  # an unclean end is aborted: a close would wait on a peer that never reads
                     if w is not None:
-                        w.close()
+                        w.close() if clean else w.transport.abort()
                 self.conns.discard(task)
                 self.open_per_port[inside] -= 1
         return handle

@@ -1,4 +1,5 @@
-//! `sandfleet-relay forward --control-fd FD`: a sandbox host's loopback relay (fleet/netns.py), compiled.
+//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS]`: a sandbox host's loopback relay
+//! (fleet/netns.py, which passes both from its own constants), compiled.
 //!
 //! The host makes each sandbox's network namespace and its listening sockets on 127.0.0.1 inside it, then hands
 //! the listeners here, one a packet on the control socket (SOCK_SEQPACKET, the listener in SCM_RIGHTS):
@@ -9,7 +10,13 @@
 //!   `X<group>`                                        the sandbox ended: close its listeners and connections
 //! and sends one, `R`, when it starts: the host hands it nothing before that (a binary without this mode never
 //! answers, and the host relays in its event loop instead).
-//! Bytes pass both ways untouched; an end's EOF is passed on as a half close, as the host's asyncio relay does.
+//! Bytes pass both ways untouched; an end's EOF is passed on as a half close, as the host's asyncio relay does. An
+//! error on either end (a reset, a write that fails) ends the connection both ways at once, and once the service's
+//! end has closed the sandbox's end gets `LINGER` to close too: a runner that jams or idles a connection never
+//! keeps its slot past its service's own end.
+//! Caps: `max` per listener; `MAX_CONNS` over the relay, and past half of it (`SOFT`) a connection only from a
+//! sandbox holding less than its fair share (`SOFT` / the sandboxes relayed now): a few sandboxes that open all
+//! they may cannot shut the others out. Nothing a message carries is logged (a preface holds the wave's relay token).
 //! The relay exits when the host's end of the control socket closes (the host process ended, however it died).
 //!
 //! std only: a thread per listener and two per connection, blocking sockets.
@@ -19,6 +26,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,9 +41,12 @@ const SHUT_RDWR: i32 = 2;
 const MSG_CMSG_CLOEXEC: i32 = 0x40000000;
 const BUF: usize = 64 * 1024;
 const STACK: usize = 128 * 1024;
-// connections this relay holds at once over all sandboxes (two threads each); past it a new one is closed at once,
-// as past a listener's `max`: thousands of threads would reach vm.max_map_count
-const MAX_CONNS: usize = 2048;
+// connections this relay holds at once over all sandboxes (two threads each; `--max-conns`); past it a new one is
+// closed at once, as past a listener's `max`: thousands of threads would reach vm.max_map_count. Past SOFT (half of
+// it) a connection is taken only from a sandbox holding less than SOFT / (sandboxes relayed now).
+static MAX_CONNS: AtomicUsize = AtomicUsize::new(2048);
+// once the service's end of a connection has closed, how long the sandbox's end may keep it open (`--linger-ms`)
+static LINGER_MS: AtomicU64 = AtomicU64::new(10_000);
 
 /// One sandbox's listeners and open connections.
 struct Group {
@@ -43,6 +54,7 @@ struct Group {
     listeners: Mutex<Vec<RawFd>>, // shut down on close (that wakes their accept), closed by their own thread
     conns: Mutex<HashMap<u64, TcpStream>>, // a handle of each open connection's two ends, shut down on close
     next: AtomicU64,
+    open: AtomicUsize, // this sandbox's connections open now, over its listeners
 }
 
 impl Group {
@@ -85,32 +97,52 @@ struct Port {
 }
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+static GROUPS: AtomicUsize = AtomicUsize::new(0); // sandboxes relayed now
 
-/// Counts a connection while it lives (this listener's and the relay's), whatever way its thread ends.
-struct Open(Arc<Port>);
+/// Counts a connection while it lives (its listener's, its sandbox's and the relay's), whatever way its thread ends.
+struct Open(Arc<Port>, Arc<Group>);
 
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.1.open.fetch_sub(1, Ordering::SeqCst);
         LIVE.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Whether a new connection of `group` on `port` is taken now (see the caps above).
+fn admit(group: &Group, port: &Port) -> bool {
+    let (live, max) = (LIVE.load(Ordering::SeqCst), MAX_CONNS.load(Ordering::SeqCst));
+    let soft = max / 2;
+    let fair = soft / GROUPS.load(Ordering::SeqCst).max(1);
+    port.open.load(Ordering::SeqCst) < port.max
+        && live < max
+        && (live < soft || group.open.load(Ordering::SeqCst) < fair)
+}
+
+/// Copy `from` to `to` until `from`'s EOF, passed on as a half close (true); on an error of either end both are
+/// shut down both ways, which ends the other direction's pump too (false).
+fn pump(mut from: TcpStream, mut to: TcpStream) -> bool {
     let mut buf = vec![0u8; BUF];
-    loop {
+    let clean = loop {
         match from.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => break true,
             Ok(n) => {
                 if to.write_all(&buf[..n]).is_err() {
-                    break;
+                    break false;
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+            Err(_) => break false,
         }
+    };
+    if clean {
+        let _ = to.shutdown(Shutdown::Write);
+    } else {
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
     }
-    let _ = to.shutdown(Shutdown::Write);
+    clean
 }
 
 fn serve(group: Arc<Group>, port: Arc<Port>, client: TcpStream, _open: Open) {
@@ -122,11 +154,19 @@ fn serve(group: Arc<Group>, port: Arc<Port>, client: TcpStream, _open: Open) {
         if let Some(uid) = group.track(&upstream) {
             ids.push(uid);
             let up = (port.preface.is_empty() || upstream.write_all(&port.preface).is_ok())
-                .then(|| (upstream.try_clone().ok(), client.try_clone().ok()));
-            if let Some((Some(u2), Some(c2))) = up {
-                let back = std::thread::Builder::new().stack_size(STACK).spawn(move || pump(u2, c2));
+                .then(|| (upstream.try_clone().ok(), client.try_clone().ok(), client.try_clone().ok()));
+            if let Some((Some(u2), Some(c2), Some(c3))) = up {
+                let (done, ended) = channel::<()>();
+                let back = std::thread::Builder::new().stack_size(STACK).spawn(move || {
+                    // the service's end closed (or failed): the sandbox's end gets LINGER to close its own
+                    let linger = Duration::from_millis(LINGER_MS.load(Ordering::SeqCst));
+                    if pump(u2, c2) && ended.recv_timeout(linger) == Err(RecvTimeoutError::Timeout) {
+                        let _ = c3.shutdown(Shutdown::Both);
+                    }
+                });
                 if let Ok(back) = back {
                     pump(client, upstream);
+                    drop(done);
                     let _ = back.join();
                 }
             }
@@ -143,12 +183,13 @@ fn accept(group: Arc<Group>, port: Arc<Port>, listener: TcpListener) {
                 if group.closed.load(Ordering::SeqCst) {
                     break;
                 }
-                if port.open.load(Ordering::SeqCst) >= port.max || LIVE.load(Ordering::SeqCst) >= MAX_CONNS {
+                if !admit(&group, &port) {
                     continue; // dropped: closed before a byte is relayed
                 }
                 port.open.fetch_add(1, Ordering::SeqCst);
+                group.open.fetch_add(1, Ordering::SeqCst);
                 LIVE.fetch_add(1, Ordering::SeqCst);
-                let open = Open(port.clone());
+                let open = Open(port.clone(), group.clone());
                 let (g, p) = (group.clone(), port.clone());
                 // should no thread start, the closure (and so the connection and its count) is dropped
                 let _ = std::thread::Builder::new().stack_size(STACK).spawn(move || serve(g, p, s, open));
@@ -205,15 +246,19 @@ fn listen(groups: &mut HashMap<String, Arc<Group>>, body: &str, fd: RawFd) -> Re
     let listener = unsafe { TcpListener::from_raw_fd(fd) }; // ours now: closed on every way out
     let mut f = body.splitn(4, '\t');
     let (name, max, target, preface) = (f.next(), f.next(), f.next(), f.next().unwrap_or(""));
-    let (Some(name), Some(max), Some(target)) = (name, max, target) else { return Err(format!("bad L: {body:?}")) };
+    let (Some(name), Some(max), Some(target)) = (name, max, target) else {
+        return Err(format!("bad L message ({} bytes)", body.len())) // (never its text: a preface holds a token)
+    };
     let max: usize = max.parse().map_err(|_| format!("bad max {max:?}"))?;
     let target = target.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or(format!("bad target {target:?}"))?;
     let group = groups.entry(name.to_string()).or_insert_with(|| {
+        GROUPS.fetch_add(1, Ordering::SeqCst);
         Arc::new(Group {
             closed: AtomicBool::new(false),
             listeners: Mutex::new(Vec::new()),
             conns: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
         })
     });
     let port = Arc::new(Port { target, preface: preface.as_bytes().to_vec(), max, open: AtomicUsize::new(0) });
@@ -227,7 +272,9 @@ fn listen(groups: &mut HashMap<String, Arc<Group>>, body: &str, fd: RawFd) -> Re
         .map_err(|e| format!("no thread for a listener: {e}"))
 }
 
-pub fn main(ctl: RawFd) {
+pub fn main(ctl: RawFd, max_conns: usize, linger_ms: u64) {
+    MAX_CONNS.store(max_conns.max(1), Ordering::SeqCst);
+    LINGER_MS.store(linger_ms, Ordering::SeqCst);
     if crate::send_packet(ctl, b"R", None).is_err() {
         std::process::exit(1); // the host is gone already
     }
@@ -246,11 +293,12 @@ pub fn main(ctl: RawFd) {
                     unsafe { crate::close(fd) };
                 }
                 if let Some(g) = groups.remove(&msg[1..]) {
+                    GROUPS.fetch_sub(1, Ordering::SeqCst);
                     g.close();
                 }
             }
             (_, fd) => {
-                eprintln!("sandfleet-relay forward: unknown message {:?}", &msg[..msg.len().min(40)]);
+                eprintln!("sandfleet-relay forward: unknown message ({n} bytes)"); // (never its text)
                 if let Some(fd) = fd {
                     unsafe { crate::close(fd) };
                 }

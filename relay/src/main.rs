@@ -19,7 +19,7 @@
 //!
 //! std only (no crates): threads, one per client connection, blocking sockets.
 //!
-//! `sandfleet-relay forward --control-fd FD` is the other binary in this one: a sandbox host's loopback relay
+//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS]` is the other binary in this one: a sandbox host's loopback relay
 //! (src/forward.rs).
 
 use std::fs::{File, OpenOptions};
@@ -891,7 +891,15 @@ fn main() {
             eprintln!("usage: sandfleet-relay forward --control-fd FD: FD must be an open unix socket's number");
             std::process::exit(2)
         });
-        forward::main(ctl);
+        let num = |name: &str, default: u64| -> u64 {
+            arg(&args, name).map_or(default, |v| {
+                v.parse().unwrap_or_else(|_| {
+                    eprintln!("sandfleet-relay forward: {name} must be a whole number, not {v:?}");
+                    std::process::exit(2)
+                })
+            })
+        };
+        forward::main(ctl, num("--max-conns", 2048) as usize, num("--linger-ms", 10_000));
     }
     let usage = "usage: sandfleet-relay --upstream HOST:PORT --control-fd FD [--port N] [--log FILE]";
     let upstream = arg(&args, "--upstream")
