@@ -10,6 +10,7 @@ from pathlib import Path
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 TICK = os.sysconf("SC_CLK_TCK")
+SAMPLE_S = float(os.environ.get("SFBENCH_SAMPLE_S", "0.25"))  # how often each process's CPU is read
 
 
 class Cgroup:
@@ -37,7 +38,7 @@ class Cgroup:
                         if not st["cmd"] and pid in seen:  # exiting: what it was is known from before
                             st.update(cmd=seen[pid]["cmd"], sandbox=seen[pid]["sandbox"])
                         seen[pid] = st
-                stop.wait(0.25)
+                stop.wait(SAMPLE_S)
 
         procs = str(self.dir / "cgroup.procs")
         th = threading.Thread(target=sampler, daemon=True)
