@@ -535,7 +535,7 @@ class SandboxHost:
             await self.backend.remove(sb)
         from fleet import netns
 
-        await asyncio.to_thread(netns.stop_forwarder)  # its relay child shares the cgroup it leaves
+        await asyncio.to_thread(netns.stop_forwarder, True)  # its relay child shares the cgroup it leaves
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
         await asyncio.to_thread(shutil.rmtree, self.home(), True)

@@ -177,6 +177,7 @@ class Forwarder:
 
 _forwarder: Forwarder | None = None
 _forwarder_lock = threading.Lock()
+_stopped = False  # stop_forwarder(final=True) was called: this process starts no forwarder again
 
 
 def forwarder() -> Forwarder | None:
@@ -185,6 +186,8 @@ def forwarder() -> Forwarder | None:
     if os.environ.get("SANDFLEET_NETNS_RELAY") == "python":
         return None
     with _forwarder_lock:
+        if _stopped:
+            return None  # (the host is leaving: a sandbox still starting is relayed in its event loop)
         if _forwarder is None or not _forwarder.alive():
             binary = installed_binary("sandfleet-relay")
             try:
@@ -194,12 +197,14 @@ def forwarder() -> Forwarder | None:
         return _forwarder
 
 
-def stop_forwarder() -> None:
+def stop_forwarder(final: bool = False) -> None:
     """End this process's forwarder, if it started one: a host that leaves its harness cgroup while its relay
-    child stays there cannot remove the cgroup (a host outlives its GCS: ray.kill cannot reach it)."""
-    global _forwarder
+    child stays there cannot remove the cgroup (a host outlives its GCS: ray.kill cannot reach it). `final`: none
+    is started again in this process (a sandbox start still in flight past the host's shutdown would start one)."""
+    global _forwarder, _stopped
     with _forwarder_lock:
         fwd, _forwarder = _forwarder, None
+        _stopped = _stopped or final
     if fwd is not None:
         fwd.stop()
 

@@ -365,3 +365,25 @@ def test_the_forwarder_never_logs_what_a_message_carries(tmp_path):
     _, err = p.communicate(timeout=10)
     assert b"bad max" in err and b"unknown message" in err, err
     assert b"s3cr3t" not in err, err
+
+
+def test_after_its_final_stop_a_host_starts_no_forwarder_and_a_late_sandbox_is_relayed_in_its_loop(
+        loop, upstream, fresh_forwarder):
+    """Regression (hostile review): a sandbox start still in flight past the host's shutdown would have started a
+    new forwarder in the harness cgroup the host was leaving."""
+    if __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None:
+        pytest.skip("sandfleet-relay is not installed")
+    fresh_forwarder.setenv("SANDFLEET_NETNS_RELAY", "compiled")
+    fresh_forwarder.setattr(netns, "_stopped", False)
+    assert netns.forwarder() is not None
+    netns.stop_forwarder(final=True)
+    assert netns.forwarder() is None
+    net = loop(SandboxNet({9009: f"127.0.0.1:{upstream.port}"}).open())
+    try:
+        assert net.forwarded is None
+        s = inside(net, 9009)
+        s.sendall(b"late")
+        assert s.recv(10) == b"late"
+        s.close()
+    finally:
+        loop(net.close())
