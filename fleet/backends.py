@@ -39,6 +39,9 @@ class Backends:
     def command_problem(self, spec: SandboxSpec) -> str | None:
         return self.get(spec.backend).command_problem(spec)
 
+    def relayed_by(self, key: str):
+        return next((f for b in self.by_name.values() if (f := b.relayed_by(key)) is not None), None)
+
     async def start(self, spec: SandboxSpec):
         return await self.get(spec.backend).start(spec)
 

@@ -58,6 +58,7 @@ class SandboxHost:
         self.in_flight = 0
         self.held: dict[str, dict] = {}  # sandbox key -> the lease it runs under (renewed by _renew_all)
         self._renewer: asyncio.Task | None = None
+        self._relay_watch: asyncio.Task | None = None
         self.renew_stats = {"ticks": 0, "renewed": 0, "refused": 0, "errors": 0, "late_max_s": 0.0}
 
     async def ping(self) -> str:
@@ -230,10 +231,34 @@ class SandboxHost:
         """The wave's dir on this node goes (what its ended attempts left)."""
         await asyncio.to_thread(shutil.rmtree, self.home(wave_id), True)
 
+    async def _watch_relay(self) -> None:
+        """While sandboxes run here: the compiled relay their loopback listeners were handed to (fleet/netns.py)
+        still answers, or every sandbox it relayed has lost its network and is ended as the harness's fault
+        (`harness_part`: the wave ends on it, and no runner is blamed). A dead or hung relay is replaced for the
+        sandboxes that start after."""
+        from fleet import netns
+
+        try:
+            while self.backend.sandboxes or self.in_flight:
+                await asyncio.sleep(RELAY_CHECK_S)
+                lost = await asyncio.to_thread(netns.forwarder_lost, RELAY_ANSWER_S)
+                if lost is None:
+                    continue
+                fwd, why = lost
+                part = f"sandbox relay {self.node_id}"
+                for key, sb in list(self.backend.sandboxes.items()):
+                    if self.backend.relayed_by(key) is fwd:
+                        sb.extra["harness_part"] = part
+                        asyncio.create_task(self.backend.kill(sb, 0.0, reason=f"{part} lost: {why}"))
+        finally:
+            self._relay_watch = None
+
     async def _run(self, sspec: SandboxSpec, lease: Lease | None, ttl_s: float, capture: str | None,
                    arms: list) -> dict:
         # the lease is renewed from now on, not from when the sandbox is up (starting can take seconds under load)
         held = self._hold(sspec.key, lease, ttl_s) if self.ledger is not None and lease else None
+        if self._relay_watch is None:
+            self._relay_watch = asyncio.create_task(self._watch_relay())
         artifact = None
         watches: dict = {}
         try:
@@ -543,6 +568,8 @@ class SandboxHost:
 
 
 BALLAST = ".sandfleet-ballast"
+RELAY_CHECK_S = 1.0  # how often a host asks its compiled sandbox relay whether it still serves
+RELAY_ANSWER_S = 5.0  # and how long it waits for the answer before it calls the relay hung
 LOG_CAP = 16 * 1024 * 1024 + 256  # the backends cap a runner's log at 16 MiB, then write one line saying so
 
 

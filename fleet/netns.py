@@ -22,10 +22,12 @@ import ctypes
 import fcntl
 import itertools
 import os
+import select
 import socket
 import struct
 import subprocess
 import threading
+import time
 
 from storage.process import installed_binary, stop_process
 
@@ -142,6 +144,7 @@ class Forwarder:
             theirs.close()
         self.ctl = ours
         self._names = itertools.count(1)
+        self._pings = itertools.count(1)
         ours.settimeout(READY_S)
         try:
             ready = ours.recv(16) == b"R"  # (a binary with no forward mode exits, and this reads its EOF)
@@ -165,6 +168,24 @@ class Forwarder:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def ping(self, timeout_s: float) -> bool:
+        """Whether it answers a ping within `timeout_s` (a stopped or hung relay is alive and never answers)."""
+        nonce = b"P%d" % next(self._pings)
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.ctl.send(nonce)
+            while (left := deadline - time.monotonic()) > 0:
+                if not select.select([self.ctl], [], [], left)[0]:
+                    return False
+                got = self.ctl.recv(64)
+                if got == nonce:
+                    return True
+                if not got:
+                    return False  # (its end closed: it exited)
+        except OSError:
+            return False
+        return False
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Close the control socket (the relay exits on its EOF) and reap it; killed if it has not gone."""
@@ -195,6 +216,30 @@ def forwarder() -> Forwarder | None:
             except OSError:
                 _forwarder = None
         return _forwarder
+
+
+def forwarder_lost(answer_s: float) -> tuple[Forwarder, str] | None:
+    """(the forwarder, why) when this process's forwarder has exited or did not answer a ping within `answer_s`;
+    a hung one is killed. Either way it is forgotten: the next sandbox gets a new one. None while it serves."""
+    global _forwarder
+    fwd = _forwarder
+    if fwd is None:
+        return None
+    if not fwd.alive():
+        why = f"sandfleet-relay forward (pid {fwd.proc.pid}) exited with {fwd.proc.returncode}"
+    elif not fwd.ping(answer_s):
+        why = f"sandfleet-relay forward (pid {fwd.proc.pid}) did not answer within {answer_s:g} s (hung)"
+        fwd.stop(timeout_s=0.0)
+    else:
+        return None
+    with _forwarder_lock:
+        if _forwarder is fwd:
+            _forwarder = None
+    try:
+        fwd.ctl.close()
+    except OSError:
+        pass
+    return fwd, why
 
 
 def stop_forwarder(final: bool = False) -> None:

@@ -220,6 +220,11 @@ class SandboxBackend:
                 sb.life.to(SandboxState.EXITED, f"exit {code}")
         return code
 
+    def relayed_by(self, key: str):
+        """The compiled relay (netns.Forwarder) the sandbox's loopback listeners were handed to, if any."""
+        net = getattr(self, "_nets", {}).get(key)
+        return net.forwarded[0] if net is not None and net.forwarded else None
+
     async def kill(self, sb: Sandbox, grace_s: float = 0.0, reason: str = "kill") -> bool:
         """SIGTERM, `grace_s`, then SIGKILL of everything; True when it was alive."""
         if sb.state not in (SandboxState.RUNNING, SandboxState.FROZEN):

@@ -8,6 +8,7 @@
 //!                                                    each upstream connection opened with `preface` (the
 //!                                                    head's gate line, fleet/gateway.py; empty for none)
 //!   `X<group>`                                        the sandbox ended: close its listeners and connections
+//!   `P<nonce>`                                        a ping, answered with the same packet
 //! and sends one, `R`, when it starts: the host hands it nothing before that (a binary without this mode never
 //! answers, and the host relays in its event loop instead).
 //! Bytes pass both ways untouched; an end's EOF is passed on as a half close, as the host's asyncio relay does. An
@@ -286,6 +287,15 @@ pub fn main(ctl: RawFd, max_conns: usize, linger_ms: u64) {
             (Some(b'L'), Some(fd)) => {
                 if let Err(why) = listen(&mut groups, &msg[1..], fd) {
                     eprintln!("sandfleet-relay forward: {why}");
+                }
+            }
+            (Some(b'P'), fd) => {
+                // a ping: the host's watch that this relay still serves (a stopped one never answers)
+                if let Some(fd) = fd {
+                    unsafe { crate::close(fd) };
+                }
+                if crate::send_packet(ctl, &buf[..n.min(64)], None).is_err() {
+                    break;
                 }
             }
             (Some(b'X'), fd) => {

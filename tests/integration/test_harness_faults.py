@@ -57,13 +57,32 @@ def _two_attempts_running(p: subprocess.Popen, results) -> Path:
     return next(results.glob("w-*"))
 
 
+def _relay_of(host_pid: int) -> int:
+    """The compiled sandbox relay (`sandfleet-relay forward`) a sandbox host started: its child."""
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == host_pid \
+                    and Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[:2][-1] == b"forward":
+                return int(d)
+        except (OSError, IndexError, ValueError):
+            continue
+    raise AssertionError(f"sandbox host {host_pid} runs no compiled relay")
+
+
+_NO_RELAY = pytest.mark.skipif(__import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay")
+                               is None, reason="sandfleet-relay is not installed (no cargo at setup)")
+
+
 @pytest.mark.parametrize("part, sig", [("fault proxy", signal.SIGKILL), ("store", signal.SIGKILL),
                                        ("sandbox host", signal.SIGKILL), ("lease ledger", signal.SIGKILL),
                                        ("sweep actor", signal.SIGKILL),
-                                       ("fault proxy", signal.SIGSTOP), ("sandbox host", signal.SIGSTOP)])
+                                       ("fault proxy", signal.SIGSTOP), ("sandbox host", signal.SIGSTOP),
+                                       pytest.param("sandbox relay", signal.SIGKILL, marks=_NO_RELAY),
+                                       pytest.param("sandbox relay", signal.SIGSTOP, marks=_NO_RELAY)])
 def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part, sig):
     """SIGSTOP: the part is alive but hung (a stopped process still accepts connections; only an answer
-    counts), which must be found too, within bounded probes."""
+    counts), which must be found too, within bounded probes. The sandbox relay (regression, a hostile user's
+    find): its death or hang cut the running sandboxes' network and their tasks were graded `fail`."""
     results = tmp_path / "results"
     cfg = tmp_path / "wave.yaml"
     cfg.write_text(CONFIG)
@@ -74,7 +93,8 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
     try:
         d = _two_attempts_running(p, results)
         pids = next(e for e in _events(d) if e["event"] == "parts_ready")["pids"]
-        victim = pids["sandbox hosts"][0] if part == "sandbox host" else pids[part]
+        victim = (pids["sandbox hosts"][0] if part == "sandbox host" else
+                  _relay_of(pids["sandbox hosts"][0]) if part == "sandbox relay" else pids[part])
         time.sleep(0.5)
         os.kill(victim, sig)
         killed_at = time.monotonic()

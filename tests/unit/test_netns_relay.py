@@ -387,3 +387,26 @@ def test_after_its_final_stop_a_host_starts_no_forwarder_and_a_late_sandbox_is_r
         s.close()
     finally:
         loop(net.close())
+
+
+def test_a_dead_or_hung_forwarder_is_found_and_forgotten(fresh_forwarder):
+    """The host's watch (fleet/host.py `_watch_relay`): a forwarder that exited, or that is alive but answers no
+    ping (stopped), is reported and forgotten (a hung one killed), and the next sandbox gets a new one."""
+    import signal
+
+    if __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None:
+        pytest.skip("sandfleet-relay is not installed")
+    fresh_forwarder.setenv("SANDFLEET_NETNS_RELAY", "compiled")
+    fwd = netns.forwarder()
+    assert fwd.ping(5.0) and netns.forwarder_lost(5.0) is None
+    os.kill(fwd.proc.pid, signal.SIGSTOP)
+    lost = netns.forwarder_lost(0.5)
+    assert lost is not None and lost[0] is fwd and "did not answer" in lost[1], lost
+    assert fwd.proc.wait(10) is not None  # killed, stopped as it was
+    again = netns.forwarder()
+    assert again is not fwd and again.ping(5.0)
+    os.kill(again.proc.pid, signal.SIGKILL)
+    again.proc.wait(10)
+    lost = netns.forwarder_lost(0.5)
+    assert lost is not None and lost[0] is again and "exited" in lost[1], lost
+    assert netns.forwarder() not in (fwd, again)
