@@ -27,21 +27,23 @@ def marked_processes() -> list[str]:
     return out
 
 
-def forwarders() -> list[str]:
-    """`sandfleet-relay forward` processes (a sandbox host's relay, fleet/netns.py) not started by this process:
-    each ends when its host process does."""
-    out = []
-    me = os.getpid()
+def forwarder_parents() -> dict[int, int]:
+    """pid -> parent pid of every `sandfleet-relay forward` (a sandbox host's relay, fleet/netns.py)."""
+    out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or "sandfleet-relay forward" not in _cmdline(pid):
             continue
         try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            out[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if ppid != me:
-            out.append(f"{pid} {_cmdline(pid)[:160]}")
     return out
+
+
+def forwarders() -> list[str]:
+    """`sandfleet-relay forward` processes not started by this process: each ends when its host process does."""
+    me = os.getpid()
+    return [f"{pid} {_cmdline(str(pid))[:160]}" for pid, ppid in forwarder_parents().items() if ppid != me]
 
 
 def ray_processes(tmpdir: str) -> list[str]:

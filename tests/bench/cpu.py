@@ -33,7 +33,7 @@ class Cgroup:
         def sampler():
             while not stop.is_set():
                 for pid in self.pids():
-                    st = _stat(pid)
+                    st = proc_stat(pid)
                     if st is not None:
                         if not st["cmd"] and pid in seen:  # exiting: what it was is known from before
                             st.update(cmd=seen[pid]["cmd"], sandbox=seen[pid]["sandbox"])
@@ -67,7 +67,7 @@ def _join(procs: str) -> None:
     os.close(fd)
 
 
-def _stat(pid: int) -> dict | None:
+def proc_stat(pid: int) -> dict | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -76,7 +76,8 @@ def _stat(pid: int) -> dict | None:
     except (OSError, IndexError):
         return None
     f = raw[raw.rindex(")") + 2:].split()
-    return {"cpu": (int(f[11]) + int(f[12])) / TICK, "cmd": cmd, "sandbox": "/sandfleet/" in cg + "/"}
+    return {"cpu": (int(f[11]) + int(f[12])) / TICK, "cmd": cmd, "sandbox": "/sandfleet/" in cg + "/",
+            "ppid": int(f[1])}
 
 
 def _part(cmd: str) -> str:

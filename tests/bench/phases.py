@@ -17,31 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.cpu import TICK, Cgroup
+from tests.bench.cpu import Cgroup, proc_stat
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cpu(pid: int) -> tuple[float, int, bytes]:
-    """(CPU-seconds, parent pid, command line) of one process; (0, 0, b"") once it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return 0.0, 0, b""
-    f = raw[raw.rindex(")") + 2:].split()
-    return (int(f[11]) + int(f[12])) / TICK, int(f[1]), cmd
-
-
 def _weed_of(driver: int) -> float:
     """CPU-seconds of the store the driver started (its child `weed`)."""
-    total = 0.0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            cpu, ppid, cmd = _cpu(int(d))
-            if ppid == driver and cmd.split(b"\0")[0].endswith(b"/weed"):
-                total += cpu
-    return total
+    return sum(st["cpu"] for st in map(proc_stat, (int(d) for d in os.listdir("/proc") if d.isdigit()))
+               if st is not None and st["ppid"] == driver and st["cmd"].split(" ")[0].endswith("/weed"))
 
 
 def bench_phases(rows: list, tasks: int = 32, concurrency: int = 16) -> None:
@@ -56,7 +40,7 @@ def bench_phases(rows: list, tasks: int = 32, concurrency: int = 16) -> None:
                               str(root / "r"), "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
         while p.poll() is None:
-            series.append((time.time(), _weed_of(p.pid), _cpu(p.pid)[0]))
+            series.append((time.time(), _weed_of(p.pid), (proc_stat(p.pid) or {"cpu": 0.0})["cpu"]))
             time.sleep(0.2)
         err = p.stderr.read()
         if p.returncode != 0:

@@ -59,14 +59,9 @@ def _two_attempts_running(p: subprocess.Popen, results) -> Path:
 
 def _relay_of(host_pid: int) -> int:
     """The compiled sandbox relay (`sandfleet-relay forward`) a sandbox host started: its child."""
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == host_pid \
-                    and Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[:2][-1] == b"forward":
-                return int(d)
-        except (OSError, IndexError, ValueError):
-            continue
-    raise AssertionError(f"sandbox host {host_pid} runs no compiled relay")
+    kids = [pid for pid, ppid in leftovers.forwarder_parents().items() if ppid == host_pid]
+    assert kids, f"sandbox host {host_pid} runs no compiled relay"
+    return kids[0]
 
 
 _NO_RELAY = pytest.mark.skipif(__import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay")

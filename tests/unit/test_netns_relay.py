@@ -13,12 +13,13 @@ import pytest
 
 from fleet import netns
 from fleet.netns import SandboxNet
+from storage.process import installed_binary
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
-MODES = ["python", pytest.param("compiled", marks=pytest.mark.skipif(
-    __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None,
-    reason="sandfleet-relay is not installed (no cargo at setup)"))]
+RELAY = installed_binary("sandfleet-relay")
+needs_relay = pytest.mark.skipif(RELAY is None, reason="sandfleet-relay is not installed (no cargo at setup)")
+MODES = ["python", pytest.param("compiled", marks=needs_relay)]
 
 
 @pytest.fixture(params=MODES)
@@ -210,11 +211,9 @@ def test_close_ends_the_sandbox_connections_and_its_listeners(mode, loop, upstre
         os.close(nsfd)
 
 
+@needs_relay
 def test_the_forwarder_ends_when_its_host_process_end_closes():
-    binary = __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay")
-    if binary is None:
-        pytest.skip("sandfleet-relay is not installed")
-    fwd = netns.Forwarder(binary)
+    fwd = netns.Forwarder(RELAY)
     assert fwd.alive()
     fwd.ctl.close()  # what the kernel does when the host process dies, however it dies
     assert fwd.proc.wait(10) == 0
@@ -309,12 +308,11 @@ def test_a_reset_by_the_runner_ends_the_service_side_too_while_both_are_jammed(m
         up.close()
 
 
+@needs_relay
 def test_sandboxes_that_take_every_slot_they_may_leave_room_for_the_others(loop, upstream, fresh_forwarder):
     """Regression (hostile review): the forwarder's cap over all sandboxes was first come, first served, so about
     22 sandboxes holding their 96 connections each shut every other sandbox out. Past half the cap only a sandbox
     under its fair share gets one: here a cap of 64, two sandboxes opening all they may, a third still served."""
-    if __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None:
-        pytest.skip("sandfleet-relay is not installed")
     fresh_forwarder.setenv("SANDFLEET_NETNS_RELAY", "compiled")
     fresh_forwarder.setattr(netns, "FORWARDER_MAX_CONNECTIONS", 64)
     hostile = [loop(SandboxNet({9007: f"127.0.0.1:{upstream.port}", 9008: f"127.0.0.1:{upstream.port}"}).open())
@@ -343,15 +341,13 @@ def test_sandboxes_that_take_every_slot_they_may_leave_room_for_the_others(loop,
             loop(net.close())
 
 
+@needs_relay
 def test_the_forwarder_never_logs_what_a_message_carries(tmp_path):
     """A preface carries the wave's relay token: a message the forwarder cannot take is named by its size only."""
     import subprocess
 
-    binary = __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay")
-    if binary is None:
-        pytest.skip("sandfleet-relay is not installed")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    p = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+    p = subprocess.Popen([RELAY, "forward", "--control-fd", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                          stderr=subprocess.PIPE)
     theirs.close()
     lst = socket.create_server(("127.0.0.1", 0))
@@ -367,12 +363,11 @@ def test_the_forwarder_never_logs_what_a_message_carries(tmp_path):
     assert b"s3cr3t" not in err, err
 
 
+@needs_relay
 def test_after_its_final_stop_a_host_starts_no_forwarder_and_a_late_sandbox_is_relayed_in_its_loop(
         loop, upstream, fresh_forwarder):
     """Regression (hostile review): a sandbox start still in flight past the host's shutdown would have started a
     new forwarder in the harness cgroup the host was leaving."""
-    if __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None:
-        pytest.skip("sandfleet-relay is not installed")
     fresh_forwarder.setenv("SANDFLEET_NETNS_RELAY", "compiled")
     fresh_forwarder.setattr(netns, "_stopped", False)
     assert netns.forwarder() is not None
@@ -389,13 +384,12 @@ def test_after_its_final_stop_a_host_starts_no_forwarder_and_a_late_sandbox_is_r
         loop(net.close())
 
 
+@needs_relay
 def test_a_dead_or_hung_forwarder_is_found_and_forgotten(fresh_forwarder):
     """The host's watch (fleet/host.py `_watch_relay`): a forwarder that exited, or that is alive but answers no
     ping (stopped), is reported and forgotten (a hung one killed), and the next sandbox gets a new one."""
     import signal
 
-    if __import__("storage.process", fromlist=["x"]).installed_binary("sandfleet-relay") is None:
-        pytest.skip("sandfleet-relay is not installed")
     fresh_forwarder.setenv("SANDFLEET_NETNS_RELAY", "compiled")
     fwd = netns.forwarder()
     assert fwd.ping(5.0) and netns.forwarder_lost(5.0) is None
