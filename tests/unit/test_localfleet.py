@@ -141,8 +141,10 @@ def test_a_dead_fleets_dir_never_names_a_live_owners_ray(tmp_path):
     tag = secrets.token_hex(4)
     ray_tmp = f"/tmp/sfray-test{tag}"
     live, forged = Path(f"/tmp/sandfleet-fleet-live{tag}"), Path(f"/tmp/sandfleet-fleet-evil{tag}")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", ray_tmp])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)",
+                             ray_tmp], stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout.readline().strip() == "ready"  # (up and running, as the sweep will see it)
         for d, owner in ((live, os.getpid()), (forged, None)):
             d.mkdir()
             (d / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
@@ -154,7 +156,8 @@ def test_a_dead_fleets_dir_never_names_a_live_owners_ray(tmp_path):
         (live / "driver.json").unlink()  # the negative control: no live owner names it now
         got = sweep.dead_fleets()
         assert got[str(forged)]["ray_tmpdir"] == ray_tmp
-        assert proc.pid in [p["pid"] for p in got[str(forged)]["processes"]]
+        assert proc.poll() is None, f"the stand-in for the dead fleet's Ray ended on its own ({proc.returncode})"
+        assert proc.pid in [p["pid"] for p in got[str(forged)]["processes"]], (got, sweep._cmdline(str(proc.pid)))
     finally:
         proc.kill()
         proc.wait()
