@@ -22,12 +22,14 @@ import ctypes
 import fcntl
 import itertools
 import os
+import resource
 import select
 import socket
 import struct
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from storage.process import installed_binary, stop_process
 
@@ -42,6 +44,12 @@ LINGER_S = 10.0  # once the service's end of a connection closed, how long the s
 # what one forwarder holds at once over all its sandboxes; past half of it, only a sandbox under its fair share
 # (half / the sandboxes it relays) gets a new connection (relay/src/forward.rs)
 FORWARDER_MAX_CONNECTIONS = 2048
+# the descriptors a forwarder needs: each relayed connection holds 5 (its two sockets and the three copies its
+# pumps and its linger watch use: forward.rs `serve`), and each listener one (LISTENER_FDS: the listeners of about
+# 1,300 sandboxes of 3 services each). It gets them as its own NOFILE limit, whatever the host's is (1,024 on many
+# machines: 200 connections, which one runner opening its allowed 96 per service nearly took alone)
+FDS_PER_CONNECTION = 5
+LISTENER_FDS = 4096
 READY_S = 10.0  # the forwarder's `R` within this, or the event loop relays
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -132,16 +140,27 @@ class Forwarder:
     exits when this process's end of its control socket closes (this process ended, however it died)."""
 
     def __init__(self, binary: str):
+        self.nofile = _fd_limit(FORWARDER_MAX_CONNECTIONS)
+        # as many connections as its descriptors hold, listeners kept room for: a forwarder out of descriptors
+        # would lose a new sandbox's listener unseen (the fd of an `L` message is dropped) and accept nothing
+        room = (self.nofile[0] - LISTENER_FDS - 64) // FDS_PER_CONNECTION
+        self.max_conns = max(1, min(FORWARDER_MAX_CONNECTIONS, room))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno()), "--max-conns",
-                                          str(FORWARDER_MAX_CONNECTIONS), "--linger-ms", str(int(LINGER_S * 1000))],
+                                          str(self.max_conns), "--linger-ms", str(int(LINGER_S * 1000))],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
+        try:
+            resource.prlimit(self.proc.pid, resource.RLIMIT_NOFILE, self.nofile)  # (before its first listener)
+        except (OSError, ValueError) as exc:
+            ours.close()
+            stop_process(self.proc, grace_s=0)
+            raise OSError(f"{binary} forward: its descriptor limit could not be set to {self.nofile}: {exc}") from exc
         self.ctl = ours
         self._names = itertools.count(1)
         self._pings = itertools.count(1)
@@ -194,6 +213,23 @@ class Forwarder:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             stop_process(self.proc, grace_s=0)
+
+
+def _fd_limit(max_conns: int) -> tuple[int, int]:
+    """(soft, hard) NOFILE for a forwarder of `max_conns` connections: what it needs, raised past this process's
+    hard limit when it may (root, up to the kernel's fs.nr_open), else as much of it as the hard limit allows."""
+    need = max_conns * FDS_PER_CONNECTION + LISTENER_FDS + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        return max(soft, need), hard
+    if os.geteuid() == 0:
+        try:
+            ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            ceiling = hard
+        top = max(hard, min(need, ceiling))
+        return top, top
+    return hard, hard
 
 
 _forwarder: Forwarder | None = None

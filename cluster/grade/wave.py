@@ -63,14 +63,19 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
 
 def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
     """A failed reference that is the runner's own doing, with no fault and nothing of the harness in its way: every
-    attempt ended by the runner's own exit (not killed, no start or host error) and every check it did not pass
+    attempt ended by the runner's own exit, or killed for a silence `liveness` found a hang (no other kill, no start
+    or host error), and every check it did not pass
     failed (none unknown), or `completed` failed (a runner that never finishes leaves no artifact, so checks of the
     artifact are unknown because of it). Then its failures are the runner's defect, shown by the fault-free run
     itself (a leaked upload, a write outside its prefix, an exit before its steps were done), not a baseline the
     harness broke. Returns `check: detail` per failure, or None."""
     ends = [e for e in w.timeline if e["event"] == "attempt_end" and e.get("task") == g["task_id"]]
-    by_itself = bool(ends) and all(e.get("exit_code") is not None and not e.get("killed_by") and not e.get("error")
-                                   and not e.get("start_error") for e in ends)
+    # an attempt the harness ended for its silence is the runner's own doing when `liveness` calls it a hang (the
+    # host was not overloaded: a starved attempt is `unknown` there, and stays a broken control)
+    hung = g["checks"].get("liveness", {}).get("verdict") == FAIL
+    by_itself = bool(ends) and all(((e.get("exit_code") is not None and not e.get("killed_by"))
+                                    or (hung and str(e.get("killed_by") or "").startswith("silent")))
+                                   and not e.get("error") and not e.get("start_error") for e in ends)
     bad = {k: c for k, c in g["checks"].items() if c["verdict"] != PASS}
     unfinished = bad.get("completed", {}).get("verdict") == FAIL
     if not by_itself or not bad or (not unfinished and any(c["verdict"] != FAIL for c in bad.values())):

@@ -114,6 +114,20 @@ def test_an_attempt_silent_past_liveness_is_ended_and_the_next_one_finishes_with
     assert live["verdict"] == "fail" and "ended by the harness" in live["detail"], live
 
 
+def test_a_runner_whose_own_reference_hangs_fails_as_the_runner_not_as_the_harness(run_wave):
+    """Regression (a hostile user's find): a runner that goes silent in its own fault-free reference too was ended
+    at `liveness_s` and reported as a broken positive control, a harness error (exit 2), which a CI retrying exit-2
+    waves as flakes would never fail. `liveness` calls it a hang, so it is the runner's failure: exit 1, named."""
+    result, d = run_wave(runner=defective("hang_always"), faults=["PK1"], tasks=1, concurrency=1, seed=139,
+                         liveness_s=3, max_attempts=2, workload={"steps": 4, "think_ms": 20}, deadline_s=120)
+    refs = result["references"]
+    assert refs and all(g["checks"]["liveness"]["verdict"] == "fail" for g in refs), refs
+    assert not result["harness_errors"], result["harness_errors"]
+    assert result["runner_failures"] and all("liveness" in f and "hung" in f for f in result["runner_failures"]), \
+        result["runner_failures"]
+    assert result["verdict"] == "fail" and exit_code(result) == 1
+
+
 def _peak_rss_reset() -> None:
     """Start the kernel's peak-RSS mark (VmHWM) of this process, the wave's driver, again from now."""
     Path("/proc/self/clear_refs").write_text("5")

@@ -27,6 +27,8 @@ on every run, not by the luck of a kill's timing:
   turns into hundreds of identical failing requests a second (`retry_loop`'s retry storm).
 - hang: attempt 1 (not a reference) goes silent for good right after committing its 2nd step: no model call,
   effect or store request (the harness must end it at `liveness_s`, not at the deadline).
+- hang_always: every attempt, references too, goes silent for good after its 2nd step (its own fault-free run
+  fails: the runner's failure, exit 1, not a broken positive control).
 - flood: the first attempts of tasks t000 and t001 flood the model endpoint and the effects service with
   their own valid keys before the durable pattern: 8 MiB bodies from 16 threads each, a `Content-Length: -1` and a chunked body
   streamed for as long as the service reads, for 4 s, then 200 idle connections; it logs what each got (the
@@ -243,7 +245,8 @@ def run() -> None:
         if DEFECT == "recall" and env.attempt == 1 and step == 2:
             log("dying right after a commit")
             os._exit(3)
-        if DEFECT == "hang" and env.attempt == 1 and step == 1 and not env.task_id.startswith("ref-"):
+        if (DEFECT == "hang" and env.attempt == 1 and step == 1 and not env.task_id.startswith("ref-")) or \
+                (DEFECT == "hang_always" and step == 1):
             import time
 
             log("hanging, silent")

@@ -404,3 +404,55 @@ def test_a_dead_or_hung_forwarder_is_found_and_forgotten(fresh_forwarder):
     lost = netns.forwarder_lost(0.5)
     assert lost is not None and lost[0] is again and "exited" in lost[1], lost
     assert netns.forwarder() not in (fwd, again)
+
+
+def _limits_of(pid: int) -> tuple[int, int]:
+    line = next(x for x in open(f"/proc/{pid}/limits") if x.startswith("Max open files"))
+    return int(line.split()[3]), int(line.split()[4])
+
+
+@needs_relay
+def test_a_forwarder_started_under_a_low_descriptor_limit_still_holds_every_connection_it_admits(upstream):
+    """Regression (hostile review): the forwarder inherited its host's NOFILE limit (1,024 on many machines: about
+    200 relayed connections of 5 descriptors each), so one runner opening its allowed connections nearly took it
+    all, and a new sandbox's listener was lost unseen. It now gets its own limit, sized for its cap: here it is
+    started under a soft limit of 256 and serves 150 connections (750 descriptors) of 5 sandboxes at once."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        fwd = netns.Forwarder(RELAY)  # (it inherits 256)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    held, listeners = [], []
+    try:
+        assert _limits_of(fwd.proc.pid)[0] >= netns.FORWARDER_MAX_CONNECTIONS * netns.FDS_PER_CONNECTION
+        assert fwd.max_conns == netns.FORWARDER_MAX_CONNECTIONS
+        for g in range(5):
+            lst = socket.create_server(("127.0.0.1", 0))
+            listeners.append(lst)
+            fwd.listen(f"g{g}", lst, f"127.0.0.1:{upstream.port}")
+        for lst in listeners:
+            for _ in range(30):
+                s = socket.create_connection(lst.getsockname(), timeout=10)
+                held.append(s)
+                s.sendall(b"x")
+                assert s.recv(10) == b"x", f"connection {len(held)} was not served"
+    finally:
+        for s in held + listeners:
+            s.close()
+        fwd.stop()
+
+
+def test_a_forwarders_descriptor_limit_is_what_its_cap_needs_or_as_much_as_may_be(monkeypatch):
+    import resource
+
+    need = 100 * netns.FDS_PER_CONNECTION + netns.LISTENER_FDS + 64
+    for (soft, hard), root, want in [((1024, 1 << 20), True, (need, 1 << 20)),  # within the hard limit
+                                     ((1024, 2048), True, (need, need)),  # root raises the hard limit
+                                     ((1024, 2048), False, (2048, 2048)),  # others get the hard limit
+                                     ((1 << 16, 1 << 20), False, (1 << 16, 1 << 20))]:  # never lowered
+        monkeypatch.setattr(resource, "getrlimit", lambda _r, s=soft, h=hard: (s, h))
+        monkeypatch.setattr(os, "geteuid", lambda r=root: 0 if r else 1000)
+        assert netns._fd_limit(100) == want, (soft, hard, root)

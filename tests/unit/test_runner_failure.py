@@ -52,9 +52,28 @@ def test_a_runner_that_never_finishes_is_its_own_failure_though_artifact_checks_
     assert _control_errors(w, [g]) == []
 
 
+def test_a_reference_killed_for_a_silence_liveness_calls_a_hang_is_its_own_failure():
+    """The harness ends a silent attempt at `liveness_s`; when `liveness` fails it (a hang, the host not
+    overloaded), that reference is the runner's failure (exit 1), not a broken control (exit 2)."""
+    silent = {"exit_code": None, "killed_by": "silent for 3 s (liveness_s 3)"}
+    w = _wave(silent, silent)
+    g = _ref(completed={"verdict": "fail", "detail": "state=failed (max_attempts 2 reached)"},
+             liveness={"verdict": "fail", "detail": "attempt 1 went 3.2 s with no model call ...: hung"},
+             no_double_apply={"verdict": "unknown", "detail": "no artifact to inspect"})
+    assert runner_own_failure(w, g) and _control_errors(w, [g]) == []
+    assert "liveness: attempt 1 went" in runner_failures(w, [g])[0]
+
+
 def test_what_the_harness_did_keeps_it_a_broken_positive_control():
+    silent = {"exit_code": None, "killed_by": "silent for 3 s (liveness_s 3)"}
     cases = [
         (_wave({"exit_code": None, "killed_by": "deadline"}), _ref(completed={"verdict": "fail", "detail": "x"})),
+        # killed for a silence on an overloaded host: starved or hung cannot be told
+        (_wave(silent), _ref(completed={"verdict": "fail", "detail": "x"},
+                             liveness={"verdict": "unknown", "detail": "while the host was overloaded"})),
+        # a silence kill and a deadline kill: the deadline is the harness's
+        (_wave(silent, {"exit_code": None, "killed_by": "deadline"}),
+         _ref(completed={"verdict": "fail", "detail": "x"}, liveness={"verdict": "fail", "detail": "hung"})),
         (_wave({"exit_code": None, "start_error": "the sandbox did not start"}),
          _ref(completed={"verdict": "fail", "detail": "the sandbox did not start"})),
         (_wave({"error": "host lost"}), _ref(no_leaked_upload=LEAK)),
