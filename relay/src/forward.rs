@@ -1,4 +1,4 @@
-//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS]`: a sandbox host's loopback relay
+//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS] [--conn-buf BYTES]`: a sandbox host's loopback relay
 //! (fleet/netns.py, which passes both from its own constants), compiled.
 //!
 //! The host makes each sandbox's network namespace and its listening sockets on 127.0.0.1 inside it, then hands
@@ -36,6 +36,15 @@ use crate::{IoVec, MsgHdr};
 extern "C" {
     fn recvmsg(fd: i32, msg: *mut MsgHdr, flags: i32) -> isize;
     fn shutdown(fd: i32, how: i32) -> i32;
+}
+
+// each relayed socket's kernel buffers, set (the kernel doubles it) rather than autotuned up to tcp_rmem's and
+// tcp_wmem's maximum: a runner that never reads what it asked for pinned about 5 MiB of TCP memory per connection
+// here, charged to no sandbox (`--conn-buf`)
+static CONN_BUF: AtomicUsize = AtomicUsize::new(256 * 1024);
+
+fn cap_buffers(s: &TcpStream) {
+    crate::cap_buffers(s, CONN_BUF.load(Ordering::SeqCst) as i32);
 }
 
 const SHUT_RDWR: i32 = 2;
@@ -149,7 +158,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream) -> bool {
 fn serve(group: Arc<Group>, port: Arc<Port>, client: TcpStream, _open: Open) {
     let Some(cid) = group.track(&client) else { return };
     let mut ids = vec![cid];
+    cap_buffers(&client);
     if let Ok(mut upstream) = TcpStream::connect(port.target) {
+        cap_buffers(&upstream);
         let _ = client.set_nodelay(true);
         let _ = upstream.set_nodelay(true);
         if let Some(uid) = group.track(&upstream) {
@@ -273,8 +284,9 @@ fn listen(groups: &mut HashMap<String, Arc<Group>>, body: &str, fd: RawFd) -> Re
         .map_err(|e| format!("no thread for a listener: {e}"))
 }
 
-pub fn main(ctl: RawFd, max_conns: usize, linger_ms: u64) {
+pub fn main(ctl: RawFd, max_conns: usize, linger_ms: u64, conn_buf: usize) {
     MAX_CONNS.store(max_conns.max(1), Ordering::SeqCst);
+    CONN_BUF.store(conn_buf.min(i32::MAX as usize), Ordering::SeqCst);
     LINGER_MS.store(linger_ms, Ordering::SeqCst);
     if crate::send_packet(ctl, b"R", None).is_err() {
         std::process::exit(1); // the host is gone already

@@ -19,7 +19,7 @@
 //!
 //! std only (no crates): threads, one per client connection, blocking sockets.
 //!
-//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS]` is the other binary in this one: a sandbox host's loopback relay
+//! `sandfleet-relay forward --control-fd FD [--max-conns N] [--linger-ms MS] [--conn-buf BYTES]` is the other binary in this one: a sandbox host's loopback relay
 //! (src/forward.rs).
 
 use std::fs::{File, OpenOptions};
@@ -69,6 +69,7 @@ extern "C" {
     fn sendmsg(fd: i32, msg: *const MsgHdr, flags: i32) -> isize;
     fn recv(fd: i32, buf: *mut u8, len: usize, flags: i32) -> isize;
     fn close(fd: i32) -> i32;
+    fn setsockopt(fd: i32, level: i32, name: i32, value: *const i32, len: u32) -> i32;
 }
 
 const SOL_SOCKET: i32 = 1;
@@ -79,6 +80,21 @@ const F_SETPIPE_SZ: i32 = 1031;
 const SPLICE_F_MOVE: u32 = 1;
 const SPLICE_F_MORE: u32 = 4;
 const SPLICE_MIN: usize = 256 * 1024; // a body this large goes socket -> pipe -> socket, never through our memory
+
+const SO_SNDBUF: i32 = 7;
+const SO_RCVBUF: i32 = 8;
+// the proxy front's sockets' kernel buffers (set, so not autotuned up to tcp_rmem's and tcp_wmem's maximum): a
+// client that asks for a large object and never reads it pinned about 8 MiB of TCP memory per connection here
+const PROXY_BUF: i32 = 256 * 1024;
+
+/// Set a socket's send and receive buffers to `bytes` (the kernel doubles it); 0 leaves them autotuned.
+pub(crate) fn cap_buffers(s: &TcpStream, bytes: i32) {
+    if bytes > 0 {
+        for name in [SO_SNDBUF, SO_RCVBUF] {
+            unsafe { setsockopt(s.as_raw_fd(), SOL_SOCKET, name, &bytes, 4) };
+        }
+    }
+}
 
 /// A pipe for splice(2), closed when dropped.
 struct Pipe([i32; 2]);
@@ -641,6 +657,7 @@ fn hand_off(st: &State, client: Conn) {
 
 fn serve(st: Arc<State>, s: TcpStream) {
     let _ = s.set_nodelay(true);
+    cap_buffers(&s, PROXY_BUF);
     let mut client = Conn::new(s);
     let mut upstream: Option<Conn> = None;
     loop {
@@ -707,6 +724,7 @@ fn relay_one(st: &State, route: &Route, head: &Head, client: &mut Conn, upstream
     if upstream.is_none() {
         let u = TcpStream::connect(st.upstream)?;
         let _ = u.set_nodelay(true);
+        cap_buffers(&u, PROXY_BUF);
         *upstream = Some(Conn::new(u));
     }
     let up = upstream.as_mut().unwrap();
@@ -899,7 +917,8 @@ fn main() {
                 })
             })
         };
-        forward::main(ctl, num("--max-conns", 2048) as usize, num("--linger-ms", 10_000));
+        forward::main(ctl, num("--max-conns", 2048) as usize, num("--linger-ms", 10_000),
+                      num("--conn-buf", 256 * 1024) as usize);
     }
     let usage = "usage: sandfleet-relay --upstream HOST:PORT --control-fd FD [--port N] [--log FILE]";
     let upstream = arg(&args, "--upstream")

@@ -13,6 +13,8 @@ import urllib.parse
 import orjson
 import pytest
 
+from tests import tcpmem
+
 from storage import relay
 from storage.proxy import ProxyProcess
 from storage.store import EmbeddedStore, s3_client
@@ -283,3 +285,31 @@ def test_odd_targets_and_heads_are_logged_as_the_proxy_alone_logs_them(store):
         a, f = (sorted(_log(p), key=lambda x: x["t"]) for p in (alone, front))
         assert len(a) == len(cases) and [_same(x) for x in a] == [_same(x) for x in f]
         assert front.control().stats()["relayed"] > len(cases) // 2  # most were the relay's own
+
+
+
+def test_a_client_that_never_reads_a_large_get_pins_little_kernel_memory_in_the_relay(store):
+    """Regression (hostile review): the relay's sockets autotuned their buffers, so a client asking for a large
+    object and never reading it pinned about 16 MiB of TCP memory per connection (63 MiB for the 4 here), charged
+    to no sandbox. With its client and store sockets' buffers set, 4 pin about 17 MiB, most of it the store's own
+    send buffers (4 MiB each, not ours to set)."""
+    ep, d = store
+    c = s3_client(ep.url, ep.creds)
+    c.put_object(Bucket="sf-relay", Key="unread/big", Body=os.urandom(64 << 20))
+    url = urllib.parse.urlsplit(c.generate_presigned_url("get_object", Params={"Bucket": "sf-relay",
+                                                                                "Key": "unread/big"}, ExpiresIn=120))
+    held = []
+    with _proxy(ep.url, str(d / "unread.jsonl")) as proxy:
+        try:
+            before = tcpmem.pages()
+            for _ in range(4):
+                s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # (so what is pinned is the relay's)
+                s.sendall(f"GET {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode())
+                held.append(s)
+            pinned_mib = tcpmem.pinned_mib(before)  # (once the buffers are full)
+            assert pinned_mib < 32, f"4 never-read 64 MiB GETs pin {pinned_mib:.1f} MiB of TCP memory"
+        finally:
+            for s in held:
+                s.close()
+    c.delete_object(Bucket="sf-relay", Key="unread/big")
