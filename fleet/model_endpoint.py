@@ -83,7 +83,8 @@ class ModelEndpoint(JsonService):
             return self._send_json(h, 200, {"id": path.rsplit("/", 1)[1], "object": "model", "created": 0,
                                             "owned_by": "sandfleet"})
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
-            return self._chat(h, entry)
+            with self.registry.answering(entry.key):  # a model call: the attempt is alive (cluster/wave/silence.py)
+                return self._chat(h, entry)
         raise HttpError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions and "
                         "GET /v1/models", code="not_found")
 
@@ -91,7 +92,6 @@ class ModelEndpoint(JsonService):
         self.send_json(h, status, payload)
 
     def _chat(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
-        self.registry.touch(entry.key)  # a model call: the attempt is alive (cluster/wave/silence.py)
         t0 = time.time()
         attempt = entry.attempt
         body = self.read_json(h)

@@ -148,7 +148,10 @@ class Forwarder:
         # as many connections as its descriptors hold, listeners kept room for: a forwarder out of descriptors
         # would lose a new sandbox's listener unseen (the fd of an `L` message is dropped) and accept nothing
         room = (self.nofile[0] - LISTENER_FDS - 64) // FDS_PER_CONNECTION
-        self.max_conns = max(1, min(FORWARDER_MAX_CONNECTIONS, room))
+        if room < 2 * MAX_CONNECTIONS_PER_SERVICE:  # (a limit this low cannot hold one sandbox's share: the event
+            raise OSError(f"{binary} forward: a descriptor limit of {self.nofile[0]} leaves room for {room} "
+                          "connections")  # loop relays instead)
+        self.max_conns = min(FORWARDER_MAX_CONNECTIONS, room)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen([binary, "forward", "--control-fd", str(theirs.fileno()), "--max-conns",

@@ -5,6 +5,8 @@ latency). Every call is attributed by its key, never by what the runner claims.
 """
 from __future__ import annotations
 
+import contextlib
+
 import ctypes
 import ctypes.util
 import email.utils
@@ -74,6 +76,7 @@ class TaskRegistry:
         self.by_sandbox: dict[str, str] = {}  # sandbox id -> its attempt's key
         self.revoked: dict[str, TaskEntry] = {}  # keys of attempts whose lease ended (fenced)
         self.seen: dict[str, float] = {}  # key -> wall time of the latest request that named it (liveness)
+        self.in_flight: dict[str, int] = {}  # key -> its model calls being answered now (the endpoint thinking)
 
     def register(self, task_id: str, seed: int, steps: int, workload: str) -> str:
         with self.lock:
@@ -118,10 +121,29 @@ class TaskRegistry:
         with self.lock:
             self.seen[key] = time.time()
 
+    @contextlib.contextmanager
+    def answering(self, key: str):
+        """A model call of this key is being answered: the attempt is waiting on the harness, not silent (a
+        `think_ms` longer than `liveness_s` must not get the waiting runner killed as hung)."""
+        self.touch(key)
+        with self.lock:
+            self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight[key] -= 1
+                if not self.in_flight[key]:
+                    del self.in_flight[key]
+                self.seen[key] = time.time()  # (answered, or given up on: seen up to now)
+
     def last_seen(self, sandbox_id: str) -> float | None:
-        """Wall time of the latest model call or effect by the attempt's own key (None: none yet)."""
+        """Wall time of the latest model call or effect by the attempt's own key (None: none yet); now while one of
+        its model calls is being answered."""
         with self.lock:
             key = self.by_sandbox.get(sandbox_id)
+            if key and self.in_flight.get(key):
+                return time.time()
             return self.seen.get(key) if key else None
 
 

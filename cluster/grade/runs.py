@@ -20,15 +20,27 @@ def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
         if prev_end is not None and t0 - prev_end > gap[0]:
             gap = (t0 - prev_end, a["attempt"])
         prev_end = t1
-        ts = sorted([t0, t1] + [x for c in h.calls if c.get("attempt") == a["attempt"]
-                                for x in (c["t"], c.get("t_done", c["t"]))]
-                    + [e["t"] for e in h.effects or [] if e.get("attempt") == a["attempt"]]
-                    + [r["t"] for r in h.requests if facts.mine(r, a["attempt"], t0, t1)])
-        ts = [t for t in ts if t0 <= t <= t1]
-        for x, y in zip(ts, ts[1:]):
-            if y - x > worst[0]:
-                worst = (y - x, a["attempt"], x, y)
+        # what the attempt did, each as the span the harness took to answer it: a model call from its arrival to
+        # its answer (the endpoint thinking), a store request for as long as the proxy held it (a throttle, a
+        # hold); waiting on the harness is not the runner's silence
+        busy = sorted([(c["t"], c.get("t_done") or c["t"]) for c in h.calls if c.get("attempt") == a["attempt"]]
+                      + [(e["t"], e["t"]) for e in h.effects or [] if e.get("attempt") == a["attempt"]]
+                      + [(r["t"], r["t"] + _ms(r) / 1000) for r in h.requests if facts.mine(r, a["attempt"], t0, t1)]
+                      + [(t0, t0), (t1, t1)])
+        covered = t0
+        for x, y in busy:
+            x, y = max(x, t0), min(max(x, y), t1)
+            if x > t1:
+                break
+            if x - covered > worst[0]:
+                worst = (x - covered, a["attempt"], covered, x)
+            covered = max(covered, y)
     return worst, gap
+
+
+def _ms(r: dict) -> float:
+    ms = r.get("ms")
+    return float(ms) if isinstance(ms, (int, float)) and ms == ms and 0 <= ms < 1e9 else 0.0
 
 
 def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:

@@ -44,8 +44,11 @@ class Activity:
             except orjson.JSONDecodeError:
                 continue
             akid, t = rec.get("akid"), rec.get("t")
-            if akid and isinstance(t, (int, float)) and t > self._by_akid.get(akid, 0.0):
-                self._by_akid[akid] = float(t)
+            if akid and isinstance(t, (int, float)):
+                ms = rec.get("ms")  # (seen until the proxy answered it: a throttled request is not silence)
+                t = t + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
+                if t > self._by_akid.get(akid, 0.0):
+                    self._by_akid[akid] = float(t)
 
     def last_seen(self, sandbox_id: str, akid: str | None, started: float, bound_s: float) -> float:
         """Wall time of the attempt's latest observable act (its start when it has done none). The proxy log is

@@ -128,6 +128,21 @@ def test_a_runner_whose_own_reference_hangs_fails_as_the_runner_not_as_the_harne
     assert result["verdict"] == "fail" and exit_code(result) == 1
 
 
+def test_a_runner_waiting_on_a_slow_model_is_not_silent(run_wave):
+    """Regression (a hostile user's find): a model that thinks longer than `liveness_s` had the waiting runner
+    killed as hung and, with the grading of hung references, blamed (exit 1). A call being answered is the
+    harness's time: nothing is killed for silence, and `liveness` counts the answer's span as activity."""
+    result, d = run_wave(runner="durable", faults=["PK1"], tasks=1, concurrency=1, seed=141, liveness_s=2.5,
+                         max_attempts=3, workload={"steps": 3, "think_ms": 4000}, deadline_s=90,
+                         fault_timing={"PK1": {"after_model_calls": [1, 2]}})
+    events = [orjson.loads(x) for x in (d / "timeline.jsonl").read_bytes().splitlines()]
+    assert not [e for e in events if e["event"] == "attempt_silent"], "a runner waiting on the model was killed"
+    for g in result["tasks"] + result["references"]:
+        assert g["checks"]["liveness"]["verdict"] == "pass", g["checks"]["liveness"]
+    assert not result["runner_failures"] and not result["harness_errors"], result
+    assert exit_code(result) == 0, result["verdict"]
+
+
 def _peak_rss_reset() -> None:
     """Start the kernel's peak-RSS mark (VmHWM) of this process, the wave's driver, again from now."""
     Path("/proc/self/clear_refs").write_text("5")

@@ -440,3 +440,19 @@ def test_a_silent_attempt_is_judged_by_its_own_nodes_load():
     assert _starved(SimpleNamespace(host_load=hot, events=events), worst, 30.0)["verdict"] == "unknown"
     machine = [{k: v for k, v in x.items() if k != "node"} for x in busy]
     assert _starved(SimpleNamespace(host_load=machine, events=events), worst, 30.0)["verdict"] == "unknown"
+
+
+def test_waiting_on_the_harness_is_not_silence():
+    """Regression (a hostile user's find): a model call the endpoint took 39 s to answer, or a store request the
+    proxy held (a throttle) as long, is the harness's time, not the runner's silence; the same span with no call
+    in flight is a hang."""
+    ev = _attempts([], each=45.0)  # one attempt, 90 -> 135
+    slow = dict(call(0, 90.5, 1), t_done=130.0)
+    h = hist(events=ev, calls=[slow, call(1, 131.0, 1)], receipts=[])
+    assert grade_task(h)["checks"]["liveness"]["verdict"] == PASS, grade_task(h)["checks"]["liveness"]
+    held = {"t": 90.6, "ms": 39000.0, "method": "PUT", "bucket": "b", "key": "k", "status": 200}
+    h = hist(events=ev, calls=[call(0, 90.5, 1), call(1, 131.0, 1)], writes=[held], receipts=[])
+    assert grade_task(h)["checks"]["liveness"]["verdict"] == PASS, grade_task(h)["checks"]["liveness"]
+    h = hist(events=ev, calls=[call(0, 90.5, 1), call(1, 131.0, 1)], receipts=[])
+    live = grade_task(h)["checks"]["liveness"]
+    assert live["verdict"] == FAIL and live["longest_silence_s"] > 30, live

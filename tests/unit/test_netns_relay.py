@@ -498,3 +498,11 @@ def test_a_runner_that_never_reads_pins_little_kernel_memory_in_the_relay(mode, 
             s.close()
         loop(net.close())
         up.close()
+
+
+def test_a_descriptor_limit_too_low_for_one_sandbox_leaves_the_relaying_to_the_event_loop(monkeypatch):
+    """A hard limit below what one sandbox's connections need (not root, hard limit ~4k): the forwarder is not
+    started (its fair share would be 0 and it would relay nothing), and the caller relays in its event loop."""
+    monkeypatch.setattr(netns, "_fd_limit", lambda _m: (2048, 2048))
+    with pytest.raises(OSError, match="leaves room for"):
+        netns.Forwarder(RELAY or "/bin/false")
