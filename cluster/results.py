@@ -161,6 +161,13 @@ class JsonlError(ValueError):
         self.line, self.why = line, why
 
 
+def request_span(rec: dict) -> tuple[float, float]:
+    """(start, end) wall time of a request in the fault proxy's log (`t`, and `ms` for as long as the proxy held it:
+    a throttle or a hold is the harness's time, not the runner's silence); a bad `ms` counts as none."""
+    ms = rec.get("ms")
+    return rec["t"], rec["t"] + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
+
+
 def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
     """The records of JSON-lines bytes. A torn last line (a writer killed mid-line, or one still writing) is left
     out; any other line that is not JSON, or not a record with the `required` keys, raises JsonlError (`skip_bad`:

@@ -6,7 +6,6 @@ latency). Every call is attributed by its key, never by what the runner claims.
 from __future__ import annotations
 
 import contextlib
-
 import ctypes
 import ctypes.util
 import email.utils

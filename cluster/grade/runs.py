@@ -2,6 +2,7 @@
 outliving an exit 0, the attempt budget, and every planned fault applied and exercised."""
 from __future__ import annotations
 
+from cluster import results
 from cluster.grade.history import TaskHistory
 from cluster.grade.verdicts import FAIL, NOT_APPLIED, OVERLOAD_PER_CORE, PASS, UNKNOWN, merge
 from cluster.grade.facts import Facts, kills_attempt, takes_node
@@ -25,7 +26,7 @@ def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
         # hold); waiting on the harness is not the runner's silence
         busy = sorted([(c["t"], c.get("t_done") or c["t"]) for c in h.calls if c.get("attempt") == a["attempt"]]
                       + [(e["t"], e["t"]) for e in h.effects or [] if e.get("attempt") == a["attempt"]]
-                      + [(r["t"], r["t"] + _ms(r) / 1000) for r in h.requests if facts.mine(r, a["attempt"], t0, t1)]
+                      + [results.request_span(r) for r in h.requests if facts.mine(r, a["attempt"], t0, t1)]
                       + [(t0, t0), (t1, t1)])
         covered = t0
         for x, y in busy:
@@ -36,11 +37,6 @@ def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
                 worst = (x - covered, a["attempt"], covered, x)
             covered = max(covered, y)
     return worst, gap
-
-
-def _ms(r: dict) -> float:
-    ms = r.get("ms")
-    return float(ms) if isinstance(ms, (int, float)) and ms == ms and 0 <= ms < 1e9 else 0.0
 
 
 def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
+
 CHECK_EVERY_S = 1.0  # how often a running attempt's silence is looked at
 
 
@@ -45,8 +47,7 @@ class Activity:
                 continue
             akid, t = rec.get("akid"), rec.get("t")
             if akid and isinstance(t, (int, float)):
-                ms = rec.get("ms")  # (seen until the proxy answered it: a throttled request is not silence)
-                t = t + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
+                t = results.request_span(rec)[1]  # (seen until the proxy answered it)
                 if t > self._by_akid.get(akid, 0.0):
                     self._by_akid[akid] = float(t)
 
