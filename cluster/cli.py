@@ -128,6 +128,7 @@ def _run(cfg, make_wave, before=None) -> int:
 
         try:  # first, before any thread: every later thread and child of this driver is in the head's namespace
             isolated.check_available(cfg.nodes)
+            isolated.check_install()  # its own install under /tmp, where each node has a private one
             isolated.enter_once()
         except isolated.IsolationError as exc:
             _err(f"error: {exc}")

@@ -64,6 +64,47 @@ def check_available(nodes: int) -> None:
             raise IsolationError(f"isolated nodes need `{tool}` ({pkg}); it is not on PATH", bad_input=True)
 
 
+PRIVATE = "/tmp"  # what every isolated node mounts a tmpfs of its own on (and /dev/shm)
+
+
+def ray_script() -> str:
+    """The `ray` a node starts its raylet with: the one beside this interpreter (never one found on PATH)."""
+    return os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+def install_paths() -> list[str]:
+    """The harness's own install (its checkout, its interpreter's prefixes, its `ray`, its import path) where it
+    lies under PRIVATE: each node binds these back over its private /tmp (`cluster.isonode`), read-only, so a
+    checkout or venv under /tmp runs there as on the head. Outermost paths only, as seen (a symlink's own path
+    and where it leads both count)."""
+    checkout = Path(__file__).resolve().parents[1]
+    seen = [str(checkout), sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, sys.executable,
+            ray_script(), *(p for p in sys.path if p)]
+    under = set()
+    for p in seen:
+        for form in (os.path.abspath(p), os.path.realpath(p)):
+            if (form == PRIVATE or form.startswith(PRIVATE + "/")) and os.path.exists(form):
+                under.add(form)
+    return sorted(p for p in under if not any(p.startswith(q + "/") for q in under if q != p))
+
+
+def check_install() -> list[str]:
+    """Before anything runs: the nodes can start their raylet from this install, and every path of it under
+    PRIVATE can be bound back there; else a harness error (exit 2) naming the path and why. Returns the paths
+    the nodes bind back."""
+    ray = ray_script()
+    if not os.access(ray, os.X_OK):
+        raise IsolationError(f"isolated nodes start their raylet with the `ray` beside this interpreter, and "
+                             f"{ray} is not there (or not executable): install ray into {sys.prefix} (a `ray` "
+                             "elsewhere on PATH is never used: it may be another Ray)")
+    paths = install_paths()
+    if PRIVATE in paths:
+        raise IsolationError(f"the harness's install is {PRIVATE} itself ({Path(__file__).resolve().parents[1]}, "
+                             f"{sys.prefix}): every isolated node mounts a private {PRIVATE} over it, so the nodes "
+                             f"could not see it; move the checkout or venv into a directory of its own")
+    return paths
+
+
 def node_ip(index: int) -> str:
     """node-0 is the head (HEAD_IP); node-i is 198.18.0.(i+1)."""
     return f"198.18.0.{index + 1}"
@@ -171,7 +212,7 @@ class IsolatedNodes:
                     "--resources", json.dumps(resources), "--object-store-memory", str(object_store_bytes),
                     "--disable-usage-stats", "--block"]
         spec = {"tag": self.tag, "name": name, "cgroups": [str(d / "cgroup.procs") for d in dirs.values()],
-                "ray": ray_args}
+                "ray": ray_args, "ray_script": ray_script(), "keep": check_install()}
         # its own (private) /tmp; and a joining node, which Ray refuses with the local-only switch set to 0
         env = dict(os.environ, RAY_TMPDIR="/tmp", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
         proc = subprocess.Popen([sys.executable, "-m", "cluster.isonode", "enter", json.dumps(spec)],
@@ -182,9 +223,13 @@ class IsolatedNodes:
         try:
             first = self._line(node, 30.0)
             try:
-                node.ns = json.loads(first)["ns"]
-            except (ValueError, KeyError, TypeError):
-                raise IsolationError(f"node {name} did not start: {first[:300] or 'no output'}") from None
+                said = json.loads(first)
+            except ValueError:
+                said = {}
+            if not isinstance(said, dict) or "ns" not in said:
+                why = said.get("error") if isinstance(said, dict) else None
+                raise IsolationError(f"node {name} did not start: {why or first[:300] or 'no output'}")
+            node.ns = said["ns"]
             self._links += 1
             veth = f"sfv{self._links}"
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(proc.pid))

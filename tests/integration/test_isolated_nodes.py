@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -83,8 +84,12 @@ def test_a_wave_on_isolated_nodes_passes_and_nothing_but_ray_and_the_gate_crosse
         (work / "agent").chmod(0o755)
         assert os.stat(work).st_mode & 0o777 == 0o700
         with _CredentialWatch([tmp_path / "r"]) as watch:
-            cfg = tmp_path / "wave.yaml"  # CR1 right after a model answer (the runner's next store write meets it)
-            cfg.write_text("fault_timing: {CR1: {after_model_calls: [2, 4]}}\n")
+            # every fault at a boundary of the runner (its Nth model answer), never a clock: a PK1 timed by the clock
+            # landed before the attempt's first boundary on a loaded machine (not_exercised: exit 2); CR1 right
+            # after a model answer (the runner's next store write meets it)
+            cfg = tmp_path / "wave.yaml"
+            cfg.write_text("fault_timing: {PK1: {after_model_calls: [2, 3]}, ST1: {after_model_calls: [1, 3]}, "
+                           "CR1: {after_model_calls: [2, 4]}}\n")
             r = _cli(tmp_path, str(cfg), "--tasks", "4", "--concurrency", "2", "--faults", "PK1,ST1,CR1", "--seed", "5",
                      "--nodes", "3", "--isolated-nodes", "--runner-cmd", f"{work}/agent",
                      "--runner-workdir", str(work))
@@ -138,6 +143,77 @@ def test_a_path_the_runner_needs_that_a_node_lacks_is_exit_2_naming_node_and_pat
     assert f"node node-1: {venv} is not there" in r.stderr, r.stderr[-2000:]
     wave = (tmp_path / "r" / "latest").resolve()
     assert not [line for line in (wave / "timeline.jsonl").read_bytes().splitlines() if b"attempt_start" in line]
+
+
+def _install_under_tmp() -> Path:
+    """This checkout's tracked files (as they are now) and a venv of its own, both under /tmp: sys.prefix, the
+    interpreter's venv, its `ray` and `sandfleet` scripts (their #! lines pointing there) and the project's import
+    path all lie under /tmp. The venv's packages are this venv's, hard-linked (seconds, not a reinstall of
+    ~800 MiB); the editable install's finder is replaced by a .pth naming the copy."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to clone")
+    root = Path(tempfile.mkdtemp(prefix="sf-clone-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src, dst = ROOT / rel, root / rel
+        if src.exists() or src.is_symlink():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst, follow_symlinks=False)
+    venv = root / ".venv"
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    here = Path(sysconfig.get_paths()["purelib"])
+    site = venv / here.relative_to(sys.prefix)
+    shutil.rmtree(site)
+    if subprocess.run(["cp", "-al", str(here), str(site)], capture_output=True).returncode != 0:
+        site.mkdir(parents=True, exist_ok=True)  # another filesystem: the packages are read from here instead
+        (site / "sandfleet-deps.pth").write_text(f"{here}\n")
+    for p in site.glob("__editable__*sandfleet*"):
+        p.unlink()
+    (site / "sandfleet-clone.pth").write_text(f"{root}\n")
+    shebang = f"#!{sys.prefix}/bin/python".encode()
+    for src in Path(sys.prefix, "bin").iterdir():
+        dst = venv / "bin" / src.name
+        if dst.exists() or dst.is_symlink() or not src.is_file():
+            continue
+        head = src.open("rb").read(len(shebang) + 1)
+        if head.startswith(shebang) and head[len(shebang):] in (b"\n", b"3", b""):
+            dst.write_bytes(b"#!" + str(venv / "bin" / "python").encode() + b"\n" + src.read_bytes().split(b"\n", 1)[1])
+            dst.chmod(0o755)
+        else:
+            shutil.copy2(src, dst)
+    return root
+
+
+def test_a_checkout_and_venv_under_tmp_run_a_wave_on_isolated_nodes(tmp_path):
+    """Regression (a fresh clone under /tmp failed every isolated-node test: the nodes' private /tmp hid the
+    checkout and its venv, and a node then looked for `ray` on PATH): each node binds the harness's own install
+    back at its path, and a wave run from a checkout and venv under /tmp passes on isolated nodes."""
+    before_net, before = _machine_net(), leftovers.snapshot()
+    root = _install_under_tmp()
+    try:
+        py = root / ".venv" / "bin" / "python"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        where = subprocess.run([str(py), "-c", "import sys, cluster; print(cluster.__file__); print(sys.prefix)"],
+                               env=env, cwd="/", capture_output=True, text=True, check=True).stdout.split()
+        assert [str(Path(w).parents[1]) if i == 0 else w for i, w in enumerate(where)] == [
+            str(root), str(root / ".venv")], where
+        r = subprocess.run([str(py), "-m", "cluster.cli", "wave", "run", "--tasks", "2", "--concurrency", "2",
+                            "--faults", "none", "--seed", "3", "--nodes", "2", "--isolated-nodes", "--results",
+                            str(tmp_path / "r"), "--no-progress"], env=env, cwd=root, capture_output=True, text=True,
+                           timeout=400)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    wave = (tmp_path / "r" / "latest").resolve()
+    tl = [orjson.loads(line) for line in (wave / "timeline.jsonl").read_bytes().splitlines()]
+    assert {e["node"] for e in tl if e["event"] == "attempt_start"} == {"node-1"}
+    assert all(orjson.loads(p.read_bytes())["verdict"] == "pass" for p in wave.glob("t*.grade.json"))
+    assert _machine_net() == before_net
+    left = leftovers.wait_clean(before)
+    assert not left, left
+    assert not isolated.leftover_node_cgroups()
 
 
 def test_isolated_nodes_need_a_head_and_a_sandbox_node(tmp_path):

@@ -30,3 +30,26 @@ def test_isolation_without_nodes_names_the_default_it_was_checked_at():
 
     with pytest.raises(ConfigError, match=r"field `nodes`: value 1: nodes 1 with node_isolation 'namespaces'"):
         load_config(None, {"node_isolation": "namespaces"})
+
+
+def test_the_install_under_the_nodes_private_tmp_is_found_and_tmp_itself_is_refused(monkeypatch, tmp_path):
+    """The harness's own install (checkout, prefixes, `ray`) where it lies under the nodes' private /tmp is bound
+    back on each node (outermost paths only); an install that is that dir itself, or a `ray` missing beside the
+    interpreter, is refused before anything runs (a harness error, exit 2, naming the path)."""
+    import sys
+    from pathlib import Path
+
+    root = str(Path(isolated.__file__).resolve().parents[1])
+    monkeypatch.setattr(isolated, "PRIVATE", str(Path(root).parent))
+    assert root in isolated.install_paths()
+    assert all(not p.startswith(root + "/") for p in isolated.install_paths())
+    monkeypatch.setattr(isolated, "PRIVATE", root)
+    with pytest.raises(isolated.IsolationError, match=f"install is {root} itself") as e:
+        isolated.check_install()
+    assert not e.value.bad_input
+    monkeypatch.setattr(isolated, "PRIVATE", "/tmp")
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))
+    with pytest.raises(isolated.IsolationError, match=f"{tmp_path}/bin/ray is not there") as e:
+        isolated.check_install()
+    assert not e.value.bad_input and "never used" in str(e.value)
