@@ -113,7 +113,10 @@ class WaveRun:
     def _cancel_main(self) -> None:
         loop, main = getattr(self, "_loop", None), getattr(self, "_main", None)
         if loop is not None and main is not None and not main.done():
-            main.cancel()
+            try:
+                loop.call_soon_threadsafe(main.cancel)  # (called from the health watch's thread)
+            except RuntimeError:  # the loop closed meanwhile: the wave is ending already
+                pass
 
     def _write_json(self, name: str, data) -> None:
         (self.dir / name).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
@@ -229,6 +232,7 @@ class WaveRun:
                           "sweep actor": ray.get(self.parts.fleet.sweeper.pid.remote(), timeout=60),
                           "sandbox hosts": [i["pid"] for i in self.parts.fleet.host_info],
                           "ray": self.health.track_ray()}
+        self.health.own_actors(self.part_pids)  # (watched for being stopped, with the store, proxy and Ray)
 
     def _stop_why(self) -> str:
         if self.interrupted:
@@ -267,7 +271,7 @@ class WaveRun:
         self._loop, self._main = asyncio.get_running_loop(), asyncio.current_task()
         if self.interrupted:  # a signal came during set-up
             raise asyncio.CancelledError
-        watch = asyncio.create_task(self.health.watch_parts())
+        self.health.start_watch()  # its own thread: it watches the teardown too, until the parts stop
         try:
             if (self.plan.get("enumerate") or {}).get("pending"):
                 await asyncio.gather(*(run_task(r, slots[r.plan.role], on_change)
@@ -279,8 +283,6 @@ class WaveRun:
             await asyncio.gather(*(run_task(r, slots[r.plan.role], on_change)
                                    for r in self.runs.values() if r.life.state == TaskState.PENDING))
         finally:
-            watch.cancel()
-            await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end
             fault_tasks = [ft for fts in self.attempts.fault_tasks.values() for ft in fts]
             for ft in fault_tasks:
                 ft.cancel()

@@ -3,21 +3,28 @@
 Processes and services are probed every 0.5 s (the store, the proxy, the services and the wave's own Ray: its GCS,
 each live node's raylet and the agents a raylet starts; a dead process at once; one that does not answer HTTP within
 `health.answer_s`, `health.strikes` times in a row), actors every 1 s (dead at once; no answer to a ping within
-`health.actor_timeout_s`, `health.actor_strikes` times). A lost part is a harness fault: it is recorded, no task
-starts after it, and the wave ends; the tasks it touched are graded `unknown`, never `fail`. The host's load is
-sampled beside (a runner silent while the host was overloaded is starved, not provably hung).
+`health.actor_timeout_s`, `health.actor_strikes` times), and every process of this machine the wave started or
+depends on (the store, the proxy, its own Ray, its actors' workers) is looked at for being stopped (SIGSTOP: it
+answers nothing, and calls to it wait): stopped `health.strikes` probes in a row, it is lost, and the wave ends it
+by its pid (a Ray GCS or raylet left stopped would hold every later Ray call, the teardown's too). A lost part is a
+harness fault: it is recorded, no task starts after it, and the wave ends; the tasks it touched are graded
+`unknown`, never `fail`. The watch runs in a thread of its own from the first attempt until the teardown stops the
+parts, so a part lost while the wave ends is found too. The host's load is sampled beside (a runner silent while
+the host was overloaded is starved, not provably hung).
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
-from fleet.markers import _start_time
+from fleet.markers import _cmdline, _start_time
 from fleet.records import HarnessFault
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
@@ -53,6 +60,59 @@ class Health:
         self.last_ok: dict[str, float] = {}  # each watched part: when it last answered a probe
         self.load_samples: list[dict] = []  # host-load.jsonl
         self.ray_procs: dict[str, tuple[str, int, str]] = {}  # part -> (node, pid, start time): the wave's own Ray
+        # part -> (pid, start time): processes of this machine the wave owns beside its Ray (its actors' workers);
+        # one found stopped is ended by pid
+        self.own_pids: dict[str, tuple[int, str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def own(self, part: str, pid: int | None) -> None:
+        """Watch `pid` (a process of this machine the wave owns) for being stopped, as `part`."""
+        since = _start_time(pid) if pid else None
+        if since:
+            self.own_pids[part] = (pid, since)
+
+    def own_actors(self, pids: dict) -> None:
+        """The wave's actors whose workers run on this machine (checked by their process title), from the driver's
+        `parts_ready` pids: watched for being stopped. Not a `sandfleet up` fleet's (they serve other waves), nor a
+        host on another machine (its pid is that machine's)."""
+        fleet = self.parts.fleet
+        if fleet is None or getattr(fleet, "attached", False):
+            return
+        found = [("lease ledger", pids.get("lease ledger"), "LeaseLedger"),
+                 ("sweep actor", pids.get("sweep actor"), "SweepActor")]
+        if not getattr(fleet, "remote", False):
+            found += [(f"sandbox host {n}", (i or {}).get("pid"), "SandboxHost")
+                      for n, i in zip(fleet.node_ids, getattr(fleet, "host_info", None) or [])]
+        for part, pid, cls in found:
+            if isinstance(pid, int) and _cmdline(str(pid)).startswith(f"ray::{cls}"):
+                self.own(part, pid)
+
+    def start_watch(self) -> None:
+        """The watch, in a thread of its own with its own event loop, until `stop_watch` (the teardown, before it
+        stops the parts): a part lost while the wave ends (its last tasks, its sweeps, its audit) is found too."""
+        def run():
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(self._watch_until_stopped())
+            finally:  # (a probe stuck in an executor thread is not waited for)
+                loop.close()
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=run, name="sf-health", daemon=True)
+        self._thread.start()
+
+    async def _watch_until_stopped(self) -> None:
+        watch = asyncio.ensure_future(self.watch_parts())
+        while not self._stop.is_set() and not watch.done():
+            await asyncio.sleep(0.05)
+        watch.cancel()
+        await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end
+
+    def stop_watch(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def part_lost(self, part: str, why: str, since: float | None = None) -> None:
         """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
@@ -60,14 +120,55 @@ class Health:
         Tasks it touched (any not ended before the part's last good probe) are graded `unknown`, never `fail`."""
         if self.harness_fault is not None:
             return
-        root = self.dead_ray_process()  # a dead raylet takes its actors (hosts, ledger) with it: name the cause
+        # a dead (or stopped) raylet takes its actors (hosts, ledger) with it: name the cause
+        root = self.dead_ray_process() or self.stopped_ray_process()
         if root is not None and root[0] != part:
             part, why = root[0], f"{root[1]} (seen as {part}: {why})"
+        ended = self.end_stopped(part)
+        if ended:
+            why = f"{why}; {ended}"
         hint = HINTS.get(part) or HINTS.get(part.rsplit(" node-", 1)[0], f"{part} failed: re-run the wave (check "
                                                                         "Ray's logs for why)")
         self.harness_fault = HarnessFault(part, why, since or time.time(), hint)
         self.timeline("harness_fault", **self.harness_fault.to_dict())
         self.on_lost()
+
+    def _watched_pids(self) -> dict[str, tuple[int, str]]:
+        """part -> (pid, start time) of every process of this machine the wave owns and watches."""
+        p = self.parts
+        out = {part: (pid, since) for part, (_, pid, since) in self.ray_procs.items()}
+        for part, proc in (("store", getattr(getattr(p, "store", None), "proc", None)),
+                           ("fault proxy", getattr(getattr(p, "proxy", None), "proc", None))):
+            if proc is not None and proc.poll() is None and _start_time(proc.pid):
+                out[part] = (proc.pid, _start_time(proc.pid))
+        gone = self.nodes.out | set(getattr(p.fleet, "down", ()) or ())
+        out.update({part: v for part, v in self.own_pids.items()
+                    if not (part.startswith("sandbox host ") and part.rsplit(" ", 1)[1] in gone)})
+        return out
+
+    async def probe_stopped(self) -> dict[str, tuple[str, bool] | None]:
+        """{part: None, or (why, False) when stopped (state T or t)} for each watched process: a stopped one
+        answers nothing and every call to it waits; `health.strikes` of these in a row and it is lost."""
+        out: dict[str, tuple[str, bool] | None] = {}
+        for part, (pid, since) in self._watched_pids().items():
+            state = _state(pid)
+            stopped = state in ("T", "t") and _start_time(pid) == since
+            out[part] = (f"pid {pid} is stopped (state {state}: SIGSTOP, or a debugger holds it)", False) \
+                if stopped else None
+        return out
+
+    def end_stopped(self, part: str) -> str | None:
+        """A lost part that is a stopped process the wave owns is ended now (SIGKILL by its pid, checked by its
+        start time): left stopped, it would hold every call to it (a stopped GCS every Ray call) until the wave's
+        bounds ran out one by one. Returns what was done, or None."""
+        pid, since = self._watched_pids().get(part, (None, None))
+        if pid is None or _state(pid) not in ("T", "t") or _start_time(pid) != since:
+            return None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return f"ended by the wave (SIGKILL to pid {pid})"
 
     def lost(self, part: str) -> bool:
         """Is `part` the one a harness fault named (calls to it would only wait for their timeouts)?"""
@@ -118,6 +219,15 @@ class Health:
         # agents go together whichever died first, so every dead one is named
         also = "; also gone: " + ", ".join(f"{p} (pid {pid})" for p, pid in dead[1:]) if dead[1:] else ""
         return dead[0][0], f"pid {dead[0][1]} exited{also}"
+
+    def stopped_ray_process(self) -> tuple[str, str] | None:
+        """A process of the wave's own Ray that is stopped (the GCS marks a stopped raylet's node dead, and its
+        actors with it, before the stopped-process probe strikes out: the raylet is the cause)."""
+        for part, (_, pid, since) in self.ray_procs.items():
+            state = _state(pid)
+            if state in ("T", "t") and _start_time(pid) == since:
+                return part, f"pid {pid} is stopped (state {state}: SIGSTOP, or a debugger holds it)"
+        return None
 
     def dead_process(self) -> tuple[str, str] | None:
         ray_dead = self.dead_ray_process()
@@ -216,9 +326,10 @@ class Health:
             out[f"path {n} -> head"] = ("; ".join(bad), False) if bad else None
         return out
 
-    async def watch(self, probe, every: float, strikes_needed: int) -> None:
+    async def watch(self, probe, every: float, strikes_needed: int, vouches: bool = True) -> None:
         """Run `probe` every `every` s; a part certainly lost, or failing `strikes_needed` probes in a row, is a
-        harness fault. Strikes and the last good time are kept per part."""
+        harness fault. Strikes and the last good time are kept per part (`vouches`: a good probe is proof the part
+        answers; a process that is not stopped is none)."""
         strikes: dict[str, int] = {}
         t0 = time.time()
         while self.harness_fault is None:
@@ -226,7 +337,8 @@ class Health:
             for part, bad in (await probe()).items():
                 if bad is None:
                     strikes[part] = 0
-                    self.last_ok[part] = time.time()
+                    if vouches:
+                        self.last_ok[part] = time.time()
                     continue
                 why, certain = bad
                 strikes[part] = strikes.get(part, 0) + 1
@@ -240,6 +352,7 @@ class Health:
         await asyncio.gather(self.watch(self.probe_services, self.PROBE_S, self.cfg.health.strikes),
                              self.watch(self.probe_actors, self.ACTOR_PROBE_S, self.cfg.health.actor_strikes),
                              self.watch(self.probe_node_paths, self.ACTOR_PROBE_S, self.cfg.health.strikes),
+                             self.watch(self.probe_stopped, self.PROBE_S, self.cfg.health.strikes, vouches=False),
                              self.sample_load())
 
     async def sample_load(self) -> None:
@@ -277,3 +390,12 @@ class Health:
         self.part_lost(dead[0], f"{dead[1]} (seen as {type(exc).__name__}: {str(exc)[:200]})")
         return True
 
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (/proc/<pid>/stat: R, S, D, T stopped, t traced, Z...), or None if it is gone."""
+    try:
+        raw = open(f"/proc/{pid}/stat", "rb").read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:][:1].decode() or None

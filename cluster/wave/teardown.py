@@ -1,13 +1,16 @@
 """The end of a wave, in order: every fault cleared at the proxy, the hosts sweep what no lease covers (a stopped
 wave ends all its sandboxes and leases), the sweep actor's last pass, the store audited (every object read back and
 checked against what its writer sent), then the parts stopped and the wave's private dir removed. A part that is
-lost gets no grace; a lost host or ledger does not stop the sweep (the driver then reaps by marker)."""
+lost gets no grace; a lost host or ledger does not stop the sweep (the driver then reaps by marker). The health
+watch runs on until the parts are stopped, and every wait on a part has a bound and ends early once the watch finds
+that part (or the wave's Ray) lost."""
 from __future__ import annotations
 
 import os
 import shutil
 import sys
 import threading
+import time
 from typing import Callable
 
 import orjson
@@ -32,6 +35,24 @@ class Teardown:
         self.sweep_settle_s = settle_s
         self.interrupted = interrupted
         self.harness_cg = harness_cg
+
+    def _get(self, refs, timeout: float, *parts: str):
+        """`ray.get(refs)` within `timeout` s, cut short (TimeoutError naming the part) once the health watch finds
+        one of `parts` lost: a call to a lost part would only wait its bound out."""
+        import ray
+
+        many = isinstance(refs, list)
+        pending = list(refs) if many else [refs]
+        deadline = time.monotonic() + timeout
+        while pending:
+            lost = next((p for p in parts if self.health.lost(p)), None)
+            if lost:
+                raise TimeoutError(f"not waited for: the {lost} is lost (harness fault)")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.25, left))
+        return ray.get(refs, timeout=5)
 
     def clear_faults(self) -> None:
         """Belt and braces after the per-fault clears: no proxy rule survives the wave."""
@@ -67,7 +88,8 @@ class Teardown:
             return
         try:
             engine = self.health.harness_fault.why[:200] if self.health.lost("docker engine") else None
-            rep = ray.get(sweeper.final.remote(self.wave_id, engine), timeout=self.sweep_settle_s + 60)
+            rep = self._get(sweeper.final.remote(self.wave_id, engine), self.sweep_settle_s + 60, "sweep actor",
+                            "lease ledger")
         except Exception as exc:  # noqa: BLE001
             rep = {"wave_id": self.wave_id, "errors": [f"the sweep actor did not report: {type(exc).__name__}: "
                                                        f"{str(exc)[:200]}"], "unavailable": True}
@@ -83,8 +105,6 @@ class Teardown:
         """End what is left of the wave and record it. A stopped wave (signal, harness fault) ends all its
         sandboxes and leases; otherwise sandboxes with no active lease are leaks. A host or ledger that is
         gone does not stop the sweep: the driver then reaps the wave's sandboxes by their markers itself."""
-        import ray
-
         fault = self.health.harness_fault
         stopping = self.interrupted() or (fault and f"harness fault ({fault.part})")
         problems: list[str] = []
@@ -97,7 +117,7 @@ class Teardown:
         reports = []
         for n, h in self._live_hosts():
             try:
-                reports.append(ray.get(h.sweep.remote(self.wave_id, live), timeout=60))
+                reports.append(self._get(h.sweep.remote(self.wave_id, live), 60, f"sandbox host {n}"))
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"sweep on {n}: {type(exc).__name__}: {str(exc)[:200]}")
         out = {"wave_id": self.wave_id, "active_leases": active or [], "nodes": reports,
@@ -130,12 +150,10 @@ class Teardown:
                     pass
 
     def _active_leases(self, problems: list[str]) -> list[dict] | None:
-        import ray
-
         try:
             if self.health.lost("lease ledger"):
                 raise RuntimeError("the lease ledger is lost")
-            return [l for l in ray.get(self.parts.ledger.active.remote(), timeout=30)
+            return [l for l in self._get(self.parts.ledger.active.remote(), 30, "lease ledger")
                     if l["task_id"].startswith(self.wave_id + "/")]
         except Exception as exc:  # noqa: BLE001
             problems.append(f"ledger: {type(exc).__name__}: {str(exc)[:200]}")
@@ -143,18 +161,16 @@ class Teardown:
 
     def _stop_everything(self, stopping: str, active: list[dict] | None, problems: list[str]) -> None:
         """Every host cancels the wave's sandboxes; every active lease of the wave is released."""
-        import ray
-
-        for _, h in self._live_hosts():
+        for n, h in self._live_hosts():
             engine = self.health.harness_fault.why[:200] if self.health.lost("docker engine") else None
             try:
-                ray.get(h.cancel_wave.remote(self.wave_id, 20.0, engine), timeout=30)
+                self._get(h.cancel_wave.remote(self.wave_id, 20.0, engine), 30, f"sandbox host {n}")
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"cancel on host: {type(exc).__name__}")
         for lease in active or []:
             try:
-                ray.get(self.parts.ledger.release.remote(lease["task_id"], lease["fence"], None,
-                                                         f"wave stopped: {stopping}"), timeout=10)
+                self._get(self.parts.ledger.release.remote(lease["task_id"], lease["fence"], None,
+                                                           f"wave stopped: {stopping}"), 10, "lease ledger")
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"release {lease['task_id']}: {type(exc).__name__}")
                 break
@@ -203,6 +219,7 @@ class Teardown:
         self._keep_records()
         self._dump_ledger(errors)
         self._record_counts()
+        self.health.stop_watch()  # the parts stop now: from here, each step's own bound holds
         for svc in (self.parts.gateway, self.parts.model, self.parts.effects):
             if svc is not None:
                 self._try(errors, f"stop {type(svc).__name__}", svc.stop)
@@ -246,15 +263,13 @@ class Teardown:
 
     def _dump_ledger(self, errors: list[str]) -> None:
         """The wave's leases and their history, from the ledger actor or (lost) its SQLite file."""
-        import ray
-
         if self.parts.ledger is None:
             return
         try:
             try:
                 if self.health.lost("lease ledger"):
                     raise RuntimeError("the lease ledger actor is lost")
-                dump = ray.get(self.parts.ledger.dump.remote(), timeout=60)
+                dump = self._get(self.parts.ledger.dump.remote(), 60, "lease ledger")
             except Exception:  # noqa: BLE001 - read its SQLite file directly (WAL: consistent after a kill)
                 from fleet.ledger import LeaseLedger
 
@@ -270,10 +285,9 @@ class Teardown:
             errors.append(f"ledger dump: {exc}")
 
     def _record_counts(self) -> None:
-        import ray
-
         try:  # how the hosts' lease renewals went (cumulative over a lent fleet's life)
-            self.timeline("lease_renewals", hosts=ray.get([h.renewals.remote() for h in self.parts.hosts], timeout=10))
+            self.timeline("lease_renewals", hosts=self._get([h.renewals.remote() for h in self.parts.hosts], 10,
+                                                            "sandbox host"))
         except Exception:  # noqa: BLE001 - a lost host has no figures
             pass
         counts = {}
@@ -297,6 +311,8 @@ class Teardown:
         from fleet.backends import reap_leftover
         from fleet import cgroups
 
+        if self.health is not None:
+            self.health.stop_watch(1.0)
         own_store = None if self.parts.store_lent else self.parts.store
         for part in (self.parts.proxy, own_store):
             proc = getattr(part, "proc", None)
@@ -336,11 +352,18 @@ def try_step(errors: list[str], what: str, fn) -> None:
         errors.append(f"{what}: {exc}")
 
 
-def side_by_side(errors: list[str], steps: list[tuple[str, object]]) -> None:
-    """Teardown steps that share nothing, each in a thread of its own; returns when every one has ended."""
+STEP_BOUND_S = 120.0  # past every bound inside a step (a fleet's stop: 30 s for its hosts, then Ray's own stop)
+
+
+def side_by_side(errors: list[str], steps: list[tuple[str, object]], bound_s: float = STEP_BOUND_S) -> None:
+    """Teardown steps that share nothing, each in a thread of its own; returns when every one has ended, or at
+    `bound_s`, naming each step still running in `errors` (its thread is a daemon: it never holds the exit)."""
     threads = [threading.Thread(target=try_step, args=(errors, what, fn), name=f"teardown: {what}", daemon=True)
                for what, fn in steps]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    deadline = time.monotonic() + bound_s
+    for (what, _), t in zip(steps, threads):
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            errors.append(f"{what}: still running after {bound_s:g} s (left to end with the process)")

@@ -57,6 +57,14 @@ def _two_attempts_running(p: subprocess.Popen, results) -> Path:
     return next(results.glob("w-*"))
 
 
+def _cont(pid: int) -> None:
+    """A process the test stopped goes on (if the wave left it): nothing stays stopped after a test."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
 def _relay_of(host_pid: int) -> int:
     """The compiled sandbox relay (`sandfleet-relay forward`) a sandbox host started: its child."""
     kids = [pid for pid, ppid in leftovers.forwarder_parents().items() if ppid == host_pid]
@@ -72,6 +80,8 @@ _NO_RELAY = pytest.mark.skipif(__import__("storage.process", fromlist=["x"]).ins
                                        ("sandbox host", signal.SIGKILL), ("lease ledger", signal.SIGKILL),
                                        ("sweep actor", signal.SIGKILL),
                                        ("fault proxy", signal.SIGSTOP), ("sandbox host", signal.SIGSTOP),
+                                       ("sweep actor", signal.SIGSTOP), ("lease ledger", signal.SIGSTOP),
+                                       ("store", signal.SIGSTOP),
                                        pytest.param("sandbox relay", signal.SIGKILL, marks=_NO_RELAY),
                                        pytest.param("sandbox relay", signal.SIGSTOP, marks=_NO_RELAY)])
 def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path, part, sig):
@@ -94,16 +104,16 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
         os.kill(victim, sig)
         killed_at = time.monotonic()
         out, err = p.communicate(timeout=120)
-        print(f"{part} {sig.name}: the wave ended {time.monotonic() - killed_at:.1f} s after the signal")
+        took = time.monotonic() - killed_at
+        print(f"{part} {sig.name}: the wave ended {took:.1f} s after the signal")
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(10)
         if sig == signal.SIGSTOP:
-            try:
-                os.kill(victim, signal.SIGCONT)  # normally already gone: the wave kills a hung part
-            except ProcessLookupError:
-                pass
+            _cont(victim)  # normally already gone: the wave kills a hung part
+    if sig == signal.SIGSTOP:
+        assert took < 30, f"the wave took {took:.1f} s to end after its {part} was stopped"
     assert p.returncode == 2, (out, err)
     assert f"harness fault: {part}" in err, err
     events = _events(d)
@@ -129,11 +139,14 @@ def _ray_leftovers(tmpdir: str) -> list[str]:
             if pid.isdigit() and pid != str(os.getpid()) and of_ray(pid, _cmdline(pid), tmpdir)]
 
 
-@pytest.mark.parametrize("part", ["Ray GCS", "raylet node-0"])
-def test_a_killed_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fault(tmp_path, part):
+@pytest.mark.parametrize("part, sig", [("Ray GCS", signal.SIGKILL), ("raylet node-0", signal.SIGKILL),
+                                       ("Ray GCS", signal.SIGSTOP), ("raylet node-0", signal.SIGSTOP)])
+def test_a_killed_or_stopped_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fault(tmp_path, part, sig):
     """The wave's own Ray (no --address): SIGKILL of its GCS or its raylet mid-wave is a harness fault named on
     stderr (it was exit 0, `pass`: actors kept answering without the GCS), no task is `fail`, and the Ray
-    processes it left (the agents, orphaned) are ended by the wave's own markers."""
+    processes it left (the agents, orphaned) are ended by the wave's own markers. SIGSTOP of either (a hostile
+    user's find: the tasks finished, teardown then waited without a bound, and after SIGCONT the wave passed)
+    ends the wave within a bound too."""
     results = tmp_path / "results"
     cfg = tmp_path / "wave.yaml"
     cfg.write_text(CONFIG)
@@ -147,14 +160,20 @@ def test_a_killed_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fault(tmp_path
         ray_pids = ready["pids"]["ray"]
         assert {"Ray GCS", "raylet node-0"} <= set(ray_pids), ray_pids
         tmpdir = f"/tmp/sfray-{hashlib.sha256(d.name.encode()).hexdigest()[:10]}"  # the wave's own Ray (driver.py)
-        os.kill(ray_pids[part], signal.SIGKILL)
+        victim = ray_pids[part]
+        os.kill(victim, sig)
         killed_at = time.monotonic()
         out, err = p.communicate(timeout=180)
-        print(f"{part} SIGKILL: the wave ended {time.monotonic() - killed_at:.1f} s after the signal")
+        took = time.monotonic() - killed_at
+        print(f"{part} {sig.name}: the wave ended {took:.1f} s after the signal")
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+        if sig == signal.SIGSTOP:
+            _cont(victim)
+    if sig == signal.SIGSTOP:
+        assert took < 30, f"the wave took {took:.1f} s to end after its {part} was stopped"
     assert p.returncode == 2, (out, err)
     assert f"harness fault: {part}" in err, err
     fault = next(e for e in _events(d) if e["event"] == "harness_fault")

@@ -62,3 +62,68 @@ def test_a_lost_nodes_processes_are_not_watched_and_a_process_seen_late_is_still
             if p.poll() is None:
                 _gone(p)
         time.sleep(0)
+
+
+def test_a_stopped_raylet_is_struck_out_named_as_the_cause_and_ended_by_its_pid():
+    """Regression (a hostile user's find: a SIGSTOPped GCS, raylet or sweep actor held the wave's teardown without a
+    bound, and after SIGCONT the wave passed): a stopped process of the wave is a strike per probe, named as the
+    cause of what its stop took (the GCS calls a stopped raylet's node dead, and its actors with it), and ended by
+    its pid, checked by start time; a process that goes on again is no longer struck."""
+    import asyncio
+    import signal
+
+    raylet, ledger = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        h, events = _health([("raylet node-0", "node-0", raylet.pid)])
+        h.parts.store = h.parts.proxy = None
+        h.track_ray()
+        h.own("lease ledger", ledger.pid)
+        assert asyncio.run(h.probe_stopped()) == {"raylet node-0": None, "lease ledger": None}
+        ledger.send_signal(signal.SIGSTOP)
+        _wait_state(ledger.pid, "T")
+        got = asyncio.run(h.probe_stopped())
+        assert got["raylet node-0"] is None and "is stopped (state T" in got["lease ledger"][0], got
+        ledger.send_signal(signal.SIGCONT)
+        _wait_state(ledger.pid, "S")
+        assert asyncio.run(h.probe_stopped())["lease ledger"] is None
+
+        raylet.send_signal(signal.SIGSTOP)
+        _wait_state(raylet.pid, "T")
+        h.part_lost("lease ledger", "the actor died (its node was marked dead)")
+        assert h.harness_fault.part == "raylet node-0", h.harness_fault
+        assert "is stopped" in h.harness_fault.why and f"SIGKILL to pid {raylet.pid}" in h.harness_fault.why
+        assert raylet.wait(10) == -signal.SIGKILL
+        assert ledger.poll() is None  # not the cause: left alone
+    finally:
+        for p in (raylet, ledger):
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                _gone(p)
+
+
+def test_only_a_stopped_process_with_its_recorded_start_time_is_ended():
+    import signal
+
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        h, _ = _health([])
+        h.parts.store = h.parts.proxy = None
+        h.own_pids["sweep actor"] = (p.pid, "1")  # another process once had this pid
+        p.send_signal(signal.SIGSTOP)
+        _wait_state(p.pid, "T")
+        assert h.end_stopped("sweep actor") is None and p.poll() is None
+        h.own("sweep actor", p.pid)
+        assert "SIGKILL" in h.end_stopped("sweep actor") and p.wait(10) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            _gone(p)
+
+
+def _wait_state(pid: int, want: str) -> None:
+    from cluster.wave.health import _state
+
+    deadline = time.monotonic() + 5
+    while _state(pid) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(pid) == want
