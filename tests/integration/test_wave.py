@@ -213,7 +213,8 @@ def test_wave_on_an_existing_s3_endpoint(run_wave, tmp_path):
     try:
         result, d = run_wave(runner="durable", tasks=2, concurrency=2, faults=["ST1"], seed=8,
                              workload={"steps": 8, "think_ms": 150},
-                             fault_timing={"ST1": {"at_s": [0.3, 0.6], "window_s": [1.0, 1.5]}},
+                             # at a boundary of the runner, not a clock (a task that ended first is not_applied)
+                             fault_timing={"ST1": {"after_model_calls": [2, 3], "window_s": [1.0, 1.5]}},
                              store={"url": ep.url, "access_key": ep.creds.access_key,
                                     "secret_key": ep.creds.secret_key})
         assert result["verdict"] == "pass", [g["checks"] for g in result["tasks"]]
@@ -259,7 +260,9 @@ def test_regrade_of_damaged_inputs_is_unknown_or_a_named_error(durable_wave, tmp
 def test_durable_survives_puts_cut_after_their_head(run_wave):
     """ST6 on every task: each task's next PUT after the planned time is cut after its head (receipt
     `applied`, naming the key); the durable runner retries, verifies what it reads back, and passes."""
+    # armed right after a model answer (a boundary): armed by the clock, a task that ended first got no cut
     result, d = run_wave(runner="durable", tasks=4, concurrency=2, faults=["ST6"], seed=5,
+                         fault_timing={"ST6": {"after_model_calls": [2, 4]}},
                          workload={"steps": 8, "think_ms": 100}, deadline_s=90)
     receipts = orjson.loads((d / "faults.json").read_bytes())
     assert len(receipts) == 4 and all(r["status"] == "applied" and r["evidence"]["keys"] for r in receipts)
