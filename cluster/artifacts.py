@@ -126,7 +126,7 @@ def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: di
     from cluster.grade.verdicts import PASS  # lazily: the grader reads artifacts through this module
 
     for g in result.get("references", []):
-        if g["checks"]["completed"]["verdict"] != PASS:
+        if (g["checks"].get("completed") or {}).get("verdict") != PASS:
             continue
         got = read_artifact(out.artifact(g["task_id"]))
         if got is not None:

@@ -61,7 +61,8 @@ def _config(fault: str, runner, strength: float, wave: dict):
 
 
 def _outcome(result: dict, fault: str) -> dict:
-    met = [g for g in result["tasks"] if fault in g["faults"] and g["checks"]["fault_applied"]["verdict"] == "pass"]
+    met = [g for g in result["tasks"]
+           if fault in g["faults"] and (g["checks"].get("fault_applied") or {}).get("verdict") == "pass"]
     passed = [g for g in met if g["verdict"] == "pass"]
     if result.get("harness_errors"):
         return {"met": len(met), "passed": len(passed), "outcome": "harness error"}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from cluster.config_fields import (CONTRACT_VARS, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
                                    ConfigError, FaultTiming, HealthConfig, ModelConfig, RequestTrigger, RunnerSpec,
                                    SandboxConfig,
-                                   StoreConfig, Strict, WorkloadConfig, parse_runner, resolve_runner)
+                                   StoreConfig, Strict, VolatilePath, WorkloadConfig, parse_runner, resolve_runner)
 from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml  # noqa: F401
 from faults.base import CATALOG
 from fleet.workloads import WORKLOADS
@@ -54,6 +54,9 @@ class WaveConfig(Strict):
                                                           "then plan one PK1 task per boundary and variant")
     boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
                                    description="with enumerate_boundaries: a seeded sample of at most this many")
+    volatile: list[VolatilePath] = Field(default_factory=list, max_length=100,
+                                         description="paths of the artifact that legitimately differ on every run "
+                                                     "(globs, each with why): left out of resume_equivalent")
 
     def public_dump(self) -> dict:
         """The config as plan.json holds it: an external store's secret key redacted (resume and replay take it

@@ -27,6 +27,22 @@ class WorkloadConfig(Strict):
     think_ms: int = Field(150, strict=True, ge=0, le=60000, description="model endpoint think time per call")
 
 
+class VolatilePath(Strict):
+    """A path of the artifact a runner legitimately writes differently on every run (a build stamp, a session id):
+    `resume_equivalent` leaves it out of the comparison and shows `why` in the grade."""
+
+    glob: str = Field(..., min_length=1, max_length=512, pattern=r"^[^\x00-\x1f]+$",
+                      description="a glob of paths relative to the artifact's root (repo/), fnmatch rules: `*` also "
+                                  "matches `/`; e.g. BUILD_INFO, logs/*.txt")
+    why: str = Field("declared volatile", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$",
+                     description="shown in every grade that left it out")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, v):
+        return {"glob": v} if isinstance(v, str) else v
+
+
 class RunnerSpec(Strict):
     """A runner is any command: it follows docs/runner-contract.md and never imports sandfleet."""
 

@@ -379,7 +379,10 @@ class WaveRun:
         try:
             secrets = self.access.issued_secrets() if self.access else ()
             redact_runner_logs(self.out, secrets)  # 6. no secret left in results/, then grade and report
-            result = grade.grade_wave(self.dir, secrets=secrets)
+            try:
+                result = grade.grade_wave(self.dir, secrets=secrets)
+            except Exception as exc:  # noqa: BLE001 - a wave is always graded and reported (exit 2, named)
+                result = grade.ungraded_wave(self.plan, f"{type(exc).__name__}: {str(exc)[:300]}")
         except BaseException:
             if picture is not None:
                 picture.kill()

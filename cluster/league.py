@@ -130,7 +130,7 @@ def wave_metrics(result: dict, d: Path) -> dict:
         "wave_id": result["wave_id"], "verdict": result["verdict"], "tasks": len(grades),
         "pass": count(lambda g: g["verdict"] == "pass"),
         "interrupted": len(interrupted), "survived": sum(1 for g in interrupted if g["verdict"] == "pass"),
-        "double_apply": count(lambda g: g["checks"]["no_double_apply"]["verdict"] == "fail"),
+        "double_apply": count(lambda g: (g["checks"].get("no_double_apply") or {}).get("verdict") == "fail"),
         "recalls": sum(g.get("model_recalls") or 0 for g in grades),
         "interruptions": sum(max(0, g["attempts"] - 1) for g in grades),
         "wasted_calls": sum(g.get("wasted_calls") or 0 for g in grades),

@@ -61,7 +61,7 @@ def _replay_lines(grades: list[dict]) -> list[str]:
     # something
     interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
     survived = [g for g in interrupted if g["verdict"] == PASS]
-    double = [g for g in grades if g["checks"]["no_double_apply"]["verdict"] == FAIL]
+    double = [g for g in grades if (g["checks"].get("no_double_apply") or {}).get("verdict") == FAIL]
     wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
     wasted = sum(g.get("wasted_calls") or 0 for g in grades)
     recalls = sum(g.get("model_recalls") or 0 for g in grades)
@@ -108,7 +108,7 @@ def _outlived(grades: list[dict]) -> str:
     if not looked:
         return ("not looked at (the docker backend has no wrapper to report them, or no attempt's wrapper reported: "
                 "a runner that killed it)")
-    rows = [o for g in looked for o in g["checks"]["no_outliving_process"].get("outlived") or []]
+    rows = [o for g in looked for o in (g["checks"].get("no_outliving_process") or {}).get("outlived") or []]
     if not rows:
         return f"none ({len(looked)} task(s) looked at)"
     names = sorted({p.get("name", "?") for o in rows for p in o["processes"]})

@@ -168,6 +168,58 @@ def request_span(rec: dict) -> tuple[float, float]:
     return rec["t"], rec["t"] + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
 
 
+# What the harness reads of each JSON-lines file, by type. A runner shapes what its requests, calls and effects put
+# into these logs (a request line `GARBAGE` is logged with `"key": null`; a tool name can be anything), so every
+# reader (the grader, the reports, the league) is total over them: a record whose field has another type is left
+# out (and named in the grades: `Inputs.skipped`), never a traceback that erases the wave's grade. NUM excludes
+# bool (True is an int in Python).
+NUM, INT, STR, BOOL, LIST, NONE = "num", "int", "str", "bool", "list", "none"
+SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
+    PROXY_REQUESTS: {"t": (NUM,), "method": (STR,), "cut": (BOOL, NONE), "key": (STR, NONE), "bucket": (STR, NONE),
+                     "akid": (STR, NONE), "status": (INT, NONE), "ms": (NUM, NONE), "prefix": (STR, NONE),
+                     "part": (INT, NONE), "upload_id": (STR, NONE), "req_bytes": (INT, NONE),
+                     "resp_bytes": (INT, NONE), "sha": (STR, NONE), "fault": (STR, NONE)},
+    MODEL_CALLS: {"task": (STR,), "step": (INT,), "t": (NUM,), "attempt": (INT, NONE), "tokens": (INT, NONE),
+                  "t_done": (NUM, NONE), "delivered": (BOOL, NONE), "kind": (STR, NONE)},
+    EFFECTS: {"task": (STR,), "effect_id": (STR,), "t": (NUM,), "step": (INT, NONE), "attempt": (INT, NONE),
+              "deduped": (BOOL, NONE), "same_effect_as_key": (BOOL, NONE)},
+    TIMELINE: {"event": (STR,), "task": (STR, NONE), "attempt": (INT, NONE), "wall": (NUM, NONE),
+               "exit_code": (INT, NONE), "akid": (STR, NONE), "old_akid": (STR, NONE), "sandbox": (STR, NONE),
+               "ended_at": (NUM, NONE), "started_at": (NUM, NONE), "state": (STR, NONE), "cause": (STR, NONE),
+               "killed_by": (STR, NONE), "error": (STR, NONE), "start_error": (STR, NONE), "node": (STR, NONE),
+               "signal": (STR, NONE), "why": (STR, NONE), "part": (STR, NONE), "fault_id": (STR, NONE),
+               "t": (NUM, NONE), "since_wall": (NUM, NONE), "outlived": (LIST, NONE)},
+    FENCED: {"task": (STR, NONE)},
+    HOST_LOAD: {"t": (NUM,), "running": (NUM,), "cores": (NUM, NONE)},
+}
+_IS = {NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+       INT: lambda v: isinstance(v, int) and not isinstance(v, bool), STR: lambda v: isinstance(v, str),
+       BOOL: lambda v: isinstance(v, bool), LIST: lambda v: isinstance(v, list), NONE: lambda v: v is None}
+
+
+def misfit(rec: dict, shape: dict[str, tuple[str, ...]]) -> str | None:
+    """Why a record does not have the shape the grader reads (a field of another type), or None."""
+    for k, kinds in shape.items():
+        if k in rec and not any(_IS[kind](rec[k]) for kind in kinds):
+            return f"{k} is a JSON {type(rec[k]).__name__}, not {' or '.join(kinds)}"
+    return None
+
+
+def fit(recs: list[dict], name: str) -> tuple[list[dict], list[str]]:
+    """(the records of file `name` with the shape the harness reads, "record N: why" of each left out)."""
+    shape = SHAPES.get(name)
+    if shape is None:
+        return recs, []
+    out, left = [], []
+    for i, rec in enumerate(recs):
+        why = misfit(rec, shape)
+        if why is None:
+            out.append(rec)
+        else:
+            left.append(f"record {i + 1}: {why}")
+    return out, left
+
+
 def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
     """The records of JSON-lines bytes. A torn last line (a writer killed mid-line, or one still writing) is left
     out; any other line that is not JSON, or not a record with the `required` keys, raises JsonlError (`skip_bad`:
@@ -192,14 +244,14 @@ def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = Fa
 
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:
-    """`parse_jsonl` of a file ([] when it is missing); a damaged line raises ValueError naming the file and the
-    line."""
+    """`parse_jsonl` of a file ([] when it is missing), less the records that do not have the shape the harness reads
+    of that file (`fit`); a damaged line raises ValueError naming the file and the line."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return []
     try:
-        return parse_jsonl(data, required, skip_bad)
+        return fit(parse_jsonl(data, required, skip_bad), Path(path).name)[0]
     except JsonlError as exc:
         why = exc.why if required or not exc.why.startswith("not a record") else "not a record with fields"
         raise ValueError(f"{path} line {exc.line}: {why}") from None

@@ -34,12 +34,23 @@ def _can_run_real_parts() -> str | None:
 SUITE_LOCK = "/run/sandfleet-test-suite.lock"
 
 
+def _needs_the_machine(session) -> bool:
+    """A session that runs a real part or checks the host for leftovers (the integration tier, or any test of
+    the `baseline` fixture); a session of pure unit and harness tests shares the machine with a running suite."""
+    return any("integration" in item.path.parts or "baseline" in getattr(item, "fixturenames", ())
+               for item in session.items)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def suite_lock():
+def suite_lock(request):
     """One suite at a time on a machine: the leftover checks below see every sandfleet process,
     cgroup and mount on the host, so a second suite (or CI beside a developer's run) would read
     the first one's live waves as leaks. Waits (bounded) for the other suite instead."""
     import fcntl
+
+    if not _needs_the_machine(request.session):
+        yield
+        return
 
     fd = os.open(SUITE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + 30 * 60

@@ -24,7 +24,7 @@ class TaskHistory:
     writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
     artifact: dict[str, bytes] | None = None
     artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
-    reference: dict | None = None  # {"digest", "uninterrupted_digests": set} or {"why"}
+    reference: dict | None = None  # {"digest", "files", "task_id", "second" or "second_why"} or {"why"}
     harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
     foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
     leaked_uploads: list[dict] | None = None  # multipart uploads under its prefix left incomplete; None = no audit
@@ -35,6 +35,7 @@ class TaskHistory:
     fenced: list[dict] = field(default_factory=list)  # its calls the services refused (revoked attempt keys)
     refused: list[dict] = field(default_factory=list)  # its requests the model could not answer (no dialect fits)
     host_load: list[dict] = field(default_factory=list)  # {"t", "running", "cores"}: runnable tasks on the host
+    volatile: list[dict] = field(default_factory=list)  # the config's volatile paths: {"glob", "why"}
 
 
 def _attempt_windows(events: list[dict]) -> dict[int, dict]:
@@ -157,7 +158,7 @@ def _writes_of(w: WaveRecord, at: Attribution, prefix: str) -> list[dict] | None
     """2xx store writes under the task's prefix (a PUT that ST6 cut is not a record a resume could read)."""
     if w.proxy is None:
         return None
-    return [r for r in w.proxy if r.get("key", "").startswith(prefix) and r.get("method") in WRITE_METHODS
+    return [r for r in w.proxy if (r.get("key") or "").startswith(prefix) and r.get("method") in WRITE_METHODS
             and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys]
 
 
@@ -172,6 +173,7 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
                                            if u["key"].startswith(prefix)]
     return TaskHistory(
         requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
+        volatile=[v for v in cfg.get("volatile") or [] if isinstance(v, dict)],
         fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
         task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
         calls=None if w.calls is None else [c for c in _of_task(w.calls, tid) if c.get("kind") != "refused"],
@@ -183,7 +185,9 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
 
 
 def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
-    """What the task's artifact is compared with: its reference run's digest, or why there is none."""
+    """What the task's artifact is compared with: its reference run's files and digest, or why there is none; and
+    the files of a second uninterrupted run of the seed when the wave ran one (`second`), or why not
+    (`second_why`)."""
     from fleet.workloads.base import tree_digest
 
     rtid = (task.get("reference") or {}).get("task_id")
@@ -193,7 +197,21 @@ def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
         return {"why": f"the reference run {rtid} did not complete: {rg['checks']['completed']['detail']}"}
     if rart is None:
         return {"why": f"reference {rtid}: {why}"}
-    return {"digest": tree_digest(rart)}
+    out = {"digest": tree_digest(rart), "files": rart, "task_id": rtid}
+    second = next((r for r in w.plan.get("references") or []
+                   if (r.get("reference") or {}).get("second_of") == rtid), None)
+    if second is None:
+        out["second_why"] = "no second uninterrupted run of this seed was run"
+        return out
+    sg = ref_verdict.get(second["task_id"])
+    sart, why2 = _read_artifact_safe(w.out.artifact(second["task_id"]))
+    if sg is not None and sg["checks"]["completed"]["verdict"] != PASS:
+        out["second_why"] = f"the second uninterrupted run {second['task_id']} did not complete"
+    elif sart is None:
+        out["second_why"] = f"second run {second['task_id']}: {why2}"
+    else:
+        out["second"], out["second_id"] = sart, second["task_id"]
+    return out
 
 
 def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:

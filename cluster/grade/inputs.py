@@ -22,6 +22,8 @@ class Inputs:
         self.d = d
         self.digests: dict[str, str] = {}
         self.unreadable: dict[str, str] = {}
+        self.skipped: dict[str, list[str]] = {}  # file -> "record N: why" of each record left out (first 20)
+        self.skipped_count: dict[str, int] = {}
 
     def _bytes(self, name: str) -> bytes | None:
         try:
@@ -55,11 +57,16 @@ class Inputs:
             return None
         need = self.REQUIRED.get(name, ())
         try:
-            return results.parse_jsonl(data, need)
+            recs = results.parse_jsonl(data, need)
         except results.JsonlError as exc:
             self.unreadable[name] = str(exc)
             why = exc.why if need or not exc.why.startswith("not a record") else "not a record with fields"
             raise Unreadable(f"{name} line {exc.line}: {why}") from None
+        out, left = results.fit(recs, name)
+        if left:
+            self.skipped[name] = left[:20]
+            self.skipped_count[name] = len(left)
+        return out
 
     def lines_or_none(self, name: str) -> list[dict] | None:
         try:

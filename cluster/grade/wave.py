@@ -32,20 +32,41 @@ def _harness_errors(w: WaveRecord) -> list[str]:
     return errors
 
 
+def ungraded(task: dict, why: str) -> dict:
+    """The grade of a task the grader could not grade (its history could not be built): `unknown`, naming why."""
+    return {"task_id": task.get("task_id"), "role": task.get("role", "task"), "seed": task.get("seed"),
+            "runner": task.get("runner"), "workload": task.get("workload"),
+            "faults": [f.get("fault_id") for f in task.get("faults") or [] if isinstance(f, dict)],
+            "triggers": [], "verdict": UNKNOWN, "signature": None, "attempts": 0, "harness_fault": None,
+            "interrupted": False, "ended": False, "model_recalls": None, "not_exercised": [],
+            "attempt_causes": [], "wasted_calls": None, "wasted_tokens": None,
+            "reference_key": (task.get("reference") or {}).get("key"), "resume_s": [], "wall_s": None,
+            "store_write_ms_per_step": None,
+            "checks": {"graded": {"verdict": UNKNOWN, "detail": f"the grader could not grade this task: {why}"}}}
+
+
+def _graded(w: WaveRecord, at: Attribution, task: dict, ref_verdict: dict | None,
+            hist_of: dict[str, TaskHistory]) -> dict:
+    """One task's grade; a history the grader cannot build (a record it did not foresee) is `unknown`, named,
+    never a crash that leaves the wave with no grade at all."""
+    try:
+        h = task_history(w, at, task)
+        if ref_verdict is not None:
+            h.reference = _reference_of(w, task, ref_verdict)
+        hist_of[task["task_id"]] = h
+        return grade_task(h)
+    except Exception as exc:  # noqa: BLE001 - the wave is always graded
+        hist_of[task["task_id"]] = TaskHistory(task=task)
+        return ungraded(task, f"{type(exc).__name__}: {exc}")
+
+
 def grade_tasks(w: WaveRecord, at: Attribution) -> tuple[list[dict], list[dict], dict[str, TaskHistory]]:
     """The references first (each task is compared with its own), then the tasks."""
     hist_of: dict[str, TaskHistory] = {}
-    ref_grades = []
-    for t in {t["task_id"]: t for t in w.plan.get("references", [])}.values():
-        hist_of[t["task_id"]] = task_history(w, at, t)
-        ref_grades.append(grade_task(hist_of[t["task_id"]]))
+    ref_grades = [_graded(w, at, t, None, hist_of)
+                  for t in {t["task_id"]: t for t in w.plan.get("references", [])}.values()]
     ref_verdict = {g["task_id"]: g for g in ref_grades}
-    grades = []
-    for task in w.plan["tasks"]:
-        h = task_history(w, at, task)
-        h.reference = _reference_of(w, task, ref_verdict)
-        hist_of[task["task_id"]] = h
-        grades.append(grade_task(h))
+    grades = [_graded(w, at, task, ref_verdict, hist_of) for task in w.plan["tasks"]]
     return grades, ref_grades, hist_of
 
 
@@ -53,12 +74,20 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
     """`<task>.grade.json` with the digests of every input it was graded from; evidence for any not passed."""
     for g in grades:
         g["inputs"] = {"digests": dict(sorted(w.inp.digests.items())), "unreadable": dict(w.inp.unreadable)}
+        if w.inp.skipped:  # records left out for their shape (only then: a grade keeps its stored form)
+            g["inputs"]["skipped"] = skipped_of(w)
         art = w.out.artifact_manifest(g["task_id"])
         if art.exists():
             g["inputs"]["digests"][art.relative_to(w.d).as_posix()] = hashlib.sha256(art.read_bytes()).hexdigest()
         if g["verdict"] != PASS:
             write_evidence(w.d, g, hist_of[g["task_id"]], tuple(secrets))
         w.out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+
+
+def skipped_of(w: WaveRecord) -> dict:
+    """The records the grader left out, by file: how many and the first few, with why (a field of another type)."""
+    return {name: {"count": w.inp.skipped_count.get(name, len(first)), "first": first}
+            for name, first in sorted(w.inp.skipped.items())}
 
 
 def runner_own_failure(w: WaveRecord, g: dict) -> list[str] | None:
@@ -186,8 +215,22 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors,
             "runner_failures": runner_failures(w, ref_grades, hist_of), "plan": w.plan,
-            "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable},
+            "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable, "skipped": skipped_of(w)},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
+
+
+def ungraded_wave(plan: dict, why: str) -> dict:
+    """The result of a wave the grader could not grade at all: every task `unknown` and a harness error naming
+    why, so the wave still writes SUMMARY.md, verdict.json and index.html (exit 2), never only a traceback."""
+    return {"wave_id": plan.get("wave_id"), "verdict": UNKNOWN,
+            "tasks": [ungraded(t, why) for t in plan.get("tasks") or [] if isinstance(t, dict)],
+            "references": [ungraded(t, why) for t in plan.get("references") or [] if isinstance(t, dict)],
+            "interrupted": None, "harness_fault": None, "resumed": [],
+            "wave_checks": {"no_leaked_sandbox": UNKNOWN, "no_leaked_upload": UNKNOWN, "positive_control": UNKNOWN,
+                            "store_audit": UNKNOWN, "harness": FAIL},
+            "leaks": {"sandboxes": None, "sandboxes_sweeper": None, "incomplete_uploads": None},
+            "harness_errors": [f"the grader could not grade this wave: {why}"], "runner_failures": [],
+            "plan": plan, "inputs": {"digests": {}, "unreadable": {}, "skipped": {}}, "figures": {}}
 
 
 def exit_code(result: dict) -> int:

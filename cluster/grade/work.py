@@ -2,6 +2,7 @@
 twice, no recorded step was asked of the model again, no multi-file apply is torn."""
 from __future__ import annotations
 
+from cluster.grade.diff import changed, describe, drop_volatile, printable
 from cluster.grade.history import TaskHistory, recall_analysis
 from cluster.grade.verdicts import FAIL, PASS, UNKNOWN
 from cluster.grade.facts import Facts
@@ -89,7 +90,12 @@ def completed(h: TaskHistory, facts: Facts) -> dict:
 
 
 def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
-    interrupted = facts.interrupted
+    """The artifact equals an uninterrupted run's of the same runner and seed, leaving out the paths the user
+    declared volatile. Where it differs, a second uninterrupted run of the seed (run by the wave on demand) tells
+    the runner's own non-determinism (the two runs differ there too: `unknown`) from damage (they agree: `fail`,
+    naming the lines)."""
+    from fleet.workloads.base import tree_digest
+
     if h.artifact_error:
         return {"verdict": UNKNOWN, "detail": f"the captured artifact is unreadable: {h.artifact_error}"}
     if h.artifact is None:
@@ -97,20 +103,48 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
     ref = h.reference or {}
     if "digest" not in ref:
         return {"verdict": UNKNOWN, "detail": f"no reference to compare with: {ref.get('why', 'none')}"}
-    from fleet.workloads.base import tree_digest
-
-    got = tree_digest(h.artifact)
-    uninterrupted = set(ref.get("uninterrupted_digests", ())) | {ref["digest"]}
-    if not interrupted:
-        uninterrupted.add(got)
-    if len(uninterrupted) > 1:
-        return {"verdict": UNKNOWN, "expected": ref["digest"], "got": got,
-                "detail": "the runner is not deterministic under a fixed model: two uninterrupted runs of "
-                          "this seed left different artifacts"}
-    same = got == ref["digest"]
-    return {"verdict": PASS if same else FAIL, "expected": ref["digest"], "got": got,
-            "detail": "same artifact as an uninterrupted run" if same else
-            "artifact differs from an uninterrupted run of the same runner and seed"}
+    rules = h.volatile
+    got_files, left_out = drop_volatile(h.artifact, rules)
+    want_files, left_out_ref = drop_volatile(ref.get("files") or {}, rules)
+    left_out.update(left_out_ref)
+    got, want = tree_digest(got_files), tree_digest(want_files) if "files" in ref else ref["digest"]
+    base = {"expected": want, "got": got}
+    if left_out:
+        base["volatile"] = {p: why for p, why in sorted(left_out.items())[:20]}
+    note = (f" (left out as volatile: {', '.join(printable(p, 80) for p in sorted(left_out)[:5])}"
+            f"{' ...' if len(left_out) > 5 else ''})") if left_out else ""
+    if got == want:
+        return {"verdict": PASS, **base, "detail": "same artifact as an uninterrupted run" + note}
+    diff = changed(got_files, want_files)
+    lines = describe(got_files, want_files, diff)
+    base.update(differs=[printable(p, 200) for p in diff[:20]], lines=lines)
+    met = any(r.get("task_id") == facts.tid and r.get("status") == "applied" for r in h.receipts)
+    if not facts.interrupted and not met:
+        # a task no fault touched is itself an uninterrupted run: two of them differ (a task a fault met but did
+        # not kill, DF1 or a storage fault, is not: its difference may be the fault's damage)
+        return {"verdict": UNKNOWN, **base,
+                "detail": "the runner is not deterministic under a fixed model: two uninterrupted runs of this seed "
+                          f"left different artifacts ({'; '.join(lines[:3])}){note}"}
+    second = ref.get("second")
+    if second is not None:
+        second_files, _ = drop_volatile(second, rules)
+        noisy = set(changed(want_files, second_files))
+        damage = [p for p in diff if p not in noisy]
+        base["not_deterministic"] = [printable(p, 200) for p in sorted(noisy)[:20]]
+        if not damage:
+            return {"verdict": UNKNOWN, **base,
+                    "detail": f"the runner is not deterministic under a fixed model: two uninterrupted runs of this "
+                              f"seed ({ref.get('task_id')}, {ref.get('second_id')}) differ in "
+                              f"{', '.join(printable(p, 80) for p in sorted(noisy)[:5])}, and this task differs only "
+                              "there; if such a path is expected to differ on every run, declare it in the config's "
+                              f"`volatile` (a glob and why){note}"}
+        dmg = describe(got_files, want_files, damage)
+        return {"verdict": FAIL, **base, "damaged": [printable(p, 200) for p in damage[:20]],
+                "detail": f"artifact differs from two uninterrupted runs of the same runner and seed that agree "
+                          f"there: {'; '.join(dmg[:4])}{note}"}
+    return {"verdict": FAIL, **base,
+            "detail": f"artifact differs from an uninterrupted run of the same runner and seed: "
+                      f"{'; '.join(lines[:4])} ({ref.get('second_why', 'no second run')}){note}"}
 
 
 def no_double_apply(h: TaskHistory, facts: Facts) -> dict:

@@ -114,6 +114,75 @@ def test_not_deterministic_is_unknown_never_pass_or_fail():
     assert "not deterministic" in g["checks"]["resume_equivalent"]["detail"]
 
 
+def _damaged():
+    """The reference's artifact with one line of src/app.py lost (DF1 left a file short, the hostile find)."""
+    art = apply_script(SEED, STEPS)
+    path = next(p for p in sorted(art) if p.endswith(".py") and art[p].count(b"\n") > 1)
+    lines = art[path].split(b"\n")
+    lost = lines.pop(1)
+    return dict(art, **{path: b"\n".join(lines)}), path, lost.decode()
+
+
+DF1 = [{"task_id": "t000", "instance": "t000-DF1", "status": "applied", "detail": "ok"}]
+DF1_TASK = dict(TASK, faults=[{"fault_id": "DF1", "instance": "t000-DF1"}])
+NOT_KILLED = [EVENTS[2], dict(EVENTS[3], attempt=2), EVENTS[4]]
+
+
+def _ref(second=None, **extra):
+    files = apply_script(SEED, STEPS)
+    ref = {"digest": tree_digest(files), "files": files, "task_id": "ref-t000", **extra}
+    if second is not None:
+        ref.update(second=second, second_id="ref-t000-b")
+    return ref
+
+
+def test_a_task_a_fault_met_but_never_killed_is_not_an_uninterrupted_run():
+    """The hostile find: a DF1 task lost `def main(): return 46` and was called `unknown` (not deterministic), since
+    a task never killed counted as a second uninterrupted run. With two references that agree: fail, the lines
+    named."""
+    art, path, lost = _damaged()
+    h = hist(artifact=art, events=NOT_KILLED, receipts=DF1, ref=_ref(second=apply_script(SEED, STEPS)))
+    h.task = DF1_TASK
+    c = grade_task(h)["checks"]["resume_equivalent"]
+    assert c["verdict"] == FAIL and c["damaged"] == [path], c
+    assert f"{path} lost: {lost.strip()}"[:60] in c["detail"].replace(lost, lost.strip()), c["detail"]
+    h.reference = _ref()  # no second run: still a fail (damage is not assumed to be noise), lines named
+    c = grade_task(h)["checks"]["resume_equivalent"]
+    assert c["verdict"] == FAIL and path in c["detail"] and "no second" in c["detail"]
+
+
+def test_two_references_that_differ_where_the_task_differs_are_unknown():
+    stamped = dict(apply_script(SEED, STEPS), BUILD_INFO=b"built at 1\n")
+    ref = _ref(second=dict(apply_script(SEED, STEPS), BUILD_INFO=b"built at 2\n"))
+    ref["files"] = dict(ref["files"], BUILD_INFO=b"built at 0\n")
+    ref["digest"] = tree_digest(ref["files"])
+    c = grade_task(hist(artifact=stamped, ref=ref))["checks"]["resume_equivalent"]
+    assert c["verdict"] == UNKNOWN and "not deterministic" in c["detail"] and "BUILD_INFO" in c["detail"], c
+    assert "volatile" in c["detail"]
+    # the same runner that also damaged another file: a fail naming only the damage
+    art, path, _ = _damaged()
+    c = grade_task(hist(artifact=dict(art, BUILD_INFO=b"x\n"), ref=ref))["checks"]["resume_equivalent"]
+    assert c["verdict"] == FAIL and c["damaged"] == [path] and c["not_deterministic"] == ["BUILD_INFO"], c
+
+
+def test_a_declared_volatile_path_is_left_out_and_shown():
+    stamped = dict(apply_script(SEED, STEPS), BUILD_INFO=b"built at 1\n")
+    h = hist(artifact=stamped, ref=_ref())
+    h.volatile = [{"glob": "BUILD_*", "why": "a build stamp"}]
+    c = grade_task(h)["checks"]["resume_equivalent"]
+    assert c["verdict"] == PASS and c["volatile"] == {"BUILD_INFO": "a build stamp"} and "BUILD_INFO" in c["detail"]
+    h.volatile = [{"glob": "*.md", "why": "docs"}]
+    assert grade_task(h)["checks"]["resume_equivalent"]["verdict"] == FAIL
+
+
+def test_a_diff_line_is_escaped():
+    from cluster.grade.diff import describe
+
+    got = {"a": b"ok\n\x1b]52;c;SGVsbG8=\x07\n"}
+    out = describe(got, {"a": b"ok\n"}, ["a"])
+    assert "\x1b" not in "".join(out) and "\\x1b" in "".join(out)
+
+
 def test_exit_0_without_the_steps_fails_completed():
     g = grade_task(hist(artifact={p: t.encode() for p, t in WL.fixture(SEED).items()}))
     assert g["checks"]["completed"]["verdict"] == FAIL and "without doing every step" in \
