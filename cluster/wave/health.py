@@ -65,12 +65,14 @@ class Health:
         self.own_pids: dict[str, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pids_lock = threading.RLock()  # the watch's thread and the wave's loop both read and update the pids
 
     def own(self, part: str, pid: int | None) -> None:
         """Watch `pid` (a process of this machine the wave owns) for being stopped, as `part`."""
         since = _start_time(pid) if pid else None
         if since:
-            self.own_pids[part] = (pid, since)
+            with self._pids_lock:
+                self.own_pids[part] = (pid, since)
 
     def own_actors(self, pids: dict) -> None:
         """The wave's actors whose workers run on this machine (checked by their process title), from the driver's
@@ -136,13 +138,15 @@ class Health:
     def _watched_pids(self) -> dict[str, tuple[int, str]]:
         """part -> (pid, start time) of every process of this machine the wave owns and watches."""
         p = self.parts
-        out = {part: (pid, since) for part, (_, pid, since) in self.ray_procs.items()}
+        with self._pids_lock:
+            out = {part: (pid, since) for part, (_, pid, since) in self.ray_procs.items()}
+            own = dict(self.own_pids)
         for part, proc in (("store", getattr(getattr(p, "store", None), "proc", None)),
                            ("fault proxy", getattr(getattr(p, "proxy", None), "proc", None))):
             if proc is not None and proc.poll() is None and _start_time(proc.pid):
                 out[part] = (proc.pid, _start_time(proc.pid))
         gone = self.nodes.out | set(getattr(p.fleet, "down", ()) or ())
-        out.update({part: v for part, v in self.own_pids.items()
+        out.update({part: v for part, v in own.items()
                     if not (part.startswith("sandbox host ") and part.rsplit(" ", 1)[1] in gone)})
         return out
 
@@ -203,6 +207,10 @@ class Health:
         """A process of the wave's own Ray that died (the GCS, a raylet, a raylet's agents), by the pid and start
         time it was first seen with; a lost or draining node's are not watched (PK3 takes them on purpose), and
         a node that came back is watched again from its new processes."""
+        with self._pids_lock:
+            return self._dead_ray_process()
+
+    def _dead_ray_process(self) -> tuple[str, str] | None:
         session = getattr(self.parts.fleet, "ray_session", None)
         if session is None:
             return None
@@ -223,7 +231,9 @@ class Health:
     def stopped_ray_process(self) -> tuple[str, str] | None:
         """A process of the wave's own Ray that is stopped (the GCS marks a stopped raylet's node dead, and its
         actors with it, before the stopped-process probe strikes out: the raylet is the cause)."""
-        for part, (_, pid, since) in self.ray_procs.items():
+        with self._pids_lock:
+            procs = list(self.ray_procs.items())
+        for part, (_, pid, since) in procs:
             state = _state(pid)
             if state in ("T", "t") and _start_time(pid) == since:
                 return part, f"pid {pid} is stopped (state {state}: SIGSTOP, or a debugger holds it)"
@@ -334,7 +344,13 @@ class Health:
         t0 = time.time()
         while self.harness_fault is None:
             await asyncio.sleep(every)
-            for part, bad in (await probe()).items():
+            try:
+                got = await probe()
+            except Exception as exc:  # noqa: BLE001 - one probe round that failed in itself: the next one runs
+                self.timeline("part_probe_failed", part=probe.__name__, why=f"the probe failed: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}", strike=0)
+                continue
+            for part, bad in got.items():
                 if bad is None:
                     strikes[part] = 0
                     if vouches:
