@@ -28,7 +28,7 @@ _SECRETS = [
 
 def secret_forms(values) -> list[str]:
     """Each secret as a runner might print it: plain, reversed, base64 (standard and URL-safe, with and without
-    padding), hex (both cases) and URL-quoted."""
+    padding), base32 (both cases, with and without padding), hex (both cases) and URL-quoted."""
     import base64
     from urllib.parse import quote
 
@@ -37,37 +37,138 @@ def secret_forms(values) -> list[str]:
         if not v:
             continue
         b = v.encode()
-        for form in (v, v[::-1], base64.b64encode(b).decode(), base64.urlsafe_b64encode(b).decode(), b.hex(),
-                     b.hex().upper(), quote(v, safe="")):
+        b32 = base64.b32encode(b).decode()
+        for form in (v, v[::-1], base64.b64encode(b).decode(), base64.urlsafe_b64encode(b).decode(), b32,
+                     b32.lower(), b.hex(), b.hex().upper(), quote(v, safe="")):
             out += [form, form.rstrip("=")]
     return sorted(set(out))
 
 
+PIECE = 12  # a run of this many characters of a secret (of any of its forms) in order is redacted
+GAP = 3  # ... also when its characters are spaced by up to this many others that are not letters or digits
+_BREAK = 2 * GAP + 1  # (around a `-` or `_` of the key's own, spaced too: "a :: - :: b" parts a and b by 7)
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def _squeezed(text: str) -> tuple[str, list[int]]:
+    """The text's letters and digits, glued where a few other characters parted them (a run of more than _BREAK is a
+    break, `\0`), with each kept character's index in the text: "S E C-R" -> "SECR"."""
+    out, where, run = [], [], 0
+    for i, c in enumerate(text):
+        if c in _ALNUM:
+            if run > _BREAK and out:
+                out.append("\0")
+                where.append(i)
+            out.append(c)
+            where.append(i)
+            run = 0
+        else:
+            run += 1
+    return "".join(out), where
+
+
 @functools.lru_cache(maxsize=8)
 def _pieces(values: tuple) -> frozenset:
-    return frozenset(f[i:i + 12] for f in secret_forms(values) if len(f) >= 12 for i in range(len(f) - 11))
+    """Every PIECE-character window of every form of every secret, as written and squeezed (its own separators
+    dropped: a secret with `-` or `_` in it, spaced out, squeezes to the same letters)."""
+    forms = secret_forms(values)
+    squeezed = [_squeezed(f)[0] for f in forms]
+    return frozenset(f[i:i + PIECE] for f in forms + squeezed if len(f) >= PIECE
+                     for i in range(len(f) - PIECE + 1))
+
+
+MASK_SPAN = 4  # a masked form is found by two shown characters at most this far apart
+MASKS = "*•#?·●…"  # what stands for a hidden character (around those two); past them, any but a space
+# two shown characters with 1 to MASK_SPAN - 1 masks between them, or side by side next to a mask
+_ANCHORS = [re.compile(rf"(?=([A-Za-z0-9])[{MASKS}]{{1,{MASK_SPAN - 1}}}([A-Za-z0-9]))"),
+            re.compile(rf"(?=([A-Za-z0-9])([A-Za-z0-9])[{MASKS}])"),
+            re.compile(rf"(?<=[{MASKS}])([A-Za-z0-9])(?=([A-Za-z0-9]))")]
+
+
+@functools.lru_cache(maxsize=8)
+def _mask_index(values: tuple) -> dict:
+    """(c1, c2, d) -> [(secret, i)] for the characters at i and i + d (d <= MASK_SPAN) of each secret as issued and
+    reversed: where a masked form of it ("Ab*d*f..." showing some characters in place) may be anchored."""
+    index: dict = {}
+    for v in {x for s in values if s for x in (s, s[::-1])}:
+        for i in range(len(v)):
+            for d in range(1, MASK_SPAN + 1):
+                if i + d < len(v):
+                    index.setdefault((v[i], v[i + d], d), []).append((v, i))
+    return index
+
+
+def _masked_spans(text: str, values: tuple) -> list[tuple[int, int]]:
+    """Spans of the text that show PIECE or more characters of a secret in their places, the others masked: found
+    from two shown characters with only MASKS between them (or beside them), then followed over any character that
+    is not a letter, a digit or a space. "AbCd****...", "A*C*E*..." and "AbCdEf****...uVwXyZ" style forms."""
+    if not any(m in text for m in MASKS):
+        return []
+    index = _mask_index(values)
+    spans, n = [], len(text)
+    anchors = sorted({(m.start(1), m.start(2)) for p in _ANCHORS for m in p.finditer(text)})
+    done = -1
+    for t, t2 in anchors:
+        d = t2 - t
+        if t < done:
+            continue
+        for v, i in index.get((text[t], text[t2], d), ()):
+            o = t - i  # the secret laid over the text from o
+            lo, hi, shown = max(0, o), min(n, o + len(v)), 0
+            first = last = None
+            for j in range(t, hi):  # forwards from the anchor
+                c = text[j]
+                if c in _ALNUM:
+                    if c != v[j - o]:
+                        break
+                    shown, last = shown + 1, j
+                elif c.isspace():
+                    break
+            for j in range(t - 1, lo - 1, -1):  # and backwards
+                c = text[j]
+                if c in _ALNUM:
+                    if c != v[j - o]:
+                        break
+                    shown, first = shown + 1, j
+                elif c.isspace():
+                    break
+            if shown >= PIECE:
+                spans.append((first if first is not None else t, (last if last is not None else t) + 1))
+                done = spans[-1][1]
+                break
+    return spans
+
+
+def _merged(spans: list) -> list[list[int]]:
+    spans = sorted(spans)
+    merged = [list(spans[0])]
+    for a, b in spans[1:]:
+        if a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
 
 
 def redact(text: str, values: list[str] | tuple = (), shapes: bool = True) -> str:
     """Remove secrets: first every known secret value (the keys the harness issued in this wave) in every form a
-    runner may print it (`secret_forms`), also any 12-character piece of one (a key cut by a log tail, glued to
-    other text, printed twice); then the shapes of the keys the harness hands out (a re-grade no longer knows the
-    values)."""
-    pieces = _pieces(tuple(values))
+    runner may print it (`secret_forms`): any PIECE characters of one in order, as written (a key cut by a log tail,
+    glued to other text, printed twice) or spaced by up to GAP characters that are not letters or digits
+    ("S E C R E T", "S-E-C-R"); and a masked form showing PIECE or more of its characters in their places ("SECR**",
+    "S*C*E*"). Then the shapes of the keys the harness hands out (a re-grade no longer knows the values)."""
+    values = tuple(values)
+    pieces = _pieces(values)
     if pieces:
-        # one pass over the text: every 12-character window that is a piece of a secret's form (a set lookup
-        # each, so hundreds of issued keys cost no more than one)
-        spans = [(i, i + 12) for i in range(len(text) - 11) if text[i:i + 12] in pieces]
+        # one pass over the text and one over its squeezed letters: every PIECE-character window that is a piece
+        # of a secret's form (a set lookup each, so hundreds of issued keys cost no more than one)
+        spans = [(i, i + PIECE) for i in range(len(text) - PIECE + 1) if text[i:i + PIECE] in pieces]
+        sq, where = _squeezed(text)
+        spans += [(where[i], where[i + PIECE - 1] + 1) for i in range(len(sq) - PIECE + 1)
+                  if sq[i:i + PIECE] in pieces]
+        spans += _masked_spans(text, values)
         if spans:
-            spans.sort()
-            merged = [list(spans[0])]
-            for a, b in spans[1:]:
-                if a <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], b)
-                else:
-                    merged.append([a, b])
             out, last = [], 0
-            for a, b in merged:
+            for a, b in _merged(spans):
                 out += [text[last:a], "<redacted>"]
                 last = b
             text = "".join(out) + text[last:]
