@@ -17,6 +17,8 @@ class RotateKey:
 
     id = "CR1"
     family = "credentials"
+    # the grader asks the catalog, never the id: a runner that kept the dead key to its attempt's end is named
+    adds_checks = ("credentials_reresolved",)
     description = ("rotate the attempt's key at the store (old key: real 403); the credential source serves "
                    "the new key only after a seeded delay")
     default_at = (0.6, 1.6)
@@ -84,6 +86,7 @@ class RotateKey:
                 + f"; {cleared.get('new_key_ok', 0)} request(s) with the new key succeeded")
         return Receipt(fault_id=self.id, instance=spec.instance, task_id=spec.task_id, status=status,
                        target={"sandbox_id": injected.get("sandbox_id"), "old_akid": injected.get("old_akid"),
-                               "new_akid": injected.get("new_akid"), "delay_s": spec.params["delay_s"]},
+                               "new_akid": injected.get("new_akid"), "delay_s": spec.params["delay_s"],
+                               "published_at": injected.get("published_at")},
                        detail=detail, fired_at=injected.get("rotated_at"), cleared_at=cleared.get("at"),
                        evidence={k: v for k, v in cleared.items() if k != "at"})

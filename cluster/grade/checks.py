@@ -16,7 +16,8 @@ from typing import Callable
 from cluster.grade.history import TaskHistory
 from cluster.grade.facts import Facts, adds_check, kills_attempt, takes_node  # noqa: F401 (the registry's vocabulary)
 from cluster.grade.runs import attempt_budget, fault_applied, liveness, no_outliving_process
-from cluster.grade.store import diagnosable, fenced_writes_rejected, no_foreign_writes, no_leaked_upload, retry_loop
+from cluster.grade.store import (credentials_reresolved, diagnosable, fenced_writes_rejected, no_foreign_writes,
+                                 no_leaked_upload, retry_loop)
 from cluster.grade.work import completed, no_double_apply, no_model_recall, no_torn_apply, resume_equivalent
 
 
@@ -57,6 +58,10 @@ REGISTRY: list[Check] = [
     # a fault that brings a check of its own (PK6: the thawed zombie's writes are refused)
     Check("fenced_writes_rejected", fenced_writes_rejected,
           lambda h, f: any(adds_check(x.get("fault_id"), "fenced_writes_rejected")
+                           for x in f.task.get("faults") or [])),
+    # a key rotated under an attempt (CR1): the runner re-resolved its credentials rather than keep the dead key
+    Check("credentials_reresolved", credentials_reresolved,
+          lambda h, f: any(adds_check(x.get("fault_id"), "credentials_reresolved")
                            for x in f.task.get("faults") or [])),
 ]
 

@@ -19,31 +19,104 @@ def _can_end_an_attempt(r: dict) -> bool:
 DIAGNOSABLE_NEAR_S = 15.0  # an answer explains an attempt's exit when it came in its last 15 s (retries included)
 
 
+def _store_cause(errs: list[dict], facts: Facts) -> str:
+    """The store answers that explain an attempt's exit, in words: how many, which statuses, and how many of them
+    were signed with a key rotated away (CR1)."""
+    codes = sorted({str(r.get("status") or "no answer") for r in errs})
+    dead = sum(1 for r in errs if facts.rotated_out(r))
+    return (f"{len(errs)} store answer(s) {'/'.join(codes)} in its last {DIAGNOSABLE_NEAR_S:.0f} s"
+            + (f", {dead} of them to requests signed with its key rotated away (CR1)" if dead else ""))
+
+
 def diagnosable(h: TaskHistory, facts: Facts) -> dict:
     """Every failed attempt has a specific cause: a fault, a signal, OOM, ENOSPC, a start error, a store
     answer that can end an attempt (403, 5xx, no answer) in its last seconds, or an error line of its own."""
     interrupted, by_attempt = facts.interrupted, facts.by_attempt
     mine = facts.mine
-    silent = []
+    silent, causes = [], []
     for a in interrupted:
         cause, code = _cause(a), a.get("exit_code")
         if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
+            causes.append(f"attempt {a.get('attempt')}: {cause}")
             continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
         start = by_attempt.get(a["attempt"]) or {}
         end_t = a.get("ended_at") or a.get("wall") or 0
         errs = [r for r in h.requests or [] if _can_end_an_attempt(r) and r["t"] >= end_t - DIAGNOSABLE_NEAR_S
                 and mine(r, a["attempt"], start.get("wall", 0), end_t)]
         said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
-        if errs or said:
-            continue
-        silent.append(a["attempt"])
+        if errs:  # the store's answers first: they are what the harness saw, not what the runner says of itself
+            causes.append(f"attempt {a['attempt']}: {cause} after {_store_cause(errs, facts)}")
+        elif said:
+            causes.append(f"attempt {a['attempt']}: {cause}, its output says why ({said.group(0)!r})")
+        else:
+            silent.append(a["attempt"])
     if silent:
         return {"verdict": FAIL, "silent_attempts": silent,
                 "detail": f"attempt(s) {silent} failed with only an exit code: no fault, no signal, no OOM, no "
                           "ENOSPC, no store answer that could end it (403, 5xx, a reset) in its last "
                           f"{DIAGNOSABLE_NEAR_S:.0f} s, no line of output saying why"}
-    return {"verdict": PASS, "detail": f"every failed attempt ({len(interrupted)}) has a cause: " +
-            ("; ".join(sorted({_cause(a) for a in interrupted})[:4]) or "none failed")}
+    return {"verdict": PASS, "causes": causes[:20],
+            "detail": f"every failed attempt ({len(interrupted)}) has a cause: " + ("; ".join(causes[:4]) or
+                                                                                   "none failed")}
+
+
+# CR1: once its new key was published, an attempt that re-resolves its credentials after a refusal signs with it
+# within a retry or two (durable: a backoff of at most 0.5 s). Requests with the old key that arrive later than
+# REREAD_S after the publication, at least STALE_KEY_N of them refused and none with the new key to the attempt's
+# end, are a runner that read its key once.
+REREAD_S = 1.0
+STALE_KEY_N = 3
+
+
+def credentials_reresolved(h: TaskHistory, facts: Facts) -> dict:
+    """CR1: a runner re-resolves its credentials after a refusal, as the contract asks: once the new key was
+    published, the attempt's requests are signed with it. A run of refusals of the rotated-away key, after the
+    publication and to the attempt's end, is a runner that never re-resolves (it caches its key): a named failure
+    even when a later attempt, with a fresh key, finishes the task."""
+    found, bad, idle = [], [], []
+    for r in h.receipts:
+        if (r["task_id"] != facts.tid or not adds_check(r.get("fault_id"), "credentials_reresolved")
+                or r.get("status") != "applied"):
+            continue
+        tgt = r.get("target") or {}
+        old, new, sid, rotated = tgt.get("old_akid"), tgt.get("new_akid"), tgt.get("sandbox_id"), r.get("fired_at")
+        start = facts.starts.get(sid)
+        if not old or not new or rotated is None or start is None:
+            return {"verdict": UNKNOWN, "detail": f"{r['instance']}: its receipt names no key, attempt or rotation "
+                                                  "time"}
+        if h.requests is None:
+            return {"verdict": UNKNOWN, "detail": "no readable proxy log: the keys' requests cannot be followed"}
+        # (a receipt written before `published_at` was kept: the planned delay after the rotation)
+        pub = tgt["published_at"] if "published_at" in tgt else rotated + float(tgt.get("delay_s") or 0)
+        if pub is None:
+            idle.append(f"{r['instance']}: the attempt ended before the new key was published (nothing to "
+                        "re-resolve to)")
+            continue
+        end = next((a for a in facts.attempts if a.get("sandbox") == sid), {})
+        t1 = end.get("ended_at") or end.get("wall") or float("inf")
+        rows = sorted((q for q in h.requests if q.get("akid") in (old, new) and rotated <= q["t"] <= t1 + 1.0),
+                      key=lambda q: q["t"])
+        with_new = [q for q in rows if q.get("akid") == new and q["t"] >= pub]
+        stale = [q for q in rows if q.get("akid") == old and q["t"] > pub + REREAD_S
+                 and (q.get("status") or 0) in (401, 403)]
+        found.append(r["instance"])
+        if with_new:
+            found[-1] += f" (first request with the new key {with_new[0]['t'] - pub:.2f} s after it was published)"
+        elif len(stale) >= STALE_KEY_N and rows and rows[-1].get("akid") == old:
+            span = stale[-1]["t"] - pub
+            bad.append(f"attempt {start.get('attempt')} sent {len(stale)} request(s) signed with its rotated-away key "
+                       f"{old[:8]}... after the new key was published (over {span:.1f} s, to the end of the "
+                       f"attempt), each refused ({'/'.join(sorted({str(q.get('status')) for q in stale}))}), and "
+                       "none with the new key")
+    if bad:
+        return {"verdict": FAIL, "detail": "a runner that never re-resolves its credentials, as the contract asks "
+                                           "it to (it read its key once): " + "; ".join(bad)}
+    if not found:
+        return {"verdict": NOT_APPLIED, "detail": "; ".join(idle) or "no key of this task was rotated (CR1): "
+                                                                     "re-resolution not exercised"}
+    return {"verdict": PASS, "detail": f"{', '.join(found)}: no request signed with the rotated-away key kept "
+                                       "going after the new key was published" + (f"; {'; '.join(idle)}" if idle
+                                                                                  else "")}
 
 
 def retry_loop(h: TaskHistory, facts: Facts) -> dict:

@@ -94,11 +94,18 @@ class Access:
         self.runner = runner
         self.timeline = timeline
         self.akids: dict[str, str] = {}  # sandbox id -> its attempt key's id (per-attempt keys only)
+        # sandbox id -> every key id it was ever given (CR1 rotates one mid-attempt): a request signed with any of
+        # them, its dead rotated-away key too, is that attempt's doing
+        self.key_ids: dict[str, list[str]] = {}
         self.secrets: list[str] = []  # the store secrets this wave's attempts were given (kept in memory only)
 
     def _owner(self, sandbox_id: str) -> str:
         """Who holds an attempt's key at the store: a lent fleet's store holds every wave's keys."""
         return f"{self.wave_id}/{sandbox_id}"
+
+    def akids_of(self, sandbox_id: str) -> tuple[str, ...]:
+        """Every key id the attempt was given, the ones rotated away or revoked too."""
+        return tuple(self.key_ids.get(sandbox_id, ()))
 
     def creds_dir(self, sandbox_id: str) -> Path:
         return self.private / "creds" / sandbox_id
@@ -111,6 +118,7 @@ class Access:
                                           results.task_prefix(self.wave_id, tid))
             self.secrets.append(creds.secret_key)
             self.akids[sandbox_id] = creds.access_key  # the key id (not the secret) attributes its requests
+            self.key_ids.setdefault(sandbox_id, []).append(creds.access_key)
         return creds
 
     def attempt_credentials(self, tid: str, sandbox_id: str) -> str:
@@ -152,6 +160,7 @@ class Access:
         self.secrets.append(new.secret_key)
         rotated_at = time.time()
         self.akids[sandbox_id] = new.access_key
+        self.key_ids.setdefault(sandbox_id, []).append(new.access_key)
         self.timeline("key_rotated", task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
         await asyncio.sleep(delay_s)
         d = self.creds_dir(sandbox_id)

@@ -267,7 +267,7 @@ class Attempts:
         bound = float(self.cfg.liveness_s)
         if run.current is None or run.silenced == sandbox_id:
             return
-        seen = self.activity.last_seen(sandbox_id, self.access.akids.get(sandbox_id), started, bound)
+        seen = self.activity.last_seen(sandbox_id, self.access.akids_of(sandbox_id), started, bound)
         quiet = time.time() - seen
         if quiet <= bound:
             return

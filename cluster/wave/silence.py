@@ -3,8 +3,10 @@
 of the task waiting for its deadline and `liveness` being graded afterwards.
 
 Observable is what the grader's `liveness` counts: a model call or an effect (the services' registry notes each
-request by the attempt's own key when it arrives) and a store request (the fault proxy's request log, by the
-attempt's access key id; the proxy writes it every 10 ms). The proxy log is read only past where the last read
+request by the attempt's own key when it arrives) and a store request (the fault proxy's request log, by any access
+key id the attempt was ever given: a request signed with a key rotated away (CR1) or revoked is refused by the store,
+but it is still the attempt's act, and an attempt retrying a dead key is not hung; the proxy writes its log every
+10 ms). The proxy log is read only past where the last read
 ended, and only when some attempt has looked silent by the services for a while.
 """
 from __future__ import annotations
@@ -51,11 +53,13 @@ class Activity:
                 if t > self._by_akid.get(akid, 0.0):
                     self._by_akid[akid] = float(t)
 
-    def last_seen(self, sandbox_id: str, akid: str | None, started: float, bound_s: float) -> float:
-        """Wall time of the attempt's latest observable act (its start when it has done none). The proxy log is
-        read only when the services saw nothing for half the bound."""
+    def last_seen(self, sandbox_id: str, akids, started: float, bound_s: float) -> float:
+        """Wall time of the attempt's latest observable act (its start when it has done none). `akids`: every key id
+        the attempt was given (its current one, and any rotated away). The proxy log is read only when the services
+        saw nothing for half the bound."""
         seen = max(started, self.registry.last_seen(sandbox_id) or 0.0)
-        if akid and time.time() - seen > bound_s / 2:
+        akids = [akids] if isinstance(akids, str) else [a for a in akids or () if a]
+        if akids and time.time() - seen > bound_s / 2:
             self._read_proxy()
-            seen = max(seen, self._by_akid.get(akid, 0.0))
+            seen = max([seen] + [self._by_akid.get(a, 0.0) for a in akids])
         return seen

@@ -20,7 +20,15 @@ on every run, not by the luck of a kill's timing:
   reference run, `ref-*`), so the resumed attempt trusts a half-renamed tree (`no_torn_apply`).
 - stale_creds: never resolves credentials again after a 403 (keeps its first client), so a key rotated
   at the store (CR1) leaves it retrying a dead key until its deadline.
+- key_cache: reads its store key once, at its start, into its environment (`AWS_ACCESS_KEY_ID`, which boto3
+  prefers to `credential_process`), so re-resolving finds the same key; a failed store call is retried every
+  `KEY_CACHE_RETRY_S` (1 s) for `KEY_CACHE_TRIES` (8) tries, then it gives up (exit 1). Under CR1 its attempt sends
+  the rotated-away key to its end; the next attempt gets a fresh key and finishes: the hollow pass that
+  `credentials_reresolved` names.
 - notice: the durable pattern, plus a SIGTERM handler that reads `$SANDFLEET_NOTICE` (PK2) and logs it.
+- notice_exit0: the durable pattern, plus a SIGTERM handler that logs the notice and exits 0 at once, within the
+  grace ("shut down cleanly"): exit 0 says the task is done, so the harness takes its unfinished workspace as the
+  artifact (a spot notice the runner handled: the receipt says it exited in the grace, no SIGKILL).
 - daemon: the durable pattern, but it first starts a detached process (its own session) that is still
   running when it exits 0 (`no_outliving_process`).
 - storm: the durable pattern, but a failed store call is retried at once, with no backoff: an outage (ST1)
@@ -55,14 +63,31 @@ DEFECT = os.environ.get("DEFECT", "")
 
 
 def _on_notice(signum, frame) -> None:
-    """DEFECT=notice: on SIGTERM read the spot notice the harness announced, log it, exit like a killed job."""
+    """DEFECT=notice: on SIGTERM read the spot notice the harness announced, log it, exit like a killed job
+    (notice_exit0: exit 0, as a runner that "shuts down cleanly" does)."""
     path = os.environ.get("SANDFLEET_NOTICE", "")
     try:
         with open(path) as f:
             log(f"notice: {f.read().strip()}")
     except OSError as exc:
         log(f"notice: unreadable: {exc}")
-    os._exit(143)
+    os._exit(0 if DEFECT == "notice_exit0" else 143)
+
+
+def _cache_key() -> None:
+    """DEFECT=key_cache: the key `credential_process` prints now, kept for good in the environment (boto3 reads
+    AWS_ACCESS_KEY_ID before the config's credential_process: re-resolving finds the same key); store calls are
+    retried every KEY_CACHE_RETRY_S for KEY_CACHE_TRIES tries."""
+    import boto3
+    import tenacity
+
+    creds = boto3.session.Session().get_credentials().get_frozen_credentials()
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = creds.access_key, creds.secret_key
+    for name in ("keys", "get", "put", "delete", "put_new"):
+        r = getattr(TaskStore, name).retry
+        r.wait = tenacity.wait_fixed(float(os.environ.get("KEY_CACHE_RETRY_S", "1")))
+        r.stop = tenacity.stop_after_attempt(int(os.environ.get("KEY_CACHE_TRIES", "8")))
+    log(f"read the store key {creds.access_key[:8]}... once")
 
 
 def _flood(env: Env, seconds: float = 4.0) -> None:
@@ -157,7 +182,7 @@ def _flood(env: Env, seconds: float = 4.0) -> None:
 
 
 def run() -> None:
-    if DEFECT == "notice":
+    if DEFECT in ("notice", "notice_exit0"):
         import signal
 
         signal.signal(signal.SIGTERM, _on_notice)
@@ -175,6 +200,8 @@ def run() -> None:
 
         for name in ("keys", "get", "put", "delete", "put_new"):
             getattr(TaskStore, name).retry.wait = tenacity.wait_none()
+    if DEFECT == "key_cache":
+        _cache_key()
     env = Env.load()
     store = TaskStore(env)
     if DEFECT == "flood" and env.task_id in ("t000", "t001") and env.attempt == 1:

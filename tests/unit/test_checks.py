@@ -59,3 +59,52 @@ def test_completed_fails_when_a_cap_of_the_read_back_left_files_out():
                                                      "capped": ["artifact capture skipped: depth > 64"]})
     got = _run("completed", h)
     assert got["verdict"] == FAIL and "artifact capture skipped: depth > 64" in got["detail"], got
+
+
+def _cr1_history(old_key_until: float, new_key_from: float | None, published_at=95.5):
+    """Attempt 1 (key A1) has its key rotated to A1b at 95 (published at `published_at`); it signs with the dead A1
+    every second until `old_key_until` and with A1b from `new_key_from`; it exits 1 at 104 (the store's 403s in its
+    last seconds); attempt 2 (key A2) finishes."""
+    from cluster.grade import TaskHistory
+
+    task = dict(TASK, faults=[{"fault_id": "CR1", "instance": "t000-CR1"}])
+    events = [{"event": "attempt_start", "attempt": 1, "wall": 90.0, "sandbox": "t000-a1", "akid": "A1"},
+              {"event": "key_rotated", "wall": 95.0, "sandbox": "t000-a1", "akid": "A1b", "old_akid": "A1"},
+              {"event": "attempt_end", "attempt": 1, "sandbox": "t000-a1", "exit_code": 1, "ended_at": 104.0},
+              {"event": "attempt_start", "attempt": 2, "wall": 105.0, "sandbox": "t000-a2", "akid": "A2"},
+              {"event": "attempt_end", "attempt": 2, "sandbox": "t000-a2", "exit_code": 0, "ended_at": 120.0},
+              {"event": "task_end", "state": "done"}]
+    receipt = {"task_id": "t000", "instance": "t000-CR1", "fault_id": "CR1", "status": "applied", "detail": "ok",
+               "fired_at": 95.0, "target": {"sandbox_id": "t000-a1", "old_akid": "A1", "new_akid": "A1b",
+                                            "delay_s": 0.5, "published_at": published_at}}
+    reqs = [{"t": 91.0, "akid": "A1", "method": "PUT", "key": "w/t000/journal/0", "status": 200}]
+    t = 95.2
+    while t <= old_key_until:
+        reqs.append({"t": t, "akid": "A1", "method": "PUT", "key": "w/t000/journal/2", "status": 403})
+        t += 1.0
+    if new_key_from is not None:
+        reqs.append({"t": new_key_from, "akid": "A1b", "method": "PUT", "key": "w/t000/journal/2", "status": 200})
+    reqs.append({"t": 106.0, "akid": "A2", "method": "PUT", "key": "w/t000/journal/3", "status": 200})
+    return TaskHistory(task=task, events=events, receipts=[receipt], calls=[], effects=[], writes=[],
+                       requests=reqs, log_tails={1: "runner failed: ClientError"})
+
+
+def test_credentials_reresolved_names_a_runner_that_kept_its_rotated_away_key_to_the_end_of_its_attempt():
+    """CR1 with a runner that read its key once: refused every second after the new key was published, to the end of
+    the attempt; the next attempt's fresh key finished the task (a hollow pass, now a named fail)."""
+    got = _run("credentials_reresolved", _cr1_history(old_key_until=103.5, new_key_from=None))
+    assert got["verdict"] == FAIL and "never re-resolves its credentials" in got["detail"], got
+    assert "A1..." in got["detail"] and "7 request(s)" in got["detail"], got["detail"]
+    # diagnosable names the store's refusals of the rotated-away key as attempt 1's cause, not "exit 1" alone
+    d = _run("diagnosable", _cr1_history(old_key_until=103.5, new_key_from=None))
+    assert d["verdict"] == PASS and "attempt 1: exit 1 after" in d["detail"] and "rotated away" in d["detail"], d
+
+
+def test_credentials_reresolved_passes_a_runner_that_signed_with_the_new_key_once_published():
+    got = _run("credentials_reresolved", _cr1_history(old_key_until=96.0, new_key_from=96.4))
+    assert got["verdict"] == PASS and "first request with the new key 0.90 s after" in got["detail"], got
+    # refused old-key requests that stopped well before the attempt's end (it went on with other work) are no run
+    # to the end; and an attempt that ended before the new key was published had nothing to re-resolve to
+    assert _run("credentials_reresolved", _cr1_history(old_key_until=97.5, new_key_from=None))["verdict"] == PASS
+    idle = _run("credentials_reresolved", _cr1_history(old_key_until=103.5, new_key_from=None, published_at=None))
+    assert idle["verdict"] == NOT_APPLIED and "before the new key was published" in idle["detail"], idle
