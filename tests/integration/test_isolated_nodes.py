@@ -146,15 +146,17 @@ def test_a_path_the_runner_needs_that_a_node_lacks_is_exit_2_naming_node_and_pat
 
 
 def _install_under_tmp() -> Path:
-    """This checkout's tracked files (as they are now) and a venv of its own, both under /tmp: sys.prefix, the
-    interpreter's venv, its `ray` and `sandfleet` scripts (their #! lines pointing there) and the project's import
-    path all lie under /tmp. The venv's packages are this venv's, hard-linked (seconds, not a reinstall of
-    ~800 MiB); the editable install's finder is replaced by a .pth naming the copy."""
+    """This checkout's files (tracked and not ignored, as they are now: what the suite runs) and a venv of its
+    own, both under /tmp: sys.prefix, the interpreter's venv, its `ray` and `sandfleet` scripts (their #! lines
+    pointing there) and the project's import path all lie under /tmp. The venv's packages are this venv's,
+    hard-linked (seconds, not a reinstall of ~800 MiB); the editable install's finder is replaced by a .pth naming
+    the copy."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: nothing to clone")
     root = Path(tempfile.mkdtemp(prefix="sf-clone-", dir="/tmp"))
     os.chmod(root, 0o755)
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout
     for rel in filter(None, files.decode().split("\0")):
         src, dst = ROOT / rel, root / rel
         if src.exists() or src.is_symlink():

@@ -7,9 +7,15 @@ import orjson
 import pytest
 
 pytestmark = pytest.mark.integration
+# every fault armed at a boundary of the runner (right after its 1st-2nd model answer), none at a clock time: the
+# wave asserts that each one applied, and a task that ended before a clock time would get none (ST7 is armed at
+# the start, before the runner's first request, and its window opens at that request)
+AT_ANSWER = {"after_model_calls": [1, 2]}
 FAMILY = dict(tasks=7, concurrency=7, seed=11, faults=["ST2", "ST3", "ST4", "ST5", "ST8", "ST7+PK1", "CR1"],
               fault_timing={"PK1": {"after_model_calls": [4, 6]}, "ST7": {"at_s": [0.0, 0.1], "window_s": [20, 20], "strength": 8},
-                            "ST4": {"window_s": [30, 30]}, "CR1": {"after_model_calls": [2, 3], "window_s": [0.4, 0.8]}},
+                            "ST2": AT_ANSWER, "ST3": AT_ANSWER, "ST5": AT_ANSWER, "ST8": AT_ANSWER,
+                            "ST4": {**AT_ANSWER, "window_s": [30, 30]},
+                            "CR1": {"after_model_calls": [2, 3], "window_s": [0.4, 0.8]}},
               workload={"steps": 9, "think_ms": 50}, deadline_s=90)
 # ST7's lag (`strength`, seconds after each write) is 8 s, longer than any kill-to-resume on a loaded 2-core
 # host: the resume's reads always meet records the store still hides (a 0.5-2 s lag raced the restart)
