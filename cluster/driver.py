@@ -25,6 +25,7 @@ from cluster.raycluster import FleetSession
 from cluster.wave.access import (CONTRACT_VERSION, CREDS_IN, PORT_EFFECTS, PORT_MODEL, PORT_S3,  # noqa: F401
                                  RUNNERS_DIR, Access, runtime_binds)
 from cluster.wave.attempts import Attempts
+from cluster.wave.confirm import second_references
 from cluster.wave.context import WaveContext
 from cluster.wave.errors import HarnessError
 from cluster.wave.health import Health
@@ -282,6 +283,7 @@ class WaveRun:
                 bar.retotal()
             await asyncio.gather(*(run_task(r, slots[r.plan.role], on_change)
                                    for r in self.runs.values() if r.life.state == TaskState.PENDING))
+            await self._second_references(run_task, slots, on_change, bar.retotal)
         finally:
             fault_tasks = [ft for fts in self.attempts.fault_tasks.values() for ft in fts]
             for ft in fault_tasks:
@@ -292,6 +294,28 @@ class WaveRun:
             if self.attempts.zombies:  # abandoned attempts end with their fault (bounded: the sweep ends any left)
                 await asyncio.wait(self.attempts.zombies, timeout=30)
             bar.stop()
+
+    async def _second_references(self, run_task, slots, on_change, retotal) -> int:
+        """Where a task a fault met left an artifact that differs from its reference's, a second uninterrupted run of
+        the seed (cluster/wave/confirm.py), so the grader can tell the runner's own noise from damage. Returns how
+        many it ran."""
+        if self.interrupted or self.harness_fault is not None:
+            return 0
+        done = {tid for tid, r in self.runs.items() if r.life.state == TaskState.DONE or r.finished_before}
+        extra = second_references(self.plan, self.out, self.cache, done)
+        cached = sorted({t["reference"]["second"]["task_id"] for t in self.plan["tasks"]
+                         if (t["reference"].get("second") or {}).get("cached")})
+        if not extra and not cached:
+            return 0
+        self.plan["references"] = list(self.plan["references"]) + extra
+        self._write_json(results.PLAN, self.plan)
+        self.timeline("second_references", run=[t["task_id"] for t in extra], from_cache=cached)
+        for t in extra:
+            self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
+            self.runs[t["task_id"]] = TaskRun(plan=PlannedTask.of(t))
+        retotal()
+        await asyncio.gather(*(run_task(self.runs[t["task_id"]], slots["reference"], on_change) for t in extra))
+        return len(extra)
 
     def _plan_boundaries(self) -> None:
         """Phase 2 of an enumerated wave: count the reference run's boundaries from what the harness logged."""
@@ -429,6 +453,8 @@ class WaveRun:
             self.timeline("harness_error", error=f"store snapshot: {exc}")
         self._write_json(results.FAULTS, self.prior_receipts + [r.to_dict() for r in self.injector.receipts])
         td.stop_parts()
+        if harness_error is None and self.harness_fault is not None and not self.interrupted:
+            harness_error = self.health.error_text()  # a part lost while the wave ended (the watch runs to here)
         self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
         self.timeline("wave_end", harness_error=harness_error, interrupted=self.interrupted, **self.figures)
         self.timeline.close()

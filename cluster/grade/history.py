@@ -198,12 +198,11 @@ def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
     if rart is None:
         return {"why": f"reference {rtid}: {why}"}
     out = {"digest": tree_digest(rart), "files": rart, "task_id": rtid}
-    second = next((r for r in w.plan.get("references") or []
-                   if (r.get("reference") or {}).get("second_of") == rtid), None)
-    if second is None:
+    second = (task.get("reference") or {}).get("second")
+    if not isinstance(second, dict) or not isinstance(second.get("task_id"), str):
         out["second_why"] = "no second uninterrupted run of this seed was run"
         return out
-    sg = ref_verdict.get(second["task_id"])
+    sg = ref_verdict.get(second["task_id"])  # (none when it came from the reference cache)
     sart, why2 = _read_artifact_safe(w.out.artifact(second["task_id"]))
     if sg is not None and sg["checks"]["completed"]["verdict"] != PASS:
         out["second_why"] = f"the second uninterrupted run {second['task_id']} did not complete"

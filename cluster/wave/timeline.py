@@ -40,6 +40,7 @@ class Event(str, enum.Enum):
     LINK_RESTORED = "link_restored"
     NODE_NOT_BACK = "node_not_back"
     BOUNDARIES_ENUMERATED = "boundaries_enumerated"
+    SECOND_REFERENCES = "second_references"  # a task differed from its reference: the seed runs once more
     PART_PROBE_FAILED = "part_probe_failed"
     HARNESS_FAULT = "harness_fault"
     HARNESS_ERROR = "harness_error"

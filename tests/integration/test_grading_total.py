@@ -30,3 +30,49 @@ def test_a_runner_that_sends_a_garbage_request_line_gets_a_graded_wave(run_wave)
     # apart from its garbage the runner is the durable reference: it passes
     assert result["verdict"] == "pass", [(g["task_id"], g["verdict"], g["signature"]) for g in result["tasks"]]
     assert exit_code(result) == 0
+
+
+STAMP = str(ROOT / "tests" / "runners" / "stamp.py")
+PK1_AT_ANSWERS = {"PK1": {"after_model_calls": [2, 4]}}
+
+
+def stamp(**env) -> dict:
+    return {"name": "stamp", "command": [sys.executable, STAMP], "env": env}
+
+
+def test_a_build_stamp_is_unknown_undeclared_and_pass_declared(run_wave):
+    """The hostile find: an honest runner that writes repo/BUILD_INFO (time, uuid) failed resume_equivalent in 6 of
+    6 tasks under PK1 (one reference per seed: the "two uninterrupted runs differ" rule never fired). The wave now
+    runs a second uninterrupted run of the seed when a task differs: they differ there too, so `unknown`, named;
+    declared volatile, `pass`."""
+    cfg = dict(faults=["PK1"], fault_timing=PK1_AT_ANSWERS, tasks=2, concurrency=2, seed=41,
+               workload={"steps": 6, "think_ms": 20}, deadline_s=90)
+    result, d = run_wave(runner=stamp(), **cfg)
+    seconds = {g["task_id"] for g in result["references"] if g["task_id"].endswith("-b")}
+    assert seconds == {"ref-t000-b", "ref-t001-b"}, [g["task_id"] for g in result["references"]]
+    for g in result["tasks"]:
+        c = g["checks"]["resume_equivalent"]
+        assert c["verdict"] == "unknown" and "not deterministic" in c["detail"], c
+        assert "BUILD_INFO" in c["detail"] and c["not_deterministic"] == ["BUILD_INFO"], c
+    assert exit_code(result) == 2
+    result, d = run_wave(runner=stamp(), volatile=[{"glob": "BUILD_INFO", "why": "a build stamp"}], **cfg)
+    for g in result["tasks"]:
+        c = g["checks"]["resume_equivalent"]
+        assert c["verdict"] == "pass" and c["volatile"] == {"BUILD_INFO": "a build stamp"}, c
+    assert not [g for g in result["references"] if g["task_id"].endswith("-b")]  # nothing differed: none run
+    assert exit_code(result) == 0, [(g["task_id"], g["signature"]) for g in result["tasks"]]
+
+
+def test_damage_under_a_fault_that_killed_nothing_is_a_fail_naming_the_lost_line(run_wave):
+    """The hostile find: a task DF1 met but never killed lost a line of src/app.py and was graded `unknown` (it
+    counted as a second uninterrupted run, so its damage "proved" the runner not deterministic). Now two
+    uninterrupted runs that agree show it: `fail`, the line named."""
+    result, d = run_wave(runner=stamp(STAMP="0", DAMAGE="1"), faults=["DF1"], tasks=1, concurrency=1, seed=43,
+                         fault_timing={"DF1": {"after_model_calls": [2, 2], "window_s": [0.5, 0.5]}},
+                         workload={"steps": 6, "think_ms": 20}, deadline_s=90)
+    g = result["tasks"][0]
+    assert g["attempts"] == 1 and g["checks"]["fault_applied"]["verdict"] == "pass", g["checks"]
+    c = g["checks"]["resume_equivalent"]
+    assert c["verdict"] == "fail" and c["damaged"] and " lost: " in c["detail"], c
+    assert "ref-t000-b" in {r["task_id"] for r in result["references"]}
+    assert exit_code(result) == 1
