@@ -112,9 +112,15 @@ class Health:
         await asyncio.wait({watch}, timeout=5)  # bounded: a probe never holds the wave's end
 
     def stop_watch(self, timeout_s: float = 5.0) -> None:
+        """The watch ends (the parts are about to stop); a process found stopped at this last look is lost at once
+        (no strikes are left to wait for: stopping the parts would wait on it) and ended by its pid."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.harness_fault is None:
+            stopped = {part: bad for part, bad in self.stopped_now().items() if bad}
+            for part, (why, _) in stopped.items():
+                self.part_lost(part, f"{why} (seen as the wave stopped its parts)")
 
     def part_lost(self, part: str, why: str, since: float | None = None) -> None:
         """A part of the harness died or stopped answering: record it, stop starting tasks, end the wave.
@@ -153,6 +159,9 @@ class Health:
     async def probe_stopped(self) -> dict[str, tuple[str, bool] | None]:
         """{part: None, or (why, False) when stopped (state T or t)} for each watched process: a stopped one
         answers nothing and every call to it waits; `health.strikes` of these in a row and it is lost."""
+        return self.stopped_now()
+
+    def stopped_now(self) -> dict[str, tuple[str, bool] | None]:
         out: dict[str, tuple[str, bool] | None] = {}
         for part, (pid, since) in self._watched_pids().items():
             state = _state(pid)

@@ -189,3 +189,47 @@ def test_a_killed_or_stopped_gcs_or_raylet_of_the_waves_own_ray_is_a_harness_fau
     assert not _ray_leftovers(tmpdir), "the wave's dead Ray left processes"
     assert not leftovers.wait_clean(before), "the wave left something behind"
     assert not set(cgroups.harness_dirs()) - set(harness_before), "a harness cgroup was left behind"
+
+
+@pytest.mark.parametrize("part", ["sweep actor", "Ray GCS"])
+def test_a_part_stopped_as_the_wave_ends_is_found_through_the_teardown(tmp_path, part):
+    """Regression (a hostile user's find): the health watch ended with the attempts, so a part stopped as the last
+    task ended went unseen, and the teardown waited on it (the sweep actor's last pass: settle + 60 s; Ray's own
+    stop without a bound), and after SIGCONT the wave passed. The watch runs until the parts stop: the stopped part
+    is found, named and ended, and the wave is exit 2 within a bound, nothing left."""
+    results = tmp_path / "results"
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text(CONFIG)
+    before, harness_before = leftovers.snapshot(), cgroups.harness_dirs()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results", str(results),
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        d = _two_attempts_running(p, results)
+        ready = next(e for e in _events(d) if e["event"] == "parts_ready")
+        victim = ready["pids"]["ray"][part] if part == "Ray GCS" else ready["pids"][part]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and \
+                (d / "timeline.jsonl").read_bytes().count(b'"task_end"') < 6:
+            time.sleep(0.02)
+        assert p.poll() is None, "the wave ended before its last task did"
+        os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        out, err = p.communicate(timeout=120)
+        took = time.monotonic() - stopped_at
+        print(f"{part} SIGSTOP after the last task: the wave ended {took:.1f} s after the signal")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        if victim is not None:
+            _cont(victim)
+    assert p.returncode == 2, (out[-2000:], err[-3000:])
+    assert f"harness fault: {part}" in err, err
+    assert took < 30, f"the wave took {took:.1f} s to end after its {part} was stopped"
+    fault = next(e for e in _events(d) if e["event"] == "harness_fault")
+    assert fault["part"] == part and "is stopped" in fault["why"] and "ended by the wave" in fault["why"], fault
+    grades = [orjson.loads(g.read_bytes()) for g in d.glob("*.grade.json")]
+    assert grades and not [g["task_id"] for g in grades if g["verdict"] == "fail"]
+    assert not leftovers.wait_clean(before), "the wave left something behind"
+    assert not set(cgroups.harness_dirs()) - set(harness_before), "a harness cgroup was left behind"
