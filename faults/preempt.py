@@ -160,7 +160,9 @@ class SigkillSandbox:
         if current is None:
             return {"applied": False, "why": "the task had no running sandbox at the planned time"}
         host, sandbox_id = current
-        out = await self.strike(host, sandbox_id, spec, ctx)
+        # a kill once sent is seen to its end, and said: a runner that answers a notice by exiting 0 ends its task,
+        # which cancels the task's faults while the host still reports how the sandbox ended
+        out = await run_to_end(self.strike(host, sandbox_id, spec, ctx))
         out["sandbox_id"] = sandbox_id
         out.update(at)
         return out
@@ -277,14 +279,33 @@ class SpotNotice(SigkillSandbox):
         out["notice"] = wrote
         return out
 
-    def _where(self, spec: FaultSpec, injected: dict) -> str:
-        n = injected.get("notice") or {}
-        code = injected.get("exit_code")
-        how = ("it exited by itself in the grace (exit %s)" % code if code is not None and code >= 0
-               else "SIGKILL at the end of the grace")
-        wrote = 'written to $SANDFLEET_NOTICE' if n.get('written') else 'NOT written: ' + n.get('why', '?')
-        return (f"; notice {wrote}"
-                f", SIGTERM, {spec.params['grace_s']} s grace: {how}" + super()._where(spec, injected))
+    def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
+        """Applied when the notice was written and SIGTERM reached the runner (its own exit in the grace, 0
+        included, is its answer to the notice); the detail says which way the attempt ended: by itself within the
+        grace, or SIGKILLed at its end."""
+        r = super().receipt(spec, injected, cleared)
+        if r.status != APPLIED:
+            return r
+        n, term = injected.get("notice") or {}, injected.get("sigterm_at")
+        grace, code = spec.params["grace_s"], injected.get("exit_code")
+        ended, sigkill = injected.get("ended_at"), injected.get("sigkill")
+        if term is None:  # the kill landed, but no live init took the SIGTERM: no notice reached the runner
+            r.status, told = UNKNOWN, "SIGTERM NOT delivered (the sandbox's init was gone)"
+        elif not n.get("written"):
+            r.status, told = UNKNOWN, f"notice NOT written ({n.get('why', '?')}), SIGTERM delivered"
+        else:
+            told = "notice written to $SANDFLEET_NOTICE, SIGTERM delivered"
+        if sigkill is False and code is not None:
+            after = f" {ended - term:.2f} s after the SIGTERM" if ended and term else ""
+            how = f"the runner exited {code}{after}, within the grace: no SIGKILL was sent"
+        elif sigkill:
+            how = "the runner was still running at the end of the grace: SIGKILL to every process of the sandbox"
+        else:  # (a host that did not say: an older one)
+            how = (f"it ended with exit {code}" if code is not None else "it ended") + " (SIGKILL sent if needed)"
+        r.target = dict(r.target, exited_in_grace=sigkill is False and code is not None,
+                        exit_code=code, sigkill=sigkill)
+        r.detail = f"{told}, {grace} s grace: {how}" + SigkillSandbox._where(self, spec, injected)
+        return r
 
 
 @register

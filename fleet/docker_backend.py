@@ -315,12 +315,16 @@ class DockerBackend(SandboxBackend):
     async def _terminate(self, sb: Sandbox) -> bool:
         return await asyncio.to_thread(self._signal, sb, "SIGTERM")
 
-    async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+    async def _kill(self, sb: Sandbox, grace_s: float) -> dict:
+        term = None
         if grace_s > 0 and await self._terminate(sb):
+            term = time.time()
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and sb.exit_code is None and await asyncio.to_thread(self._running, sb):
                 await asyncio.sleep(0.02)
+        left = sb.exit_code is None and await asyncio.to_thread(self._running, sb)
         await asyncio.to_thread(self._signal, sb, "SIGKILL")
+        return {"sigterm_at": term, "sigkill": left}
 
     def _running(self, sb: Sandbox) -> bool:
         c = self._containers.get(sb.spec.key)

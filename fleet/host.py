@@ -336,15 +336,20 @@ class SandboxHost:
         while sb.exit_code is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         why = ""
+        stop = sb.extra.get("stop") or {}
+        # a notice (SIGTERM with a grace) that reached the runner is delivered whatever it then does: an exit 0 in
+        # the grace is the runner's answer to it, not a kill that missed
+        noticed = grace_s > 0 and stop.get("sigterm_at") is not None
         if not killed:
             why = f"sandbox was {before}"
-        elif sb.exit_code == 0:
+        elif sb.exit_code == 0 and not noticed:
             killed, why = False, "the runner exited 0 before the kill landed"
         elif sb.exit_code is None:
             killed, why = None, "kill sent; the sandbox had not ended 10 s later"
         # applied: True, False, or None when it is not known
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
-                "exit_code": sb.exit_code, "why": why}
+                "exit_code": sb.exit_code, "why": why, "sigterm_at": stop.get("sigterm_at"),
+                "sigkill": stop.get("sigkill"), "ended_at": sb.ended_at}
 
     async def watch_checkpoints(self, key: str, nth: int, window: str, reason: str,
                                 poll_s: float = 0.002) -> dict:

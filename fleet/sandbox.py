@@ -231,7 +231,9 @@ class SandboxBackend:
             return False
         sb.killed_by = reason
         sb.life.to(SandboxState.STOPPING, reason)
-        await self._kill(sb, grace_s)
+        # what the stop was: {"sigterm_at": when SIGTERM reached a live init (None: none sent), "sigkill": whether
+        # anything was left to SIGKILL after the grace}
+        sb.extra["stop"] = await self._kill(sb, grace_s) or {}
         return True
 
     async def terminate(self, sb: Sandbox) -> bool:
@@ -812,19 +814,23 @@ class ProcessBackend(SandboxBackend):
         except ProcessLookupError:
             return False
 
-    async def _kill(self, sb: Sandbox, grace_s: float) -> None:
+    async def _kill(self, sb: Sandbox, grace_s: float) -> dict:
         cg = self._cgroups[sb.spec.key]
+        term = None
         if grace_s > 0:
             init = self._init_pid(sb)
             if init:
                 try:
                     os.kill(init, signal.SIGTERM)
+                    term = time.time()
                 except ProcessLookupError:
                     pass
                 deadline = time.monotonic() + grace_s
                 while time.monotonic() < deadline and cg.pids():
                     await asyncio.sleep(0.02)
+        left = bool(cg.pids())
         await asyncio.to_thread(cg.kill_all)
+        return {"sigterm_at": term, "sigkill": left}
 
     async def _freeze(self, sb: Sandbox) -> None:
         await asyncio.to_thread(self._cgroups[sb.spec.key].freeze)

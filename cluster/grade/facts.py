@@ -82,6 +82,17 @@ class Facts:
             fault_kills={(r.get("target") or {}).get("sandbox_id") for r in h.receipts
                          if r["task_id"] == tid and r.get("status") == "applied"})
 
+    @property
+    def noticed(self) -> list[dict]:
+        """Attempts that exited 0 while the harness was stopping them: a spot notice's SIGTERM (PK2) the runner
+        answered by exiting 0 in the grace. Exit 0 ends the task, but the attempt was interrupted all the same."""
+        return [a for a in self.attempts if a.get("exit_code") == 0 and a.get("killed_by")]
+
+    @property
+    def was_interrupted(self) -> bool:
+        """An attempt failed, or was stopped (a notice it answered by exiting 0 is an interruption too)."""
+        return bool(self.interrupted or self.noticed)
+
     def rotated_out(self, r: dict) -> bool:
         t = self.dead_keys.get(r.get("akid"))
         return t is not None and r["t"] >= t - 0.5

@@ -74,7 +74,7 @@ def grade_task(h: TaskHistory) -> dict:
     """Every check that applies to the task (the registry, grade/checks.py), each through the check-safe wrapper,
     then what a harness fault or another task's damage makes of them, and the task's figures."""
     facts = Facts.of(h)
-    task, tid, attempts, end, interrupted = facts.task, facts.tid, facts.attempts, facts.end, facts.interrupted
+    task, tid, attempts, end = facts.task, facts.tid, facts.attempts, facts.end
     checks = run_checks(h, facts)
     touched = excuse(h, end, checks)
     verdict = merge(c["verdict"] for c in checks.values())
@@ -86,7 +86,8 @@ def grade_task(h: TaskHistory) -> dict:
             "triggers": [_trigger(f) for f in task["faults"]],
             "verdict": verdict, "signature": signature, "attempts": len(attempts),
             "harness_fault": h.harness_fault["part"] if touched else None,
-            "interrupted": bool(interrupted), "ended": end is not None, "model_recalls": recall.get("model_recalls"),
+            "interrupted": facts.was_interrupted,  # (a notice answered by an exit 0 interrupted it too)
+            "ended": end is not None, "model_recalls": recall.get("model_recalls"),
             "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
             "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
