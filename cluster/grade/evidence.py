@@ -178,6 +178,26 @@ def redact(text: str, values: list[str] | tuple = (), shapes: bool = True) -> st
     return text
 
 
+def redact_grades(grades: list[dict], values) -> None:
+    """Every string of the grades' checks redacted by value, in place: a detail can quote what a runner chose (an
+    object's name in `no_foreign_writes` or a retry loop's, its last line of output), and the grades are what
+    SUMMARY.md and the pages show. By value only: the rest of a detail stays as the grader wrote it."""
+    values = tuple(values)
+    if not values:
+        return
+
+    def clean(x):
+        if isinstance(x, str):
+            return redact(x, values, shapes=False)
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return x
+    for g in grades:
+        g["checks"] = clean(g.get("checks") or {})
+
+
 def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
     """evidence/<task>/: the grade, the attempts and their causes, the task's store writes, the proxy requests
     and model calls around each fault, the runner's output tail per attempt; secrets redacted."""

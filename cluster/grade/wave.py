@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from cluster.grade.evidence import redact, write_evidence
+from cluster.grade.evidence import redact, redact_grades, write_evidence
 from cluster.grade.history import Attribution, TaskHistory, _reference_of, attribute, task_history
 from cluster.grade.inputs import WaveRecord, read_wave
 from cluster.grade.task import grade_task
@@ -200,6 +200,7 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     w = read_wave(Path(results_dir))
     harness_errors = _harness_errors(w)
     grades, ref_grades, hist_of = grade_tasks(w, attribute(w))
+    redact_grades(grades + ref_grades, secrets)  # (a detail may quote an object's name a runner chose)
     write_grades(w, grades + ref_grades, hist_of, secrets)
     harness_errors += _control_errors(w, ref_grades)
     leaks = leaks_of(w)

@@ -110,3 +110,21 @@ def test_runner_log_redaction_uses_the_same_rule(tmp_path):
     assert data.startswith(kept) and data.count(b"<redacted>") == 3, data
     for s in shown:
         assert s.encode() not in data
+
+
+def test_grades_quoting_what_a_runner_chose_are_redacted_by_value_and_keep_the_rest():
+    """A check's detail can quote an object's name the runner chose (no_foreign_writes, a retry loop): the grades
+    SUMMARY.md and the pages show are redacted with the same rule; figures and other text stay."""
+    from cluster.grade.evidence import redact_grades
+
+    key = "Qw7-Er8_Ty9Qw7-Er8_Ty9Qw7-Er8_Ty9Uio7890"
+    name = "w/t001/" + base64.b32encode(key.encode()).decode()
+    grades = [{"task_id": "t000", "checks": {
+        "no_foreign_writes": {"verdict": "fail", "writes": [{"key": name, "status": 200, "t": 1.5}],
+                              "detail": f"1 write(s) outside its own prefix; first: PUT {name} -> 200"},
+        "liveness": {"verdict": "pass", "longest_silence_s": 2.0, "detail": "longest silence 2.0 s"}}}]
+    redact_grades(grades, (key,))
+    c = grades[0]["checks"]
+    assert c["no_foreign_writes"]["detail"] == "1 write(s) outside its own prefix; first: PUT w/t001/<redacted> -> 200"
+    assert c["no_foreign_writes"]["writes"] == [{"key": "w/t001/<redacted>", "status": 200, "t": 1.5}]
+    assert c["liveness"] == {"verdict": "pass", "longest_silence_s": 2.0, "detail": "longest silence 2.0 s"}
