@@ -141,7 +141,7 @@ def _run(cfg, make_wave, before=None) -> int:
         result = wave.run()
     except HarnessError as exc:
         _err(f"error: {exc}")
-        return EXIT_HARNESS
+        return exc.exit_code
     return _report(wave, result)
 
 
@@ -339,7 +339,7 @@ def league_cmd(
         out = run_league(league, results, progress=not no_progress)
     except HarnessError as exc:
         _err(f"error: {exc}")
-        return EXIT_HARNESS
+        return exc.exit_code
     import orjson
 
     from cluster.league import manifest_warnings
@@ -433,7 +433,7 @@ def shrink_cmd(
             outcome = s.search(task, signature)
     except HarnessError as exc:
         _err(f"error: {exc}")
-        return EXIT_HARNESS
+        return exc.exit_code
     finally:
         if fleet is not None:
             fleet.stop()
@@ -539,7 +539,7 @@ def campaign_storage(
         d = run_campaign(fault, runners, lo, hi, base, results, probes=probes, progress=not no_progress)
     except HarnessError as exc:
         _err(f"error: {exc}")
-        return EXIT_HARNESS
+        return exc.exit_code
     except CampaignInterrupted as exc:
         _err(f"interrupted by {exc}: the finished waves are written (CAMPAIGN.md says the bracket is partial)")
         return 143 if "TERM" in str(exc) else 130

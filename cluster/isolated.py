@@ -3,8 +3,8 @@
 `--isolated-nodes` (config `node_isolation: namespaces`). The driver's process enters a network namespace of its
 own (the head's: the driver, the Ray head, the store, the proxy, the model and effects services) that holds a
 bridge with the head's address. Every sandbox node is a process tree in new network, mount and pid namespaces,
-in a cgroup subtree of its own (every v1 controller), with a private /tmp and /dev/shm, linked to the head's
-bridge by a veth pair made inside the head's namespace, running a real raylet joined with
+in a cgroup subtree of its own (every v1 controller, or the one v2 dir), with a private /tmp and /dev/shm, linked
+to the head's bridge by a veth pair made inside the head's namespace, running a real raylet joined with
 `ray start --address <head>` and the wave's token.
 
 Nothing is added to the machine's own network namespace: every link end and address lives in a namespace made
@@ -165,8 +165,7 @@ def enter_once() -> dict:
 
 
 def _node_cgroups(tag: str, name: str) -> dict[str, Path]:
-    return {c: cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / f"{NODE_MARK}.{tag}.{name}"
-            for c in cgroups.CONTROLLERS}
+    return cgroups.group_dirs(f"{NODE_MARK}.{tag}.{name}")  # (v1: one per controller; v2: one)
 
 
 @dataclass
@@ -184,7 +183,7 @@ class Node:
     def describe(self) -> dict:
         return {"name": self.name, "ray_node_id": self.ray_node_id, "address": self.ip, "head": False,
                 "netns_inode": self.ns.get("net"), "mntns_inode": self.ns.get("mnt"), "pidns_inode": self.ns.get("pid"),
-                "cgroup": str(self.cgroup_dirs.get("pids", ""))}
+                "cgroup": str(self.cgroup_dirs.get("pids") or self.cgroup_dirs.get(cgroups.UNIFIED, ""))}
 
 
 class IsolatedNodes:
@@ -211,7 +210,7 @@ class IsolatedNodes:
         ray_args = ["--address", gcs_address, "--node-ip-address", ip, "--num-cpus", "1",
                     "--resources", json.dumps(resources), "--object-store-memory", str(object_store_bytes),
                     "--disable-usage-stats", "--block"]
-        spec = {"tag": self.tag, "name": name, "cgroups": [str(d / "cgroup.procs") for d in dirs.values()],
+        spec = {"tag": self.tag, "name": name, "cgroups": [str(cgroups.join_file(d)) for d in dirs.values()],
                 "ray": ray_args, "ray_script": ray_script(), "keep": check_install()}
         # its own (private) /tmp; and a joining node, which Ray refuses with the local-only switch set to 0
         env = dict(os.environ, RAY_TMPDIR="/tmp", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
@@ -398,8 +397,7 @@ class IsolatedNodes:
 def leftover_node_cgroups() -> list[str]:
     """Cgroup dirs of isolated nodes left on this machine (by their marker)."""
     out = []
-    for c in cgroups.CONTROLLERS:
-        base = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/")
+    for base in cgroups.own_dirs().values():
         if base.is_dir():
             out += [str(p) for p in base.glob(f"{NODE_MARK}.*")]
     return sorted(out)

@@ -53,8 +53,8 @@ def ray_processes(tmpdir: str) -> list[str]:
 
 def sandbox_cgroups() -> list[str]:
     found = []
-    for c in cgroups.CONTROLLERS:
-        base = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / cgroups.MARK
+    for own in cgroups.own_dirs().values():
+        base = own / cgroups.MARK
         if base.exists():
             found += [str(p) for p in base.rglob("*") if p.is_dir()] or [str(base)]
     return found

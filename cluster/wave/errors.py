@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 class HarnessError(RuntimeError):
-    """The harness could not run the wave (not a verdict about the runner)."""
+    """The harness could not run the wave (not a verdict about the runner): exit 2, or 254 (`bad_input`) when the
+    machine's set-up is what the user must change (not root, a cgroup subtree that is not delegated)."""
+
+    def __init__(self, msg: str = "", bad_input: bool = False):
+        super().__init__(msg)
+        self.exit_code = 254 if bad_input else 2
 
 
 def first_line(err) -> str:

@@ -49,7 +49,7 @@ def exit_text(rc: int | None) -> str:
 
 def preflight(cfg: WaveConfig) -> None:
     """Fail fast, before any results are written, on what this machine lacks."""
-    from fleet.cgroups import CgroupError
+    from fleet.cgroups import CgroupError, CgroupSetupError
     from fleet.sandbox import SandboxError
     from storage.errors import StoreError
     from storage.store import find_weed
@@ -65,6 +65,8 @@ def preflight(cfg: WaveConfig) -> None:
             DockerBackend().image(SandboxSpec("", "", "", 0, [], {}, "", image=cfg.sandbox.image, backend="docker"))
         if not cfg.store.url:
             find_weed()
+    except CgroupSetupError as exc:  # the machine's set-up, for the user to change: exit 254
+        raise HarnessError(str(exc), bad_input=True) from None
     except (CgroupError, SandboxError, StoreError, RuntimeError) as exc:
         raise HarnessError(str(exc)) from None
     if cfg.address == "fleet":

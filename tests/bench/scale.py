@@ -145,9 +145,9 @@ def bench_sweep(rows: list, live: int = 500, ledger_rows: int = 10000) -> None:
         for cg in cgs:
             cg.kill_all()
             cg.remove()
-        for c in cgroups.CONTROLLERS:
+        for d in cgroups.wave_dirs(wave):
             try:
-                cgroups.wave_dir(c, wave).rmdir()
+                d.rmdir()
             except OSError:
                 pass
         session.stop()

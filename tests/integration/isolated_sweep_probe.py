@@ -82,9 +82,9 @@ def clean(waves: list[str], pids: list[int]) -> None:
             cg = cgroups.SandboxCgroup(w, sid)
             cg.kill_all()
             cg.remove()
-        for c in cgroups.CONTROLLERS:
+        for d in cgroups.wave_dirs(w):
             try:
-                cgroups.wave_dir(c, w).rmdir()
+                d.rmdir()
             except OSError:
                 pass
 

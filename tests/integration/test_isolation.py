@@ -23,9 +23,11 @@ HOST_PATHS = ["/etc/sf-pwned", "/usr/sf-pwned", "/root/sf-pwned", "/work/sf-pwne
 
 def _limits() -> dict:
     out = {}
-    for c, f in (("memory", "memory.limit_in_bytes"), ("pids", "pids.max"), ("cpu", "cpu.shares"),
-                 ("freezer", "freezer.state")):
-        p = cgroups.ROOT / c / cgroups.own_path(c).lstrip("/") / f
+    files = ((cgroups.UNIFIED, f) for f in ("memory.max", "memory.swap.max", "pids.max", "cpu.weight", "cpu.max",
+                                             "cgroup.freeze")) if cgroups.unified() else \
+        (("memory", "memory.limit_in_bytes"), ("pids", "pids.max"), ("cpu", "cpu.shares"), ("freezer", "freezer.state"))
+    for c, f in files:
+        p = cgroups.own_dirs()[c] / f
         out[str(p)] = p.read_text() if p.exists() else None
     return out
 
@@ -81,10 +83,12 @@ def test_harness_processes_live_beside_the_sandboxes_never_above(fleet):
     `sandfleet/<wave>/`: siblings under the same parent, so a runner's CPU use competes with the
     harness by shares and the harness is never the parent of a sandbox's cgroup."""
     for info in fleet.host_info:
+        v2 = cgroups.unified()
         line = next(l for l in Path(f"/proc/{info['pid']}/cgroup").read_text().splitlines()
-                    if "cpu" in l.split(":")[1].split(","))
+                    if (l.startswith("0::") if v2 else "cpu" in l.split(":")[1].split(",")))
         path = line.split(":", 2)[2]
         assert "/sandfleet-harness/host-" in path and "/sandfleet/" not in path
-        base = cgroups.ROOT / "cpu" / cgroups.own_path("cpu").lstrip("/")
+        base = cgroups.own_dirs()[cgroups.UNIFIED if v2 else "cpu"]
         assert (base / cgroups.HARNESS).is_dir()
-        assert int((Path(info["cgroup"]) / "cpu.shares").read_text()) > 1024
+        f, default = ("cpu.weight", 100) if v2 else ("cpu.shares", 1024)
+        assert int((Path(info["cgroup"]) / f).read_text()) > default

@@ -113,7 +113,7 @@ def test_sweep_removes_an_empty_cgroup_a_dead_isolated_node_left_and_not_a_busy_
 
     from cluster import isolated, sweep
 
-    base = cgroups.ROOT / "pids" / cgroups.own_path("pids").lstrip("/")
+    base = cgroups.procs_base()
     empty, busy = base / f"{isolated.NODE_MARK}.sfray-t{os.getpid()}.node-8", \
         base / f"{isolated.NODE_MARK}.sfray-t{os.getpid()}.node-9"
     p = None

@@ -40,7 +40,7 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
     ledger, sweeper = fleet.ledger, fleet.sweeper
     spawned: list[subprocess.Popen] = []
     made: list[cgroups.SandboxCgroup] = []
-    decoy_cg = cgroups.ROOT / "pids" / cgroups.own_path("pids").lstrip("/") / f"sfdecoy-{os.getpid()}"
+    decoy_cg = cgroups.procs_base() / f"sfdecoy-{os.getpid()}"
 
     def sandbox(wave: str, sid: str, daemon: bool = True) -> subprocess.Popen:
         cg = cgroups.SandboxCgroup(wave, sid)
@@ -147,9 +147,9 @@ def test_sweep_actor_reaps_leaks_and_leaves_live_leases_and_decoys(fleet):
             cg.kill_all()
             cg.remove()
         for wave in (W, W2):
-            for c in cgroups.CONTROLLERS:
+            for d in cgroups.wave_dirs(wave):
                 try:
-                    cgroups.wave_dir(c, wave).rmdir()
+                    d.rmdir()
                 except OSError:
                     pass
         if decoy_cg.is_dir():

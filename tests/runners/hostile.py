@@ -110,6 +110,9 @@ def cgroup_escape():
     errs["memory.limit"] = _try_write("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     errs["pids.max"] = _try_write("/sys/fs/cgroup/pids/pids.max")
     errs["freezer.state"] = _try_write("/sys/fs/cgroup/freezer/freezer.state")
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # a cgroup v2 host: the unified files too
+        for f in ("cgroup.procs", "cgroup.subtree_control", "memory.max", "pids.max", "cgroup.freeze", "cgroup.kill"):
+            errs[f"v2 {f}"] = _try_write(f"/sys/fs/cgroup/{f}")
     report("cgroup_escape", all(errs.values()), json.dumps(errs))
 
 
