@@ -39,19 +39,26 @@ def _silences(h: TaskHistory, facts: Facts) -> tuple[tuple, tuple]:
     return worst, gap
 
 
+def host_overload(h: TaskHistory, t0: float, t1: float, node: str | None) -> tuple[float, int] | None:
+    """(mean runnable tasks, cores) on a node's host from t0 to t1 when that was an overload, else None (rows with
+    no node are the one machine's: every node's)."""
+    load = [x for x in h.host_load if t0 <= x["t"] <= t1 and x.get("node") in (None, node)]
+    if not load:
+        return None
+    cores = load[0].get("cores") or 1
+    mean = sum(x["running"] for x in load) / len(load)
+    return (mean, cores) if mean >= OVERLOAD_PER_CORE * cores else None
+
+
 def _starved(h: TaskHistory, worst: tuple, bound: float) -> dict | None:
     """A runner starved of CPU looks like a hung one: when the host had far more runnable tasks than cores through
     the silence (the harness ran too many sandboxes at once), it cannot be told apart (unknown)."""
     node = (next((st for st in h.events if st.get("event") == "attempt_start" and st.get("attempt") == worst[1]),
                  {}) or {}).get("node")
-    # the silent attempt's own node's load (rows with no node are the one machine's: every node's)
-    load = [x for x in h.host_load if worst[2] <= x["t"] <= worst[3] and x.get("node") in (None, node)]
-    if not load:
+    got = host_overload(h, worst[2], worst[3], node)
+    if got is None:
         return None
-    cores = load[0].get("cores") or 1
-    mean = sum(x["running"] for x in load) / len(load)
-    if mean < OVERLOAD_PER_CORE * cores:
-        return None
+    mean, cores = got
     return {"verdict": UNKNOWN, "longest_silence_s": round(worst[0], 2),
             "detail": f"attempt {worst[1]} went {worst[0]:.1f} s with no model call, effect or store "
                       f"request (bound {bound:g} s) while the host was overloaded ({mean:.0f} runnable "

@@ -7,6 +7,7 @@ import traceback
 from cluster.grade import checks as registry
 from cluster.grade.facts import Facts
 from cluster.grade.history import TaskHistory
+from cluster.grade.runs import host_overload
 from cluster.grade.verdicts import FAIL, UNKNOWN, merge
 
 
@@ -49,6 +50,32 @@ def excuse(h: TaskHistory, end: dict | None, checks: dict[str, dict]) -> bool:
     return touched
 
 
+def excuse_overload(h: TaskHistory, facts: Facts, checks: dict[str, dict]) -> dict | None:
+    """An attempt the harness ended (silent past liveness_s, or at the deadline) while its host was overloaded:
+    starved and hung cannot be told apart there, so what failed is `unknown`, naming the load, never the runner's
+    fail. Returns what it found ({"attempt", "why", "mean", "cores"}), or None."""
+    for a in facts.attempts:
+        how = str(a.get("killed_by") or "")
+        if not (how.startswith("silent") or how == "deadline"):
+            continue
+        start = facts.by_attempt.get(a["attempt"]) or {}
+        t0, t1 = start.get("wall"), a.get("ended_at") or a.get("wall")
+        if t0 is None or t1 is None:
+            continue
+        got = host_overload(h, t0, t1, start.get("node") or a.get("node"))
+        if got is None:
+            continue
+        mean, cores = got
+        why = (f"the harness ended attempt {a['attempt']} ({how}) while its host was overloaded ({mean:.0f} "
+               f"runnable tasks on {cores} cores on average): starved or hung, it cannot be told; run fewer at once")
+        for c in checks.values():
+            if c["verdict"] == FAIL:
+                c["verdict"] = UNKNOWN
+                c["detail"] = f"{why}; {c['detail']}"
+        return {"attempt": a["attempt"], "why": why, "mean": round(mean, 1), "cores": cores}
+    return None
+
+
 def task_figures(h: TaskHistory, attempts: list[dict], end: dict | None) -> dict:
     """Time to resume (an attempt's end -> the next attempt's first model request), wall time from the first
     attempt's start to the task's end, store write time per step."""
@@ -77,6 +104,7 @@ def grade_task(h: TaskHistory) -> dict:
     task, tid, attempts, end = facts.task, facts.tid, facts.attempts, facts.end
     checks = run_checks(h, facts)
     touched = excuse(h, end, checks)
+    overloaded = excuse_overload(h, facts, checks)
     verdict = merge(c["verdict"] for c in checks.values())
     figures = task_figures(h, attempts, end)
     signature = "+".join(sorted(k for k, c in checks.items() if c["verdict"] == FAIL)) or None
@@ -93,5 +121,5 @@ def grade_task(h: TaskHistory) -> dict:
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "resume_s": figures["resume_s"],
             "wall_s": figures["wall_s"], "store_write_ms_per_step": figures["store_write_ms_per_step"],
-            "checks": checks}
+            "checks": checks, **({"overloaded": overloaded} if overloaded else {})}
 

@@ -76,3 +76,35 @@ def test_damage_under_a_fault_that_killed_nothing_is_a_fail_naming_the_lost_line
     assert c["verdict"] == "fail" and c["damaged"] and " lost: " in c["detail"], c
     assert "ref-t000-b" in {r["task_id"] for r in result["references"]}
     assert exit_code(result) == 1
+
+
+DEFECTIVE = str(ROOT / "tests" / "runners" / "defective.py")
+
+
+def test_a_runner_the_harness_ended_on_an_overloaded_host_is_never_failed(run_wave):
+    """The hostile find: 200 tasks on 2 cores (load ~100), 55 tasks `fail` though their own liveness check said the
+    host was overloaded. Here the host is overloaded on purpose, by spinning processes outside every sandbox (nice
+    19, so the harness and the runner still get the CPU; started and ended by PID), and the runner goes silent: the
+    same wave that fails it on a quiet host (test_runners: exit 1) is `unknown` here, the load named, never `fail`."""
+    import os
+    import signal
+    import subprocess
+
+    cores = os.cpu_count() or 1
+    spin = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+            for _ in range(5 * cores + 2)]
+    try:
+        result, d = run_wave(runner={"name": "defective-hang_always", "command": [sys.executable, DEFECTIVE],
+                                     "env": {"DEFECT": "hang_always"}}, faults=["PK1"], tasks=1, concurrency=1,
+                             seed=139, liveness_s=3, max_attempts=2, workload={"steps": 4, "think_ms": 20},
+                             deadline_s=120)
+    finally:
+        for p in spin:
+            p.send_signal(signal.SIGKILL)
+        for p in spin:
+            p.wait()
+    for g in result["tasks"] + result["references"]:
+        assert g["verdict"] != "fail", (g["task_id"], g["signature"], g["checks"])
+        assert g.get("overloaded") and "overloaded" in g["overloaded"]["why"], g
+    assert not result["runner_failures"] and result["verdict"] != "fail" and exit_code(result) == 2

@@ -525,3 +525,21 @@ def test_waiting_on_the_harness_is_not_silence():
     h = hist(events=ev, calls=[call(0, 90.5, 1), call(1, 131.0, 1)], receipts=[])
     live = grade_task(h)["checks"]["liveness"]
     assert live["verdict"] == FAIL and live["longest_silence_s"] > 30, live
+
+
+def test_an_attempt_the_harness_ended_on_an_overloaded_host_is_unknown_not_fail():
+    """An attempt ended for its silence (or at the deadline) while its host ran far more runnable tasks than cores:
+    what failed is `unknown`, the load named; on a quiet host the same history fails."""
+    events = [{"event": "attempt_start", "attempt": 1, "wall": 90.0, "node": "node-0"},
+              {"event": "attempt_end", "attempt": 1, "exit_code": -9, "ended_at": 100.0, "killed_by": "silent 3s"},
+              {"event": "task_end", "state": "failed"}]
+    quiet = [{"t": 90.0 + i, "running": 1, "cores": 2} for i in range(10)]
+    busy = [{"t": 90.0 + i, "running": 40, "cores": 2} for i in range(10)]
+    h = hist(events=events, calls=[call(s, 90.5 + s, 1) for s in range(2)], effects=[])
+    h.host_load = quiet
+    g = grade_task(h)
+    assert g["verdict"] == FAIL and "overloaded" not in g
+    h.host_load = busy
+    g = grade_task(h)
+    assert g["verdict"] == UNKNOWN and g["overloaded"]["attempt"] == 1 and g["overloaded"]["mean"] == 40
+    assert "overloaded (40 runnable tasks on 2 cores" in g["checks"]["completed"]["detail"]
