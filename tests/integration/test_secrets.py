@@ -1,6 +1,7 @@
 """No secret the harness issued lands in results/: a runner prints its whole environment, its store credentials
-(through its own credential_process) and its keys base64-, hex-encoded and reversed; afterwards every file under
-the wave's results directory is searched for every issued secret in each of those forms."""
+(through its own credential_process) and its keys base64-, base32-, hex-encoded, reversed, spaced out and
+half-masked; afterwards every file under the wave's results directory (runner.log, evidence, pages) is searched for
+every issued secret in each of those forms."""
 from __future__ import annotations
 
 import base64
@@ -27,6 +28,10 @@ LEAKY = textwrap.dedent("""\
     import json
     secret = json.loads(creds)["SecretAccessKey"]
     print(base64.b64encode(secret.encode()).decode(), secret.encode().hex(), secret[::-1])
+    for v in (secret, env["OPENAI_API_KEY"]):
+        print("b32", base64.b32encode(v.encode()).decode(), base64.b32encode(v.encode()).decode().lower())
+        print("spaced", " ".join(v), "|", "-".join(v))
+        print("masked", "".join(c if i % 2 else "*" for i, c in enumerate(v)), v[:14] + "*" * (len(v) - 14))
 """)
 
 
@@ -47,7 +52,11 @@ def test_a_runner_that_prints_every_secret_leaves_none_in_results(fleet, tmp_pat
     for s in secrets:
         b = s.encode()
         forms.update({s: s, f"b64 {s[:6]}": base64.b64encode(b).decode().rstrip("="), f"hex {s[:6]}": b.hex(),
-                      f"rev {s[:6]}": s[::-1]})
+                      f"rev {s[:6]}": s[::-1], f"b32 {s[:6]}": base64.b32encode(b).decode().rstrip("="),
+                      f"b32 lower {s[:6]}": base64.b32encode(b).decode().rstrip("=").lower(),
+                      f"spaced {s[:6]}": " ".join(s[:12]), f"dashed {s[:6]}": "-".join(s[:12]),
+                      f"masked {s[:6]}": "".join(c if i % 2 else "*" for i, c in enumerate(s))[:24],
+                      f"prefix {s[:6]}": s[:12]})
     found = []
     for p in sorted(wave.dir.rglob("*")):
         if p.is_file():
