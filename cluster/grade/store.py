@@ -37,7 +37,7 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
     for a in interrupted:
         cause, code = _cause(a), a.get("exit_code")
         if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
-            causes.append(f"attempt {a.get('attempt')}: {cause}")
+            causes.append(cause)
             continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
         start = by_attempt.get(a["attempt"]) or {}
         end_t = a.get("ended_at") or a.get("wall") or 0
@@ -45,9 +45,9 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
                 and mine(r, a["attempt"], start.get("wall", 0), end_t)]
         said = ERROR_WORDS.search(h.log_tails.get(a["attempt"]) or "")
         if errs:  # the store's answers first: they are what the harness saw, not what the runner says of itself
-            causes.append(f"attempt {a['attempt']}: {cause} after {_store_cause(errs, facts)}")
+            causes.append(f"{cause} after {_store_cause(errs, facts)}")
         elif said:
-            causes.append(f"attempt {a['attempt']}: {cause}, its output says why ({said.group(0)!r})")
+            causes.append(cause)
         else:
             silent.append(a["attempt"])
     if silent:
@@ -55,9 +55,8 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
                 "detail": f"attempt(s) {silent} failed with only an exit code: no fault, no signal, no OOM, no "
                           "ENOSPC, no store answer that could end it (403, 5xx, a reset) in its last "
                           f"{DIAGNOSABLE_NEAR_S:.0f} s, no line of output saying why"}
-    return {"verdict": PASS, "causes": causes[:20],
-            "detail": f"every failed attempt ({len(interrupted)}) has a cause: " + ("; ".join(causes[:4]) or
-                                                                                   "none failed")}
+    return {"verdict": PASS, "detail": f"every failed attempt ({len(interrupted)}) has a cause: " +
+            ("; ".join(sorted(set(causes))[:4]) or "none failed")}
 
 
 # CR1: once its new key was published, an attempt that re-resolves its credentials after a refusal signs with it

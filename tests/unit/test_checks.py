@@ -97,7 +97,8 @@ def test_credentials_reresolved_names_a_runner_that_kept_its_rotated_away_key_to
     assert "A1..." in got["detail"] and "7 request(s)" in got["detail"], got["detail"]
     # diagnosable names the store's refusals of the rotated-away key as attempt 1's cause, not "exit 1" alone
     d = _run("diagnosable", _cr1_history(old_key_until=103.5, new_key_from=None))
-    assert d["verdict"] == PASS and "attempt 1: exit 1 after" in d["detail"] and "rotated away" in d["detail"], d
+    assert d["verdict"] == PASS and "exit 1 after 9 store answer(s) 403" in d["detail"] \
+        and "9 of them to requests signed with its key rotated away" in d["detail"], d
 
 
 def test_credentials_reresolved_passes_a_runner_that_signed_with_the_new_key_once_published():
