@@ -75,6 +75,7 @@ class Attempts:
         self.fired = (resumed or {}).get("fired", set())
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
         self.zombies: list = []  # futures of abandoned attempts (PK6) still running
+        self.zombie_sids: set[str] = set()  # their sandboxes, until they end
         self.activity = Activity(parts.registry, out.proxy_requests if parts.proxy is not None else None)
 
     # ------------------------------------------------------------------ a task
@@ -247,6 +248,7 @@ class Attempts:
             return fut.result()
         if run.abandon is not None:
             def ended(f, sid=sandbox_id, task=run.plan.task_id):
+                self.zombie_sids.discard(sid)
                 shutil.rmtree(self.access.creds_dir(sid), ignore_errors=True)  # the zombie's dead key file
                 try:
                     r = f.result()
@@ -256,6 +258,7 @@ class Attempts:
                                   ended_at=r.ended_at)
                 except BaseException as exc:  # noqa: BLE001
                     self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
+            self.zombie_sids.add(sandbox_id)
             fut.add_done_callback(ended)
             self.zombies.append(fut)
             return AttemptResult(abandoned=run.abandon)
@@ -267,7 +270,7 @@ class Attempts:
         bound = float(self.cfg.liveness_s)
         if run.current is None or run.silenced == sandbox_id:
             return
-        seen = self.activity.last_seen(sandbox_id, self.access.akids_of(sandbox_id), started, bound)
+        seen = self.activity.last_seen(sandbox_id, self._keys_it_may_sign_with(run, sandbox_id), started, bound)
         quiet = time.time() - seen
         if quiet <= bound:
             return
@@ -281,6 +284,17 @@ class Attempts:
             await host.kill.remote(sandbox_id, 1.0, f"silent for {quiet:.0f} s (liveness_s {bound:g})")
         except RayActorError:
             pass  # the host's loss is seen through the attempt's own result
+
+    def _keys_it_may_sign_with(self, run: TaskRun, sandbox_id: str) -> list[str]:
+        """Every key id a store request of the running attempt can carry: each key it was given (rotated away by CR1
+        too), and the dead keys of the task's earlier attempts that have ended (not a zombie still running): a runner
+        that kept one in its durable state is refused with it, and only this attempt can have sent it now."""
+        akids = list(self.access.akids_of(sandbox_id))
+        for n in range(1, run.attempts):
+            sid = results.sandbox_id(run.plan.task_id, n)
+            if sid != sandbox_id and sid not in self.zombie_sids:
+                akids += self.access.akids_of(sid)
+        return akids
 
     def _retry(self, run: TaskRun, attempt: int, code, why: str) -> AttemptEnd:
         run.life.to(TaskState.RETRYING, why)
