@@ -147,7 +147,8 @@ class Health:
         with self._pids_lock:
             out = {part: (pid, since) for part, (_, pid, since) in self.ray_procs.items()}
             own = dict(self.own_pids)
-        for part, proc in (("store", getattr(getattr(p, "store", None), "proc", None)),
+        lent = getattr(p, "store_lent", False)  # a lent store (a fleet's) outlives the wave: never ended by it
+        for part, proc in (("store", None if lent else getattr(getattr(p, "store", None), "proc", None)),
                            ("fault proxy", getattr(getattr(p, "proxy", None), "proc", None))):
             if proc is not None and proc.poll() is None and _start_time(proc.pid):
                 out[part] = (proc.pid, _start_time(proc.pid))
