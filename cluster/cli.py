@@ -79,6 +79,9 @@ def wave_run(
                                               "effects, store writes), then kill one task at each"),
     boundaries: Optional[int] = typer.Option(None, "--boundaries",
                                              help="with --enumerate-boundaries: a seeded sample of at most N"),
+    min_sandbox_nodes: Optional[int] = typer.Option(
+        None, "--min-sandbox-nodes", help="with --address: exit 2 before any task unless the cluster has at least "
+                                          "N alive sandbox nodes (other than the driver's own)"),
 ) -> int:
     """Run a wave and grade it; prints where SUMMARY.md is."""
     from cluster.config import ConfigError, load_config
@@ -94,7 +97,7 @@ def wave_run(
     overrides = {"tasks": tasks, "concurrency": concurrency, "seed": seed, "runner": runner, "address": address,
                  "nodes": nodes, "enumerate_boundaries": enumerate_boundaries or None, "boundaries": boundaries,
                  "workload_name": workload, "workload_steps": steps,
-                 "node_isolation": "namespaces" if isolated_nodes else None}
+                 "node_isolation": "namespaces" if isolated_nodes else None, "min_sandbox_nodes": min_sandbox_nodes}
     if faults is not None:
         overrides["faults"] = faults  # `none` = no faults; an empty string is refused (say `none`)
     try:

@@ -13,9 +13,9 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from cluster.config_fields import (CONTRACT_VARS, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
-                                   ConfigError, FaultTiming, HealthConfig, ModelConfig, RequestTrigger, RunnerSpec,
-                                   SandboxConfig,
-                                   StoreConfig, Strict, VolatilePath, WorkloadConfig, parse_runner, resolve_runner)
+                                   ConfigError, FaultTiming, GatewayConfig, HealthConfig, ModelConfig, RequestTrigger,
+                                   RunnerSpec, SandboxConfig, StoreConfig, Strict, VolatilePath, WorkloadConfig,
+                                   parse_runner, resolve_runner)
 from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml  # noqa: F401
 from faults.base import CATALOG
 from fleet.workloads import WORKLOADS
@@ -34,6 +34,7 @@ class WaveConfig(Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
     max_attempts: int = Field(6, strict=True, ge=1, le=100)
     liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "
@@ -54,6 +55,10 @@ class WaveConfig(Strict):
                                                           "then plan one PK1 task per boundary and variant")
     boundaries: int | None = Field(None, ge=1, le=100000, strict=True,
                                    description="with enumerate_boundaries: a seeded sample of at most this many")
+    min_sandbox_nodes: int | None = Field(None, ge=1, le=100000, strict=True,
+                                          description="with an existing cluster (address HOST:PORT or auto): the "
+                                                      "wave exits 2 before any task unless at least this many alive "
+                                                      "sandbox nodes other than the driver's own are found")
     volatile: list[VolatilePath] = Field(default_factory=list, max_length=100,
                                          description="paths of the artifact that legitimately differ on every run "
                                                      "(globs, each with why): left out of resume_equivalent")
@@ -71,6 +76,9 @@ class WaveConfig(Strict):
         if self.nodes > 1 and self.address != "local":
             raise ValueError(f"nodes {self.nodes} simulates a cluster on this machine and needs address 'local'; "
                              f"with address {self.address!r} the wave uses that cluster's nodes")
+        if self.min_sandbox_nodes is not None and self.address in ("local", "fleet"):
+            raise ValueError(f"min_sandbox_nodes {self.min_sandbox_nodes} is for an existing cluster (address "
+                             f"HOST:PORT or auto); address {self.address!r} has a known number of nodes (use --nodes)")
         if self.address == "fleet" and self.store.url:
             raise ValueError(f"address 'fleet' runs on the fleet's own store; store.url {self.store.url!r} is for a "
                              "wave's own Ray (address 'local')")

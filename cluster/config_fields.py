@@ -43,6 +43,15 @@ class VolatilePath(Strict):
         return {"glob": v} if isinstance(v, str) else v
 
 
+class GatewayConfig(Strict):
+    """The head's gate for sandboxes on other nodes (fleet/gateway.py): the one port of the driver's machine those
+    nodes must reach, beside Ray's own."""
+
+    port: int = Field(0, strict=True, ge=0, le=65535,
+                      description="TCP port on the driver's cluster address; 0 picks a free one (open it in a "
+                                  "security group only when fixed)")
+
+
 class RunnerSpec(Strict):
     """A runner is any command: it follows docs/runner-contract.md and never imports sandfleet."""
 

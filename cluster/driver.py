@@ -196,13 +196,17 @@ class WaveRun:
                 (self.private / results.RAY_RECORD).write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
             self.parts.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
                                       ray_tmpdir=ray_tmp if self.cfg.address == "local" else None,
-                                      nodes=self.cfg.nodes, isolation=self.cfg.node_isolation)
+                                      nodes=self.cfg.nodes, isolation=self.cfg.node_isolation,
+                                      min_sandbox_nodes=self.cfg.min_sandbox_nodes)
             os.makedirs(self.parts.fleet.state_dir, exist_ok=self.resumed is not None)
             try:
                 self.parts.fleet.start()
             except RuntimeError as exc:  # an isolated node that did not join, no sandbox node: exit 2, named
                 raise HarnessError(str(exc)) from exc
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
+            for warning in self.parts.fleet.warnings:
+                sys.stderr.write(f"warning: {warning}\n")
+                self.timeline("fleet_warning", warning=warning)
         if not self.parts.store_lent:
             if self.parts.store is not None:
                 self.parts.store.wait_ready()
@@ -221,7 +225,8 @@ class WaveRun:
         import ray
 
         if self.parts.fleet.remote:
-            self.launch.update(remote_launch(self.parts, self.plan["runner"], binds, [self.results_root, self.private]))
+            self.launch.update(remote_launch(self.parts, self.plan["runner"], binds, [self.results_root, self.private],
+                                             gate_port=self.cfg.gateway.port))
         self._write_json(results.NODES, nodes_record(self.parts.fleet))
 
         # the sweep actor watches the wave from now on

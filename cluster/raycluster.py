@@ -64,9 +64,11 @@ class FleetSession:
 
     def __init__(self, address: str = "local", state_dir: str | None = None, ray_tmpdir: str | None = None,
                  nodes: int = 1, store: bool = False, isolation: str = "none", names: str | None = None,
-                 namespace: str | None = None):
+                 namespace: str | None = None, min_sandbox_nodes: int | None = None):
         self.ray_session = RaySession(address, tmpdir=ray_tmpdir, nodes=nodes, isolation=isolation,
                                       namespace=namespace)
+        self.min_sandbox_nodes = min_sandbox_nodes  # an existing cluster: fewer alive sandbox nodes is an error
+        self.warnings: list[str] = []  # what a user who meant other machines must hear (the sandboxes' placement)
         self.names = names  # a prefix: the actors are named (`<prefix>ledger`, ...) for drivers that attach
         self.attached = False  # a fleet of `sandfleet up` this driver attached to (cluster/localfleet.py)
         self.nodes = nodes
@@ -120,6 +122,15 @@ class FleetSession:
             self.node_ids = sorted(self.node_placement)
         elif self.ray_session.address != "local" and self._discover_cluster_nodes():
             pass  # an existing cluster's sandbox nodes: as isolated nodes are (remote: shipped code, the gate)
+        elif self.ray_session.address not in ("local", "fleet"):
+            self._too_few_nodes({})
+            import ray
+
+            self.node_ids = ["node-0"]
+            self.warnings.append(
+                f"every sandbox ran on the driver's own machine ({ray.util.get_node_ip_address()}): the cluster at "
+                f"{self.ray_session.address} has no other alive node (did the workers join? `ray status` on the "
+                "head lists them); pass --min-sandbox-nodes N to make this an error")
         else:
             self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
         self.hosts = [self._start_host(n) for n in self.node_ids]
@@ -194,11 +205,23 @@ class FleetSession:
             found = {node_name(n): n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] != mine}
         if not found:
             return False
+        self._too_few_nodes(found)
         self.remote = True
         self.cluster_ip = ray.util.get_node_ip_address()
         self.node_placement = found
         self.node_ids = sorted(found)
         return True
+
+    def _too_few_nodes(self, found: dict[str, str]) -> None:
+        """--min-sandbox-nodes: fewer alive sandbox nodes than asked is an error before any task, naming them."""
+        import ray
+
+        if self.min_sandbox_nodes is None or len(found) >= self.min_sandbox_nodes:
+            return
+        alive = sorted(f"{node_name(n)} ({n['NodeManagerAddress']})" for n in ray.nodes() if n.get("Alive"))
+        raise RuntimeError(f"--min-sandbox-nodes {self.min_sandbox_nodes}: the cluster at {self.ray_session.address} "
+                           f"has {len(found)} alive sandbox node(s) other than the driver's own "
+                           f"({', '.join(sorted(found)) or 'none'}); its alive nodes: {', '.join(alive)}")
 
     def _tell_sweeper(self) -> None:
         """Sandbox nodes that are other machines are scanned by their own hosts: the sweep actor is told which

@@ -37,6 +37,39 @@ def node_name(ray_node: dict) -> str:
     return named or f"node-{ray_node['NodeManagerAddress']}"
 
 
+def token_auth_for_cluster() -> str | None:
+    """Ray's token auth for a cluster started by hand (`ray start --head` turns it on): Ray itself takes a token
+    only for `address=None/"auto"`, so for HOST:PORT the mode is set here when a token is at hand, as Ray's docs
+    describe for a user ($RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token). A mode the
+    user set stands. Returns where the token came from, or None. Call before `import ray`."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return None
+    where = None
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        where = "$RAY_AUTH_TOKEN"
+    else:
+        for path in (os.environ.get("RAY_AUTH_TOKEN_PATH"), os.path.expanduser("~/.ray/auth_token")):
+            try:
+                if path and os.path.getsize(path) > 0:
+                    where = path
+                    break
+            except OSError:
+                continue
+    if where is not None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    return where
+
+
+def auth_hint(address: str, exc: BaseException) -> str | None:
+    """One line naming what to export when the cluster at `address` refused this driver for want of a token."""
+    text = str(exc)
+    if "uthenticat" not in text and "auth token" not in text.lower():
+        return None
+    return (f"the Ray cluster at {address} uses token auth and refused this driver: export RAY_AUTH_TOKEN=<the token "
+            "in ~/.ray/auth_token on the head> (or copy that file to ~/.ray/auth_token here, or name it in "
+            "$RAY_AUTH_TOKEN_PATH); sandfleet then sets RAY_AUTH_MODE=token itself")
+
+
 class RaySession:
     def __init__(self, address: str = "local", num_cpus: int | None = None, tmpdir: str | None = None,
                  nodes: int = 1, isolation: str = "none", namespace: str | None = None):
@@ -65,6 +98,8 @@ class RaySession:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             os.environ["RAY_AUTH_MODE"] = "token"
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        elif self.address != "fleet":
+            token_auth_for_cluster()
         import ray
 
         if self.address == "local" or self.address.split("://", 1)[-1].startswith("127.0.0.1:"):
@@ -90,8 +125,14 @@ class RaySession:
                 return ray
             self._start_single(ray)
         else:
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False,
-                     namespace=self.namespace)
+            try:
+                ray.init(address=self.address, log_to_driver=False, configure_logging=False,
+                         namespace=self.namespace)
+            except Exception as exc:
+                hint = auth_hint(self.address, exc)
+                if hint is not None:
+                    raise RuntimeError(hint) from None
+                raise
         return ray
 
     def _start_single(self, ray) -> None:

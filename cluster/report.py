@@ -51,6 +51,8 @@ def _head(d: Path, result: dict) -> list[str]:
             "", "Its uninterrupted reference run shows the defect: the wave fails (exit 1).", ""]
     if result.get("harness_errors"):
         lines += ["## Harness errors", ""] + [f"- {e}" for e in result["harness_errors"]] + [""]
+    if result.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- {e}" for e in result["warnings"]] + [""]
     return lines
 
 

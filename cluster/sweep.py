@@ -331,10 +331,19 @@ def here(wave: str | None, dry_run: bool) -> dict:
 def on_cluster(address: str, wave: str | None, dry_run: bool, timeout_s: float = 120.0) -> dict:
     """`here` on every alive node of the Ray cluster at `address` (a task pinned to each by node id), by node
     address; a node whose task did not come back is named with why."""
+    from cluster.raysession import auth_hint, token_auth_for_cluster
+
+    token_auth_for_cluster()
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except Exception as exc:
+        hint = auth_hint(address, exc)
+        if hint is not None:
+            raise RuntimeError(hint) from None
+        raise
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         task = ray.remote(num_cpus=0, max_retries=0)(here)

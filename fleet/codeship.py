@@ -8,6 +8,7 @@ and checks the digest, so a node runs exactly the bytes the driver has, and a wo
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import os
@@ -24,19 +25,48 @@ class ShipError(RuntimeError):
     pass
 
 
+IGNORE_FILE = ".sandfleetignore"
+NEVER = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache")
+
+
+def ignored(root: Path) -> list[str]:
+    """The globs of `<workdir>/.sandfleetignore` (one per line, relative to the workdir, fnmatch rules; `#` starts a
+    comment): paths the snapshot leaves out, as it leaves out virtual environments and caches by itself."""
+    try:
+        text = (root / IGNORE_FILE).read_text(errors="replace")
+    except OSError:
+        return []
+    return [x.strip().strip("/") for x in text.splitlines() if x.strip() and not x.strip().startswith("#")]
+
+
+def is_venv(path: str) -> bool:
+    """A virtual environment (venv, virtualenv, uv): it has a pyvenv.cfg. Its interpreter and packages are this
+    machine's; a node needs its own at the same path (the wave checks before any task)."""
+    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+
+
 def _entries(root: Path, exclude=()) -> list[Path]:
     out = []
     skip = {os.path.realpath(e) for e in exclude}
+    globs = ignored(root)
+
+    def left_out(full: str) -> bool:
+        rel = os.path.relpath(full, root)
+        return (os.path.realpath(full) in skip or os.path.basename(full) in NEVER or is_venv(full)
+                or any(fnmatch.fnmatchcase(rel, g) for g in globs))
+
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) not in skip)
-        for name in dirnames + sorted(filenames):
+        dirnames[:] = sorted(d for d in dirnames if not left_out(os.path.join(dirpath, d)))
+        for name in dirnames + sorted(f for f in filenames if not any(
+                fnmatch.fnmatchcase(os.path.relpath(os.path.join(dirpath, f), root), g) for g in globs)):
             out.append(Path(dirpath) / name)
     return sorted(out, key=lambda p: str(p.relative_to(root)))
 
 
 def snapshot(workdir: str, exclude=()) -> tuple[str, bytes]:
-    """(sha256 hex, tar bytes) of `workdir` without the dirs in `exclude` (results, the wave's private dir);
-    ShipError past MAX_BYTES or MAX_FILES."""
+    """(sha256 hex, tar bytes) of `workdir` without the dirs in `exclude` (results, the wave's private dir), its
+    virtual environments, caches and `.git`, and what its `.sandfleetignore` names; ShipError past MAX_BYTES or
+    MAX_FILES."""
     root = Path(workdir)
     buf = io.BytesIO()
     total = 0

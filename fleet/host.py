@@ -181,6 +181,11 @@ class SandboxHost:
                 raise RuntimeError(f"the runner's code {spec.code['digest'][:12]} was not staged on this node")
             ro_mounts[str(staged)] = spec.code["path"]
             inside = spec.code["path"].rstrip("/") + "/"
+            # what the snapshot left out (a venv, fleet/codeship.py) is this node's own, at the same path, mounted
+            # over the shipped code
+            for b in ro_binds:
+                if b.startswith(inside) and not (staged / b[len(inside):]).exists() and os.path.isdir(b):
+                    ro_mounts[b] = b
             ro_binds = [b for b in ro_binds if b != spec.code["path"] and not b.startswith(inside)]
         # this host's own dir (every attempt's credentials on this node) is never shown, whatever a bind covers
         hide = list(spec.hide) + [str(self.home())] * any(

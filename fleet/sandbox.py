@@ -18,7 +18,8 @@ start (source `sandfleet-ws.<wave>.<sandbox>`: a marker a sweep finds), seeds
 with the task's files, reads back after the runner exits (the artifact is
 captured by the harness, never reported by the runner), and unmounts on remove.
 Every process of the sandbox is in one cgroup per controller (memory, pids,
-freezer) named `sandfleet/<wave>/<sandbox>`: the marker a sweep finds.
+freezer, cpu) on cgroup v1, or in one unified dir on cgroup v2, named
+`sandfleet/<wave>/<sandbox>`: the marker a sweep finds (fleet/cgroups.py).
 """
 from __future__ import annotations
 
@@ -576,7 +577,7 @@ def prepare_workspace(spec: SandboxSpec) -> None:
 
 class ProcessBackend(SandboxBackend):
     """Unprivileged processes in their own namespaces (bubblewrap), a private tmpfs workspace,
-    cgroup v1 limits the runner cannot touch, and only loopback relays to the harness."""
+    cgroup (v1 or v2) limits the runner cannot touch, and only loopback relays to the harness."""
 
     name = "process"
     LOG_CAP = 16 * 1024 * 1024
@@ -619,7 +620,7 @@ class ProcessBackend(SandboxBackend):
             if os.path.exists(path):
                 a += parents(path) + ["--ro-bind", path, path]
                 made.add(path)
-        for host, inside in sorted(spec.ro_mounts.items()):
+        for host, inside in sorted(spec.ro_mounts.items(), key=lambda kv: kv[1]):  # a dir before what is in it
             a += parents(inside) + ["--ro-bind", host, inside]
             made.add(inside)
         for path in spec.hide:

@@ -146,8 +146,10 @@ def _control_errors(w: WaveRecord, ref_grades: list[dict]) -> list[str]:
     control."""
     out = []
     bad_refs = [g for g in ref_grades if g["verdict"] != PASS and runner_own_failure(w, g) is None]
-    # (after a harness fault the references' own results are the fault's doing: that error is already named)
-    if bad_refs and any(t["faults"] for t in w.plan["tasks"]) and w.hfault is None:
+    # (after a harness fault the references' own results are the fault's doing: that error is already named; a
+    # wave that never got its parts up, such as a cluster that refused the driver, ran no reference at all)
+    ran = any(e["event"] in ("parts_ready", "attempt_end") for e in w.timeline)
+    if bad_refs and ran and any(t["faults"] for t in w.plan["tasks"]) and w.hfault is None:
         g0 = bad_refs[0]
         why = next((f"{k}: {c['detail']}" for k, c in g0["checks"].items() if c["verdict"] != PASS), g0["verdict"])
         out.append(
@@ -216,6 +218,8 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
             "resumed": [e for e in timeline if e["event"] == "wave_resumed"],
             "wave_checks": wave_checks, "leaks": leaks, "harness_errors": harness_errors,
             "runner_failures": runner_failures(w, ref_grades, hist_of), "plan": w.plan,
+            "warnings": [e["warning"] for e in timeline if e["event"] == "fleet_warning"
+                         and isinstance(e.get("warning"), str)],
             "inputs": {"digests": w.inp.digests, "unreadable": w.inp.unreadable, "skipped": skipped_of(w)},
             "figures": next((e for e in reversed(timeline) if e["event"] == "wave_end"), {})}
 

@@ -14,8 +14,9 @@ from cluster.wave.access import PORT_EFFECTS, PORT_MODEL, PORT_S3
 from cluster.wave.errors import HarnessError
 
 
-def remote_launch(parts, runner: dict, binds: list[str], never=()) -> dict:
-    """The relays, token and shipped code every remote sandbox of the wave gets (`launch` entries)."""
+def remote_launch(parts, runner: dict, binds: list[str], never=(), gate_port: int = 0) -> dict:
+    """The relays, token and shipped code every remote sandbox of the wave gets (`launch` entries); the gate on
+    `gate_port` of the cluster address (0: a free one)."""
     import ray
 
     from fleet.codeship import ShipError, snapshot
@@ -24,9 +25,13 @@ def remote_launch(parts, runner: dict, binds: list[str], never=()) -> dict:
     fleet = parts.fleet
     token = secrets.token_hex(32)
     p = parts
-    parts.gateway = Gateway(fleet.cluster_ip, token, {
-        "s3": ("127.0.0.1", p.proxy.port), "model": ("127.0.0.1", p.model.server.server_address[1]),
-        "effects": ("127.0.0.1", p.effects.server.server_address[1])}).start()
+    try:
+        parts.gateway = Gateway(fleet.cluster_ip, token, {
+            "s3": ("127.0.0.1", p.proxy.port), "model": ("127.0.0.1", p.model.server.server_address[1]),
+            "effects": ("127.0.0.1", p.effects.server.server_address[1])}, port=gate_port).start()
+    except OSError as exc:
+        raise HarnessError(f"gateway.port {gate_port}: the gate cannot listen on {fleet.cluster_ip}:{gate_port}: "
+                           f"{exc.strerror or exc} (choose a free port, or 0 for any)") from None
     gw = parts.gateway
     out = {"relays": {PORT_S3: gw.target("s3"), PORT_MODEL: gw.target("model"), PORT_EFFECTS: gw.target("effects")},
            "relay_token": token, "remote": True, "code": None}
@@ -72,6 +77,15 @@ def nodes_record(fleet) -> list[dict]:
         head = next((n for n in alive if n["NodeManagerAddress"] == HEAD_IP), None)
         iso.head["ray_node_id"] = head["NodeID"] if head else None
         return iso.describe()
-    out = [{"name": node_name(n), "ray_node_id": n["NodeID"], "address": n["NodeManagerAddress"],
-            "head": node_name(n) == "node-0" or fleet.nodes == 1} for n in alive]
+    if fleet.ray_session.address == "local":  # a simulated cluster: node-0 is the head, the others sandbox nodes
+        out = [{"name": node_name(n), "ray_node_id": n["NodeID"], "address": n["NodeManagerAddress"],
+                "head": node_name(n) == "node-0" or fleet.nodes == 1,
+                "sandboxes": node_name(n) in fleet.node_ids} for n in alive]
+        return sorted(out, key=lambda r: r["name"])
+    # an existing cluster: the head is the driver's node; the sandbox nodes are named as the timeline names them
+    mine = ray.get_runtime_context().get_node_id()
+    by_id = {nid: name for name, nid in fleet.node_placement.items()}
+    out = [{"name": by_id.get(n["NodeID"]) or ("node-0" if n["NodeID"] == mine and not by_id else node_name(n)),
+            "ray_node_id": n["NodeID"], "address": n["NodeManagerAddress"], "head": n["NodeID"] == mine,
+            "sandboxes": n["NodeID"] in by_id or (not by_id and n["NodeID"] == mine)} for n in alive]
     return sorted(out, key=lambda r: r["name"])

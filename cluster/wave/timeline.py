@@ -21,6 +21,7 @@ class Event(str, enum.Enum):
     WAVE_RESUMED = "wave_resumed"
     PARTS_READY = "parts_ready"
     FLEET_HEALED = "fleet_healed"
+    FLEET_WARNING = "fleet_warning"  # e.g. every sandbox on the driver's machine of an --address cluster
     TASK_START = "task_start"
     ATTEMPT_START = "attempt_start"
     LEASE_BUSY = "lease_busy"

@@ -58,3 +58,28 @@ def test_excluded_dirs_are_left_out_and_the_cap_holds(tmp_path, monkeypatch):
     with pytest.raises(codeship.ShipError, match="is over"):
         codeship.snapshot(str(src))
     assert codeship.snapshot(str(src), [str(src / "results")])[0] == d_without
+
+
+def test_venvs_caches_git_and_what_sandfleetignore_names_are_left_out(tmp_path):
+    """Every documented example failed on a cluster: `make examples` puts each venv (109 MB) in the runner's
+    workdir and the snapshot refused anything over 64 MiB. A venv (found by its pyvenv.cfg, whatever its name),
+    caches, .git and the globs of `.sandfleetignore` are left out; the node runs its own venv at the same path."""
+    import io
+    import tarfile
+
+    src = tmp_path / "agent"
+    _tree(src)
+    for venv in ("venv-any-name", "sub/.venv"):
+        (src / venv / "lib").mkdir(parents=True)
+        (src / venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (src / venv / "lib" / "big.so").write_bytes(b"\0" * (65 * 1024 * 1024))
+    for junk in ("__pycache__/a.pyc", ".git/HEAD", "data/cache.bin", "notes/keep.txt"):
+        (src / junk).parent.mkdir(parents=True, exist_ok=True)
+        (src / junk).write_text("x")
+    (src / codeship.IGNORE_FILE).write_text("# local only\ndata\n*.log\n")
+    (src / "run.log").write_text("x")
+    _, data = codeship.snapshot(str(src))
+    names = set(tarfile.open(fileobj=io.BytesIO(data)).getnames())
+    assert {"agent.py", "pkg/mod.py", "notes/keep.txt", "sub", codeship.IGNORE_FILE} <= names, names
+    assert not [n for n in names if n.startswith(("venv-any-name", "sub/.venv", "__pycache__", ".git", "data"))
+                or n.endswith(".log")], names

@@ -11,10 +11,10 @@ LEAK = {"verdict": "fail", "detail": "upload 1a2b of w/ref-t000/snapshot.tar was
 OK = {"verdict": "pass", "detail": ""}
 
 
-def _wave(*ends: dict) -> SimpleNamespace:
-    return SimpleNamespace(timeline=[{"event": "attempt_end", "task": "ref-t000", "attempt": i + 1, "exit_code": 0,
-                                      "killed_by": None, "error": None, "start_error": None, **e}
-                                     for i, e in enumerate(ends)],
+def _wave(*ends: dict, ready: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(timeline=[{"event": "parts_ready"}] * ready + [
+        {"event": "attempt_end", "task": "ref-t000", "attempt": i + 1, "exit_code": 0, "killed_by": None,
+         "error": None, "start_error": None, **e} for i, e in enumerate(ends)],
                            plan={"tasks": [{"task_id": "t000", "faults": [{"fault_id": "PK1"}]}]}, hfault=None)
 
 
@@ -85,3 +85,9 @@ def test_what_the_harness_did_keeps_it_a_broken_positive_control():
         assert runner_failures(w, [g]) == []
         errs = _control_errors(w, [g])
         assert errs and errs[0].startswith("positive control 0/1"), errs
+
+
+def test_a_wave_that_never_reached_its_parts_says_nothing_of_a_positive_control():
+    """A cluster that refused the driver (no token): the wave failed at set-up, and a "positive control 0/2" beside
+    the real error sent the user looking at the runner."""
+    assert _control_errors(_wave(ready=False), [_ref(completed={"verdict": "unknown", "detail": "no task_end"})]) == []
