@@ -48,6 +48,9 @@ def _every_step_done(h: TaskHistory, facts: Facts) -> dict | None:
         return None
     extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
              if swallowed else "")
+    noticed = facts.noticed[-1:] if facts.noticed and facts.noticed[-1] is facts.attempts[-1] else []
+    extra += "".join(f"; it exited 0 while being stopped ({a.get('killed_by')}): exit 0 says the task is done, "
+                     "exit non-zero to be resumed" for a in noticed)
     return {"verdict": FAIL, "missing_steps": missing, "missing_effects": missing_fx,
             "detail": f"the runner exited 0 without doing every step: workspace steps missing {missing}, "
                       f"effects missing for steps {missing_fx}{extra}"}

@@ -89,6 +89,8 @@ def test_a_spot_notice_answered_by_exit_0_is_applied_and_the_unfinished_task_fai
         assert checks["fault_applied"]["verdict"] == "pass", checks["fault_applied"]
         assert checks["completed"]["verdict"] == "fail" and "without doing every step" in \
             checks["completed"]["detail"], checks["completed"]
+        assert checks["completed"]["detail"].endswith(f"it exited 0 while being stopped ({g['task_id']}-PK2): exit 0 "
+                                                      "says the task is done, exit non-zero to be resumed")
         assert checks["resume_equivalent"]["verdict"] == "fail", checks["resume_equivalent"]
     summary = (d / results.SUMMARY).read_text()
     assert "PK2 applied 2/2" in summary and "no task was interrupted" not in summary, summary

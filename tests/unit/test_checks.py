@@ -109,3 +109,24 @@ def test_credentials_reresolved_passes_a_runner_that_signed_with_the_new_key_onc
     assert _run("credentials_reresolved", _cr1_history(old_key_until=97.5, new_key_from=None))["verdict"] == PASS
     idle = _run("credentials_reresolved", _cr1_history(old_key_until=103.5, new_key_from=None, published_at=None))
     assert idle["verdict"] == NOT_APPLIED and "before the new key was published" in idle["detail"], idle
+
+
+def test_a_notice_answered_by_exit_0_is_an_interruption_and_completed_says_why_it_failed():
+    """PK2's SIGTERM answered by an exit 0 in the grace: the task ended (exit 0 says done) with its work unfinished.
+    The task counts as interrupted, and `completed` says the exit 0 came while it was being stopped."""
+    from cluster.grade import grade_task
+    from tests.unit.test_workload import apply_script
+
+    from tests.unit.test_grade import SEED
+
+    events = [{"event": "attempt_start", "attempt": 1, "wall": 90.0, "sandbox": "t000-a1"},
+              {"event": "attempt_end", "attempt": 1, "sandbox": "t000-a1", "exit_code": 0, "killed_by": "t000-PK2",
+               "ended_at": 95.0},
+              {"event": "task_end", "state": "done"}]
+    h = hist(events=events, artifact=apply_script(SEED, 3))
+    facts = checks.Facts.of(h)
+    assert facts.interrupted == [] and facts.was_interrupted and [a["attempt"] for a in facts.noticed] == [1]
+    g = grade_task(h)
+    assert g["interrupted"] and g["checks"]["completed"]["verdict"] == FAIL, g["checks"]["completed"]
+    assert g["checks"]["completed"]["detail"].endswith("it exited 0 while being stopped (t000-PK2): exit 0 says the "
+                                                       "task is done, exit non-zero to be resumed")
