@@ -58,7 +58,7 @@ def wave_run(
     seed: Optional[int] = typer.Option(None, "--seed", help="wave seed (plans every random choice)"),
     faults: Optional[str] = typer.Option(None, "--faults", help="comma-separated fault ids, e.g. PK1,ST1; "
                                                                  "'none' for no faults"),
-    runner: Optional[str] = typer.Option(None, "--runner", help="built-in runner: durable | naive"),
+    runner: Optional[str] = typer.Option(None, "--runner", help="built-in runner: durable | durable-local | naive"),
     workload: Optional[str] = typer.Option(None, "--workload",
                                            help="patch-repo | rename4 | hunks8 | longtool (the model's script)"),
     steps: Optional[int] = typer.Option(None, "--steps", help="steps per task (workload.steps)"),

@@ -98,6 +98,21 @@ class WaveConfig(Strict):
             raise ValueError(f"faults: NP1 cuts a sandbox node off and needs nodes >= 3 (a head and two sandbox "
                              f"nodes: the cut one's tasks go to the other), got nodes {self.nodes} (use --nodes 3)")
         for fid, t in self.fault_timing.items():
+            modes = getattr(CATALOG[fid], "disk_modes", ())
+            if t.disk is not None and t.disk not in modes:
+                raise ValueError(f"fault_timing.{fid}.disk {t.disk!r}: " + (
+                    f"{fid} ends no attempt, so it leaves the disk as it is; a disk mode belongs to an interruption "
+                    "that ends one (PK1, PK2, PK4, PK5)" if not modes else
+                    f"{fid} allows {', '.join(modes)} (it takes the node, or leaves a zombie on the old disk)"))
+        if self.sandbox.disk == "keep":
+            for fid in wants:
+                t = self.fault_timing.get(fid)
+                modes = getattr(CATALOG.get(fid), "disk_modes", ())
+                if modes and "keep" not in modes and (t is None or t.disk is None):
+                    raise ValueError(f"sandbox.disk 'keep' with fault {fid}: {fid} takes the node or leaves a "
+                                     f"zombie on the old disk, so its tasks cannot keep it; set "
+                                     f"fault_timing.{fid}.disk: wipe")
+        for fid, t in self.fault_timing.items():
             if fid != "PK3" and (t.mode is not None or t.down_s is not None):
                 raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")
             if fid != "NP1" and t.fencing is not None:
@@ -189,6 +204,15 @@ class WaveConfig(Strict):
             for rule in (_pk5_trigger, _strength_and_hits, _trigger_of_its_kind, _kills):
                 rule(fid, t, boundary)
         return v
+
+    def disk_after(self, fault_id: str | None) -> str:
+        """The disk mode an attempt's end leaves: its fault's own (fault_timing.<id>.disk), else sandbox.disk."""
+        t = self.fault_timing.get(fault_id or "")
+        return (t.disk if t is not None and t.disk else None) or self.sandbox.disk
+
+    def keeps_disks(self) -> bool:
+        """Whether any interruption of this wave keeps a disk (its tasks then get volumes kept across attempts)."""
+        return self.sandbox.disk == "keep" or any(t.disk == "keep" for t in self.fault_timing.values())
 
     def fault_params(self) -> dict[str, dict]:
         return {k: {kk: vv for kk, vv in t.model_dump().items() if vv is not None}

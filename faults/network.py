@@ -23,6 +23,7 @@ class Partition(SigkillSandbox):
     kills_attempt = False  # the attempt lives through the cut; the zombie is judged by the check it adds
     takes_node = True  # every sandbox on the node is cut off (reference runs go first, as for PK3)
     adds_checks = ("fenced_writes_rejected",)
+    disk_modes = ("wipe",)  # the next attempt runs on another node
     description = ("network partition: the task's node loses its link to the head (Ray, store, model, effects) for "
                    "a seeded window; its attempts are abandoned and, after the heal, fenced")
     default_cut = (1.0, 3.0)

@@ -44,6 +44,10 @@ class SigkillSandbox:
     # what the grader asks the catalog (cluster/grade/facts.py), never a fault id: one kill of the running attempt at a
     # moment of the runner (a kill that landed before the attempt did anything durable tested nothing)
     kills_attempt = True
+    # what becomes of the task's disk when this interruption ends its attempt (`sandbox.disk`, fault_timing's `disk`):
+    # wipe (a new machine's fresh disk) or keep (the process died, the disk stayed: a restarted container, a
+    # rebooted VM). A fault that takes the node, or leaves a zombie on the disk, can only wipe (move: not built)
+    disk_modes = ("wipe", "keep")
     # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);
     # storage faults keep launch-relative windows
     times_from_runner_start = True
@@ -320,6 +324,7 @@ class NodeLoss(SigkillSandbox):
     family = "preemption"
     kills_attempt = False  # it takes the node: the tasks it hit are judged by the node's loss
     takes_node = True  # a wave with it runs its reference runs first (a node is never lost under one)
+    disk_modes = ("wipe",)  # the node and its disk are gone
     description = ("node loss: the Ray node of the task's attempt dies with every sandbox on it (abrupt, or after "
                    "a PREEMPTION drain with a deadline and a notice), and comes back later")
     default_grace = (1.0, 3.0)
@@ -379,6 +384,7 @@ class FreezeZombie(SigkillSandbox):
     family = "preemption"
     kills_attempt = False  # it freezes the attempt; the zombie is then judged by the check it adds
     adds_checks = ("fenced_writes_rejected",)
+    disk_modes = ("wipe",)  # its zombie still runs on the old disk
     description = ("freeze the sandbox past its lease expiry, let a new attempt take the task, then thaw the old "
                    "one: every write the zombie makes must be refused")
     default_thaw = (0.3, 1.0)
@@ -453,6 +459,7 @@ class CrashLoop:
 
     id = "PK4"
     family = "preemption"
+    disk_modes = ("wipe", "keep")  # each kill ends the attempt's process, as PK1's
     description = "crash loop: the next K attempts are each SIGKILLed a short seeded gap after they start"
     default_gaps = (0.3, 1.2)
 

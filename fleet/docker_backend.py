@@ -362,7 +362,8 @@ class DockerBackend(SandboxBackend):
         net = self._nets.pop(sid, None)
         if net is not None:
             await net.close()
-        await asyncio.to_thread(release_workspace, sb.spec.workspace)
+        if not sb.spec.volume:  # a kept volume is the task's: its host drops it when the task ends
+            await asyncio.to_thread(release_workspace, sb.spec.workspace)
 
     def _id_by_name(self, spec: SandboxSpec) -> str | None:
         try:

@@ -121,6 +121,8 @@ class SandboxHost:
         `watches`, keyed by its reason.
         """
         sspec = spec if isinstance(spec, SandboxSpec) else SandboxSpec(**spec)  # (or its fields as a dict)
+        if sspec.volume:  # a kept disk: the task's volume, on this node, at a path of this host's own
+            sspec = dataclasses.replace(sspec, workspace_dir=str(self._volume_dir(sspec.wave_id, sspec.volume)))
         try:
             if sspec.remote:
                 try:
@@ -190,7 +192,8 @@ class SandboxHost:
         # this host's own dir (every attempt's credentials on this node) is never shown, whatever a bind covers
         hide = list(spec.hide) + [str(self.home())] * any(
             str(self.home()).startswith(b.rstrip("/") + "/") for b in ro_binds)
-        return dataclasses.replace(spec, state_dir=str(sdir), workspace_dir=str(base / "ws" / spec.sandbox_id),
+        ws = spec.workspace_dir if spec.volume else str(base / "ws" / spec.sandbox_id)  # (a kept volume: its own)
+        return dataclasses.replace(spec, state_dir=str(sdir), workspace_dir=ws,
                                    ro_mounts=ro_mounts, ro_binds=ro_binds, hide=hide, credentials=None)
 
     def _forget(self, spec: SandboxSpec) -> None:
@@ -489,8 +492,15 @@ class SandboxHost:
                 rep["had_handle"] = False
                 reaped.append(rep)
         self.ended = {k for k in self.ended if not k.startswith(wave_id + "/")}  # (a fleet's host outlives waves)
+        live_tasks = {sid.rpartition("-a")[0] for sid in live}  # (a sandbox id is <task>-a<attempt>)
+        volumes = await asyncio.to_thread(self._drop_volumes_but, wave_id, live_tasks)
         return {"node": self.node_id, "found": [s for _, s in found], "live": sorted(live & {s for _, s in found}),
-                "reaped": reaped}
+                "reaped": reaped, "volumes_dropped": volumes}
+
+    def _drop_volumes_but(self, wave_id: str, keep: set[str]) -> list[str]:
+        vol = self.home(wave_id) / "vol"
+        return [t for d in sorted(vol.glob("*")) if vol.is_dir() and d.name not in keep
+                for t in self._drop_volumes(wave_id, d.name)]
 
     async def load(self) -> dict:
         """Runnable tasks where this host runs (`procs_running` of /proc/stat, less this call's own thread) and
@@ -558,6 +568,33 @@ class SandboxHost:
             await asyncio.sleep(0.02)
         return len(mine)
 
+    def _volume_dir(self, wave_id: str, task_id: str) -> Path:
+        """Where a task's kept volume is mounted on this node (made with its parents, root's only)."""
+        if "/" in task_id or task_id in ("", ".", "..") or "/" in wave_id:
+            raise ValueError(f"not a task id: {task_id!r}")
+        d = self.home(wave_id) / "vol"
+        for x in (self.home(), self.home(wave_id), d):
+            x.mkdir(mode=0o711, exist_ok=True)
+        return d / task_id
+
+    def _drop_volumes(self, wave_id: str | None = None, task_id: str | None = None) -> list[str]:
+        """Unmount and remove kept volumes (one task's, a wave's, or every one on this node); returns their tasks."""
+        from fleet.sandbox import release_workspace
+
+        dropped = []
+        waves = [self.home(wave_id)] if wave_id else [d for d in self.home().glob("*") if d.is_dir()]
+        for w in waves:
+            vol = w / "vol"
+            for d in sorted(vol.glob(task_id or "*")) if vol.is_dir() else []:
+                release_workspace(str(d))
+                dropped.append(d.name)
+        return dropped
+
+    async def drop_volume(self, wave_id: str, task_id: str) -> dict:
+        """The task ended: its kept volume goes (a tmpfs: its memory comes back)."""
+        got = await asyncio.to_thread(self._drop_volumes, wave_id, task_id)
+        return {"node": self.node_id, "dropped": got}
+
     async def shutdown(self, grace_s: float = 1.0, timeout_s: float = 20.0) -> int:
         """Kill every sandbox and wait until each is removed (cgroups, mounts), so nothing outlives the host."""
         self.closing = True
@@ -573,6 +610,7 @@ class SandboxHost:
         await asyncio.to_thread(netns.stop_forwarder, True)  # its relay child shares the cgroup it leaves
         cgroups.leave_harness(getattr(self, "_harness_cg", None))
         self._harness_cg = None
+        await asyncio.to_thread(self._drop_volumes)  # (never rmtree into a mounted volume)
         await asyncio.to_thread(shutil.rmtree, self.home(), True)
         return n
 

@@ -130,6 +130,8 @@ def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple
                 w = src.split(".")[1]
                 entry(w)["mounts"].append(line.split()[4])
                 entry(w).setdefault("mount_sandboxes", {})[line.split()[4]] = src.split(".", 2)[2]
+            elif src.startswith("sandfleet-vol."):  # a task's kept volume (sandbox.disk keep): the wave's, no sandbox's
+                entry(src.split(".")[1])["mounts"].append(line.split()[4])
     if engine_lost:
         if errors is not None:
             errors.append(f"{LISTING_ERROR} containers were not listed (the engine was lost: {engine_lost[:120]})")

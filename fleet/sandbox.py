@@ -108,6 +108,11 @@ class SandboxSpec:
     code: dict | None = None
     backend: str = "process"  # process | docker
     image: str | None = None  # docker: a local image (default: the base image built from Debian's packages)
+    # A kept disk (`sandbox.disk: keep`): the task's volume, kept across its attempts by its host (the workspace is
+    # the volume: mounted and seeded once, never unmounted by a sandbox's end); `volume_fresh`: this attempt starts
+    # on a fresh one (the first attempt, or the last one ended in a wipe)
+    volume: str | None = None
+    volume_fresh: bool = True
 
     @property
     def workspace(self) -> str:
@@ -115,6 +120,8 @@ class SandboxSpec:
 
     @property
     def mount_source(self) -> str:
+        if self.volume:  # the task's, not one sandbox's: a sweep drops it with the wave, never as a sandbox's
+            return f"{VOLUME_SOURCE}.{self.wave_id}.{self.volume}"
         return f"sandfleet-ws.{self.wave_id}.{self.sandbox_id}"
 
     @property
@@ -557,8 +564,31 @@ def check_process_backend() -> None:
                                f"({hint}, or run `make setup`)")
 
 
+VOLUME_SOURCE = "sandfleet-vol"  # mount source of a task's kept volume: `sandfleet-vol.<wave>.<task>`
+
+
+def _harness_files_anew(workspace: str) -> None:
+    """On a kept volume, the harness's own files of the attempt (`.sandfleet/`: the named windows the runner
+    announces, a spot notice) start empty: a new sandbox must not read the last attempt's windows as its own."""
+    d = os.path.join(workspace, ".sandfleet")
+    if os.path.islink(d) or (os.path.exists(d) and not os.path.isdir(d)):
+        os.unlink(d)  # the runner's: the harness's dir is made anew
+    elif os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    open(os.path.join(d, "checkpoints"), "w").close()
+    for x in (d, os.path.join(d, "checkpoints")):
+        os.lchown(x, SANDBOX_UID, SANDBOX_UID)
+
+
 def prepare_workspace(spec: SandboxSpec) -> None:
-    """Mount the size-limited tmpfs workspace (owned by the sandbox user) and seed it with the task's files."""
+    """Mount the size-limited tmpfs workspace (owned by the sandbox user) and seed it with the task's files. A kept
+    volume already mounted is used as its last attempt left it (a fresh one asked for is mounted anew)."""
+    if spec.volume and os.path.ismount(spec.workspace):
+        if not spec.volume_fresh:
+            _harness_files_anew(spec.workspace)
+            return
+        release_workspace(spec.workspace)
     os.makedirs(spec.workspace, exist_ok=True)
     opts = f"size={spec.workspace_mb * 1024 * 1024},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
     if _libc.mount(spec.mount_source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
@@ -858,7 +888,8 @@ class ProcessBackend(SandboxBackend):
         if net is not None:
             await net.close()
         await asyncio.to_thread(cg.remove)
-        await asyncio.to_thread(release_workspace, sb.spec.workspace)
+        if not sb.spec.volume:  # a kept volume is the task's: its host drops it when the task ends
+            await asyncio.to_thread(release_workspace, sb.spec.workspace)
 
     def _drain_and_close_log(self, sid: str) -> None:
         entry = self._logs.get(sid)

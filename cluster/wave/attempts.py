@@ -107,12 +107,25 @@ class Attempts:
                     final, why = end.state, end.why
                     break
             run.life.to(final, why)
+            await self._drop_volume(run)
             for ft in self.fault_tasks[tid]:
                 ft.cancel()
             await asyncio.gather(*self.fault_tasks[tid], return_exceptions=True)
             tl("task_end", task=tid, state=final.value, why=why, attempts=run.attempts,
                duration_s=round(loop.time() - launched, 3))
             on_change()
+
+    async def _drop_volume(self, run: TaskRun) -> None:
+        """The task ended: its kept volume goes (bounded; one left is dropped by the hosts' end-of-wave sweep)."""
+        if not self.cfg.keeps_disks() or run.node is None or run.node in self.fleet_down():
+            return
+        try:
+            await asyncio.wait_for(self.nodes.host(run.node).drop_volume.remote(self.wave_id, run.plan.task_id), 30)
+        except Exception:  # noqa: BLE001 - the teardown's sweep drops what is left
+            pass
+
+    def fleet_down(self) -> set:
+        return set(getattr(self.parts.fleet, "down", ()) or ())
 
     def _start_faults(self, run: TaskRun, loop) -> None:
         """The task's faults: each fired by the injector as its own task; a fault that watches attempts
@@ -132,7 +145,8 @@ class Attempts:
 
         tid, loop = run.plan.task_id, asyncio.get_running_loop()
         sandbox_id = results.sandbox_id(tid, run.attempts + 1)
-        node = self.nodes.place()
+        disk = self._disk(run)
+        node = self.nodes.place(prefer=run.node if disk and disk["mode"] == "keep" else None)
         if node is None:  # every sandbox node is lost or draining: wait for one to come back
             await asyncio.sleep(0.1)
             return WAIT
@@ -153,8 +167,15 @@ class Attempts:
         run.attempts += 1
         attempt, fence = lease.attempt, lease.fence
         spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
+        if disk is not None:
+            kept = disk["mode"] == "keep" and run.attempts > 1 and node == run.node
+            disk = dict(disk, kept=kept, **({} if kept or disk["mode"] == "wipe" or run.attempts == 1 else
+                                            {"why": f"its node {run.node} is gone"}))
+            spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept)
+            self._disk_receipt(disk)
         self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
-                      lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id))
+                      lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id),
+                      **({"disk": disk} if disk is not None else {}))
         run.current, run.node = (host, sandbox_id), node
         self.nodes.placed[sandbox_id] = node
         self.parts.registry.set_attempt(tid, attempt)
@@ -309,6 +330,7 @@ class Attempts:
         code = result.exit_code
         if result.abandoned:  # PK6 (frozen), NP1 (cut off): its lease runs out, its keys die now
             ab = result.abandoned
+            run.last_killed_by = ab["instance"]
             if ab.get("fence", True):  # (NP1's negative control leaves them valid)
                 await asyncio.to_thread(self.access.revoke, sandbox_id, True)
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
@@ -321,6 +343,7 @@ class Attempts:
             # PK3 took the node and this attempt with it: its lease is left to expire (no one renews it; a lost
             # machine cannot say it is done); its key dies now
             lost = self.nodes.lost[node]
+            run.last_killed_by = lost["instance"]
             tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                killed_by=lost["instance"], ended_at=lost["at"], node=node,
                cause=f"killed: node {node} lost ({lost['instance']}, {lost['mode']})")
@@ -349,6 +372,21 @@ class Attempts:
             return AttemptEnd(Outcome.END, TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s")
         return self._retry(run, attempt, code, f"attempt {attempt} exit {code}")
 
+    def _disk(self, run: TaskRun) -> dict | None:
+        """The task's disk for its next attempt, when the wave keeps disks: {"mode", "after"}: the mode its last
+        attempt's end leaves (the fault that ended it: fault_timing.<id>.disk, else sandbox.disk)."""
+        if not self.cfg.keeps_disks():
+            return None
+        by = run.last_killed_by
+        fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == by), None)
+        return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
+
+    def _disk_receipt(self, disk: dict) -> None:
+        """The receipt of the fault that ended the last attempt names what became of the disk."""
+        for r in self.injector.receipts:
+            if disk.get("after") and r.instance == disk["after"]:
+                r.evidence["disk"] = {k: v for k, v in disk.items() if k != "after"}
+
     async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int,
                      result: AttemptResult) -> AttemptResult:
         """An attempt that ended on its host: its lease released, its keys revoked, its workspace stored; returns
@@ -357,6 +395,7 @@ class Attempts:
 
         tid = run.plan.task_id
         code = result.exit_code
+        run.last_killed_by = result.killed_by
         if node in self.nodes.faults and not (result.cause or "").startswith("killed"):
             result = result.but(cause=f"{result.cause or f'exit {code}'} (node {node} draining for "
                                       f"preemption: {self.nodes.faults[node]})")

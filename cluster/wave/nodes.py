@@ -35,11 +35,14 @@ class Nodes:
     def fleet(self):
         return self.parts.fleet
 
-    def place(self) -> str | None:
-        """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number)."""
+    def place(self, prefer: str | None = None) -> str | None:
+        """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number); `prefer`
+        when it is live (a task's kept disk is on its last node)."""
         live = [n for n in self.fleet.node_ids if n not in self.out and n not in self.fleet.down]
         if not live:
             return None
+        if prefer in live:
+            return prefer
         return min(live, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
 
     def host(self, node: str):

@@ -95,6 +95,7 @@ class TaskRun:
     silenced: str | None = None  # the sandbox the silence watch ended (once per attempt)
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
+    last_killed_by: str | None = None  # what ended its last attempt (a fault's instance): the disk mode it leaves
 
     def running_sandbox(self) -> str | None:
         return self.current[1] if self.current is not None else None

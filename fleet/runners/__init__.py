@@ -5,7 +5,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BUILTIN = {"durable": "durable.py", "naive": "naive.py"}
+BUILTIN = {"durable": "durable.py", "durable-local": "durable_local.py", "naive": "naive.py"}
 
 
 def builtin_command(name: str) -> list[str]:

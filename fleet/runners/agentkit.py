@@ -296,6 +296,52 @@ def untar_repo(env: Env, blob: bytes) -> int:
     return n
 
 
+def durable_write(path: str, data: bytes) -> None:
+    """Crash-safe local state: write a temp file, fsync it, rename it over `path`, fsync the directory (a power loss
+    keeps the old bytes or the new ones, never a torn or a missing file)."""
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def repo_base(env: Env) -> bytes:
+    """The repository as the task handed it over, kept at the first attempt under `.durable/base.tar` (durably): on
+    a kept disk (a restarted container) the repo holds an earlier attempt's work, and replaying the journal over it
+    would apply every recorded step twice. Later attempts lay this base anew (`reset_repo`) before they replay."""
+    path = os.path.join(env.workspace, ".durable", "base.tar")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        blob = tar_repo(env)
+        durable_write(path, blob)
+        return blob
+
+
+def reset_repo(env: Env, blob: bytes) -> int:
+    """Lay `blob` as the whole repo/: whatever an earlier attempt left there is removed first."""
+    import shutil
+
+    repo = os.path.join(env.workspace, "repo")
+    shutil.rmtree(repo, ignore_errors=True)
+    os.makedirs(repo, exist_ok=True)
+    return untar_repo(env, blob)
+
+
 class Snapshots:
     """Workspace snapshots in the store: `snapshots/<step>.tar` by multipart upload, then a manifest
     `snapshots/<step>.json` with its size and sha256 (a snapshot counts only once its manifest says so and

@@ -10,6 +10,9 @@ effect, so re-running a recorded `publish` after a kill is a deduplicated retry,
 never a second effect. A commit that loses the race (412: a zombie or an earlier
 attempt committed that step) adopts the committed record.
 
+On a kept disk (`sandbox.disk: keep`) the workspace holds what the killed attempt did; a resumed attempt first lays
+the repo anew from the base it kept at its first attempt (`.durable/base.tar`), so no recorded step lands twice.
+
 A record is trusted only if it reads back as the record of its step: the store can
 hold an EMPTY object where a write was made (a PUT cut after its head, fault ST6,
 docs/store-hazards.md). An unreadable record is removed and its step done again.
@@ -23,7 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from agentkit import (Env, Snapshots, TaskStore, announce, apply_edits, apply_patch, chat, log,  # noqa: E402
-                      main_guard, publish, run_command, run_tests, tool_messages, untar_repo)
+                      main_guard, publish, repo_base, reset_repo, run_command, run_tests, tool_messages, untar_repo)
 
 SNAPSHOT_EVERY = 3  # a workspace snapshot (multipart upload) after every 3rd step
 
@@ -108,6 +111,9 @@ def read_visible(store: TaskStore, key: str, wait_s: float = 30.0) -> bytes | No
 
 def run() -> None:
     env = Env.load()
+    base = repo_base(env)  # the repo as handed over (kept at the first attempt): a kept disk is replayed from it
+    if env.attempt > 1:
+        reset_repo(env, base)
     store = TaskStore(env)
     snaps = Snapshots(store)
     if env.attempt > 1:

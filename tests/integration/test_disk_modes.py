@@ -1,0 +1,61 @@
+"""Interruptions that keep the disk (`sandbox.disk: keep`): the next attempt starts in a new sandbox on the task's
+own volume, as a restarted container or a rebooted VM does, and what the runner left there is what it meets. The
+league can then tell a runner that persists locally from one that does not."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster import results
+from cluster.grade import exit_code
+
+pytestmark = pytest.mark.integration
+PK1 = {"PK1": {"after_model_calls": [3, 4]}}
+BASE = dict(faults=["PK1"], tasks=2, concurrency=2, workload={"steps": 6, "think_ms": 20}, deadline_s=90)
+
+
+def _mounts() -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "sandfleet-vol." in line]
+
+
+def _starts(d) -> list[dict]:
+    return [e for e in results.read_jsonl(Path(d) / results.TIMELINE) if e["event"] == "attempt_start"]
+
+
+def test_a_local_journal_survives_a_kill_that_keeps_the_disk_and_not_one_that_wipes_it(run_wave):
+    result, d = run_wave(runner="durable-local", sandbox={"disk": "keep"}, fault_timing=PK1, seed=71, **BASE)
+    for g in result["tasks"]:
+        assert g["verdict"] == "pass" and g["attempts"] == 2, (g["task_id"], g["signature"], g["checks"])
+        assert g["model_recalls"] == 0
+    second = [e for e in _starts(d) if e["attempt"] == 2 and not e["task"].startswith("ref-")]
+    assert second and all(e["disk"]["mode"] == "keep" and e["disk"]["kept"] for e in second), second
+    receipts = [r for r in __import__("orjson").loads((Path(d) / results.FAULTS).read_bytes())
+                if r["status"] == "applied"]
+    assert receipts and all(r["evidence"]["disk"] == {"mode": "keep", "kept": True} for r in receipts), receipts
+    assert exit_code(result) == 0
+    assert not _mounts(), _mounts()  # every task's volume went with its task
+
+    result, d = run_wave(runner="durable-local", fault_timing=PK1, seed=71, **BASE)  # the default: wipe
+    for g in result["tasks"]:
+        assert g["verdict"] == "fail" and "no_model_recall" in g["signature"], (g["task_id"], g["signature"])
+    assert exit_code(result) == 1
+
+
+def test_the_store_journaled_reference_passes_on_a_kept_disk(run_wave):
+    """durable journals to the store and replays over a fresh repo: on a kept disk it lays the repo anew from the
+    base it kept at its first attempt, or every recorded step would land twice."""
+    result, d = run_wave(runner="durable", sandbox={"disk": "keep"}, fault_timing=PK1, seed=73, **BASE)
+    assert result["verdict"] == "pass", [(g["task_id"], g["signature"]) for g in result["tasks"]]
+    assert exit_code(result) == 0
+
+
+def test_a_runner_that_replays_over_what_it_left_on_a_kept_disk_is_caught(run_wave):
+    """naive mirrors its workspace in place and replays from its last checkpoint: on a kept disk the steps it had
+    applied since land again (001: a hunk on the workspace disk before its step was recorded lands twice)."""
+    result, d = run_wave(runner="naive", sandbox={"disk": "keep"}, seed=75, tasks=2, concurrency=2, faults=["PK1"],
+                         fault_timing={"PK1": {"after_model_calls": [5, 5]}}, workload={"steps": 6, "think_ms": 20},
+                         deadline_s=90)
+    for g in result["tasks"]:
+        assert g["verdict"] == "fail" and g["checks"]["no_double_apply"]["applied_twice"], (g["task_id"], g["checks"])
+    assert exit_code(result) == 1
