@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import time
@@ -205,6 +206,32 @@ class SandboxHost:
             (base / "ws" / spec.sandbox_id).rmdir()
         except OSError:
             pass
+
+    async def logs_since(self, offsets: dict[str, int]) -> dict[str, bytes]:
+        """What each remote attempt's runner log (by sandbox key) holds past the offset the driver has: the driver
+        pulls it while the attempt runs (cluster/wave/logstream.py), so a harness fault loses at most one pull's
+        worth. Bounded as the log is (LOG_CAP in all); an attempt whose state is gone from here gives nothing."""
+        return await asyncio.to_thread(self._logs_since, offsets)
+
+    def _logs_since(self, offsets: dict[str, int]) -> dict[str, bytes]:
+        out = {}
+        for key, have in offsets.items():
+            wave_id, _, sid = str(key).partition("/")
+            if not (_NAME.fullmatch(wave_id) and _NAME.fullmatch(sid)) or not 0 <= int(have) < LOG_CAP:
+                continue
+            sb = self.backend.sandboxes.get(key)
+            path = sb.spec.log_path if sb is not None else str(self.home(wave_id) / "sandboxes" / sid / "runner.log")
+            if not path.startswith(str(self.home()) + "/"):  # (a local attempt's log is the driver's own file)
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(int(have))
+                    data = f.read(LOG_CAP - int(have))
+            except OSError:
+                continue
+            if data:
+                out[key] = data
+        return out
 
     async def publish_credentials(self, wave_id: str, sandbox_id: str, access_key: str, secret_key: str) -> bool:
         """CR1 on a remote attempt: its rotated key, published where its credential_process reads it. False when
@@ -619,6 +646,7 @@ BALLAST = ".sandfleet-ballast"
 RELAY_CHECK_S = 1.0  # how often a host asks its compiled sandbox relay whether it still serves
 RELAY_ANSWER_S = 5.0  # and how long it waits for the answer before it calls the relay hung
 LOG_CAP = 16 * 1024 * 1024 + 256  # the backends cap a runner's log at 16 MiB, then write one line saying so
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")  # a wave or sandbox id: one path component, never ..
 
 
 def _read_log(path: str) -> bytes | None:

@@ -25,6 +25,7 @@ from cluster.artifacts import write_artifact
 from cluster.wave.access import CREDS_IN
 from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
+from cluster.wave.logstream import LogStream
 from cluster.wave.silence import CHECK_EVERY_S, Activity
 from cluster.wave.timeline import TaskRun
 from faults.base import CATALOG, FaultSpec
@@ -77,6 +78,7 @@ class Attempts:
         self.zombies: list = []  # futures of abandoned attempts (PK6) still running
         self.zombie_sids: set[str] = set()  # their sandboxes, until they end
         self.activity = Activity(parts.registry, out.proxy_requests if parts.proxy is not None else None)
+        self.logs = LogStream(wave_id, out)  # remote attempts' runner logs, pulled from their nodes as they run
 
     # ------------------------------------------------------------------ a task
     async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
@@ -181,11 +183,14 @@ class Attempts:
         self.parts.registry.set_attempt(tid, attempt)
         arms = [a["arm"] for a in run.arms.values() if not a["future"].done()]
         ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo", arms)
+        if spec.remote:
+            self.logs.watch(sandbox_id, node, host)
         result = AttemptResult()
         run.abandon, run.abandon_ev = None, asyncio.Event()
         try:
             result = await self._await(run, ref, sandbox_id, max(0.1, deadline - loop.time()))
         except asyncio.CancelledError:  # the wave is stopping: the sweep ends this attempt's sandbox
+            await self.logs.last(sandbox_id)  # (what its log gained since the last pull, while its host has it)
             self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                           killed_by="wave stopped", ended_at=time.time(), cause=f"the wave stopped ({self.stop_why()})")
             raise
@@ -234,7 +239,11 @@ class Attempts:
             backend=sbc.backend, image=sbc.image)
 
     async def _keep_log(self, sandbox_id: str, result: AttemptResult) -> AttemptResult:
-        """A remote attempt's runner log, shipped in its result, kept where a local one is written."""
+        """A remote attempt's runner log, shipped in its result, kept where a local one is written (over what was
+        pulled while it ran: cluster/wave/logstream.py); an abandoned attempt's is pulled on until it ends."""
+        if result.abandoned:
+            return result
+        self.logs.finish(sandbox_id, None)  # (no pull appends from here on)
         if result.log is None:
             return result
         path = self.out.runner_log(sandbox_id)
@@ -273,11 +282,11 @@ class Attempts:
                 shutil.rmtree(self.access.creds_dir(sid), ignore_errors=True)  # the zombie's dead key file
                 try:
                     r = f.result()
-                    if r.log is not None:
-                        self.out.runner_log(sid).write_bytes(r.log)
+                    self.logs.finish(sid, r.log)
                     self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.exit_code, killed_by=r.killed_by,
                                   ended_at=r.ended_at)
                 except BaseException as exc:  # noqa: BLE001
+                    self.logs.finish(sid, None)
                     self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
             self.zombie_sids.add(sandbox_id)
             fut.add_done_callback(ended)
