@@ -77,3 +77,20 @@ def test_an_agent_run_unmodified_passes_uninterrupted_and_gets_a_named_verdict_u
     assert pk1["interrupted"] and pk1["verdict"] in ("pass", "fail"), pk1
     if pk1["verdict"] == "fail":
         assert pk1["signature"], pk1
+
+
+def test_the_agents_sdk_session_survives_a_kill_that_keeps_the_disk_and_without_it_does_not(run_wave):
+    """"Does SQLiteSession make my agent survive a crash?" With every disk wiped the answer was "no difference" (its
+    file went with the disk). On a kept disk (a restarted container) the SDK's own persistence, switched on as its
+    docs show with the file in the workspace, is told apart from the SDK without it."""
+    keep = dict(WAVE, faults=["PK1"], fault_timing={"PK1": {"after_model_calls": [3, 4]}}, sandbox={"disk": "keep"})
+    plain = _unmodified("openai_agents_sdk")
+    session = dict(plain, name="openai-agents-sdk-session", command=".venv/bin/python run.py --session "
+                                                                     ".agents-session.db")
+    with_session, _ = run_wave(runner=session, **keep)
+    without, _ = run_wave(runner=plain, **keep)
+    got = {name: [(g["verdict"], g["model_recalls"], g["signature"]) for g in r["tasks"]]
+           for name, r in (("session", with_session), ("plain", without))}
+    assert all(g["interrupted"] for g in with_session["tasks"] + without["tasks"]), got
+    assert all(g["verdict"] == "fail" and g["model_recalls"] >= 1 for g in without["tasks"]), got
+    assert all(g["verdict"] == "pass" for g in with_session["tasks"]), got  # (an answer in flight is forgiven)
