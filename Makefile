@@ -11,12 +11,14 @@ EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.t
 
 setup: system $(STAMP)
 
-# The process sandbox backend needs bubblewrap, setpriv and nsenter (util-linux) and tini.
+# The process sandbox backend needs bubblewrap, setpriv and nsenter (util-linux) and tini; the lazy file system of
+# the crash disk modes (fleet/lazyfs.py) needs fuse3 (fusermount3, libfuse3).
 system:
 	@if ! command -v tini >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || \
-	    ! command -v nsenter >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
-		echo "installing system packages: bubblewrap tini util-linux iproute2"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux iproute2 >/dev/null; \
+	    ! command -v nsenter >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1 || \
+	    ! command -v fusermount3 >/dev/null 2>&1; then \
+		echo "installing system packages: bubblewrap tini util-linux iproute2 fuse3"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap tini util-linux iproute2 fuse3 >/dev/null; \
 	fi
 
 # The docker sandbox backend: Debian's docker.io, started with no bridge and no iptables (infra/dockerd-up).
