@@ -56,7 +56,12 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
         if not alive:
             dead[w] = _without_live_ray(e, live_rays)
     harness = []
+    # harness cgroups name no wave but a process (`driver-<pid>`, `host-<node>-<pid>`): with --wave only that wave's
+    # driver's, by the pid its private dir records (a host's may serve other waves)
+    drivers = {f"driver-{_recorded_driver_pid(e['private_dir'])}" for e in dead.values() if e.get("private_dir")}
     for d in cgroups.harness_dirs():
+        if wave and Path(d).name not in drivers:
+            continue
         try:
             if not Path(d, "cgroup.procs").read_text().split():
                 harness.append(d)
@@ -73,7 +78,10 @@ def find(wave: str | None = None, errors: list | None = None) -> dict:
         record, bad_record = (localfleet.stale() if not wave else None), None
     except localfleet.FleetError as exc:  # a file there that is not a fleet's record: named, never removed
         record, bad_record = None, str(exc)
-    return {"waves": dead, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
+    from fleet import hostdirs
+
+    return {"waves": dead, "wave": wave, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
+            "host_dirs": hostdirs.dead_host_dirs(wave),
             "fleet_record": str(localfleet.fleet_file()) if record is not None else None,
             "bad_fleet_record": bad_record,
             "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
@@ -198,6 +206,10 @@ def remove(found: dict, keep_data: bool = False) -> list[str]:
     done = []
     for w, e in found["waves"].items():
         done += _remove_wave(w, e, keep_data)
+    from fleet import hostdirs
+
+    for e in found.get("host_dirs", []):  # (after the sandboxes: their workspaces are mounted in it)
+        done += hostdirs.remove(e)
     for d, e in found.get("fleets", {}).items():
         done += _kill_listed(e["processes"])
         if e.get("ray_tmpdir") and Path(e["ray_tmpdir"]).is_dir():
@@ -255,6 +267,13 @@ def _remove_wave(w: str, e: dict, keep_data: bool) -> list[str]:
     return done
 
 
+def _recorded_driver_pid(private_dir: str) -> int | None:
+    try:
+        return int(orjson.loads(Path(private_dir, results.DRIVER_RECORD).read_bytes())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _recorded_ray_tmpdir(private_dir: str) -> str | None:
     try:
         return orjson.loads(Path(private_dir, results.RAY_RECORD).read_bytes())["tmpdir"]
@@ -268,15 +287,19 @@ def _remove_harness_cgroups(found: dict) -> list[str]:
     done = []
     deadline = time.monotonic() + 5
     again = bool(found["waves"] or found.get("fleets"))
+    wave = found.get("wave")
     while True:
-        empty = find(None)["harness_cgroups"] if again else found["harness_cgroups"]
+        empty = find(wave)["harness_cgroups"] if again else found["harness_cgroups"]
         for d in empty:
             try:
                 os.rmdir(d)
                 done.append(f"removed harness cgroup {d}")
             except OSError:
                 pass
+        mine = {f"driver-{_recorded_driver_pid(e['private_dir'])}" for e in found["waves"].values()
+                if e.get("private_dir")}
         busy = [d for d in cgroups.harness_dirs() if d.split("/")[-1].startswith(("driver-", "host-"))
+                and (not wave or d.split("/")[-1] in mine)
                 and d.rsplit("-", 1)[1].isdigit() and not _start_time(int(d.rsplit("-", 1)[1]))] if again else []
         if not busy or time.monotonic() > deadline:
             return done
@@ -309,6 +332,9 @@ def summary(found: dict) -> list[str]:
         lines.append(f"the record of a `sandfleet up` fleet whose daemon is gone: {found['fleet_record']}")
     for d in found["harness_cgroups"]:
         lines.append(f"empty harness cgroup {d}")
+    for e in found.get("host_dirs", []):
+        lines.append(f"the dir of a dead sandbox host {e['path']}: wave(s) {', '.join(e['waves']) or 'none'}, "
+                     f"{len(e['credentials'])} attempt credential file(s)")
     for d in found.get("node_cgroups", []):
         lines.append(f"empty cgroup of a dead wave's isolated node {d}")
     for tmp, procs in sorted(found.get("dead_rays", {}).items()):

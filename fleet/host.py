@@ -24,6 +24,7 @@ from typing import Any
 
 from fleet import cgroups
 from fleet.backends import Backends, reap_leftover
+from fleet.hostdirs import record_owner
 from fleet.markers import ATTEMPT_CREDENTIALS
 from fleet.records import AttemptResult, Lease
 from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec, sandbox_key
@@ -164,8 +165,8 @@ class SandboxHost:
         from storage.credentials import CredentialSource, Credentials
 
         base = self.home(spec.wave_id)
-        for d in (self.home(), base):
-            d.mkdir(mode=0o711, exist_ok=True)
+        record_owner(self.home())  # (the sweep on this node tells a dead host's dir by it)
+        base.mkdir(mode=0o711, exist_ok=True)
         sdir = base / "sandboxes" / spec.sandbox_id
         sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         ro_mounts, ro_binds = dict(spec.ro_mounts), list(spec.ro_binds)
@@ -249,7 +250,7 @@ class SandboxHost:
         """Unpack the runner's snapshot here and check its digest (fleet/codeship.py)."""
         from fleet.codeship import ShipError, unpack
 
-        self.home().mkdir(mode=0o711, exist_ok=True)
+        record_owner(self.home())
         (self.home() / "code").mkdir(mode=0o711, exist_ok=True)
         try:
             path = await asyncio.to_thread(unpack, data, str(self.home() / "code" / digest), digest)
