@@ -4,10 +4,12 @@ tasks table filterable by verdict, fault and check) and one page per task under 
 ended, its faults' receipts, every check with its reason, the redacted log tails, the replay command).
 
 Self-contained: inline CSS, SVG and a few lines of JS; no network. Everything a runner could have written (its
-log, a check's detail quoting it) is escaped.
+log, a check's detail quoting it) is escaped, and each page carries a CSP that runs only our own scripts (by hash).
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -32,8 +34,24 @@ def _e(x) -> str:
     return html.escape(str(x), quote=True)
 
 
+def script_hashes() -> list[str]:
+    """The CSP sources of every inline script a generated page may carry (`'sha256-...'`): a script that is not
+    one of ours (one a runner's text smuggled into a page) matches none of them and never runs."""
+    return [f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in SCRIPTS]
+
+
+def page_csp(meta: bool = False) -> str:
+    """The Content-Security-Policy of a generated page: its own CSS and pictures, only our inline scripts, nothing
+    fetched, framed or posted. `meta`: the subset a `<meta>` tag may carry (no frame-ancestors)."""
+    csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+           f"script-src {' '.join(script_hashes())}; base-uri 'none'; form-action 'none'")
+    return csp if meta else csp + "; frame-ancestors 'none'"
+
+
 def _page(title: str, body: str, script: str = "") -> str:
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)}</title><style>{CSS}</style></head>"
+    assert not script or script in SCRIPTS, "an inline script must be listed in SCRIPTS (its hash is in the CSP)"
+    return (f"<!doctype html><html><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
+            f"content=\"{page_csp(meta=True)}\"><title>{_e(title)}</title><style>{CSS}</style></head>"
             f"<body>{body}{f'<script>{script}</script>' if script else ''}</body></html>")
 
 
@@ -127,6 +145,7 @@ FILTER_JS = """function f(){var v=document.getElementById('fv').value,g=document
 c=document.getElementById('fc').value.trim();document.querySelectorAll('#tasks tr[data-verdict]').forEach(function(r){
 var ok=(!v||r.dataset.verdict==v)&&(!g||r.dataset.fault==g)&&(!c||r.dataset.checks.indexOf(c)>=0);
 r.style.display=ok?'':'none';});}['fv','ff','fc'].forEach(function(i){document.getElementById(i).oninput=f;});"""
+SCRIPTS = (FILTER_JS,)  # every inline script of a generated page: the CSP allows these by hash, nothing else
 
 
 def _log_tails(d: Path, tid: str) -> str:

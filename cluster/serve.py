@@ -10,23 +10,41 @@ files (its index.html, task pages, timeline.png), never a path outside the wave'
 
 Each wave's row comes from its `verdict.json` (written with SUMMARY.md), else from its `<task>.grade.json` files; a
 damaged file is named on the row (file and line) and the rest still renders.
+
+Safe to look at: only the generated pages (a wave's `index.html` and `pages/*.html`, cluster/htmlreport.py) go out as
+HTML, under a CSP that runs only our own inline scripts (by hash). Everything else in a wave's directory (artifacts,
+runner logs, evidence, anything a runner could have shaped) goes out as `text/plain`, or as an attachment when it is
+binary, under `default-src 'none'; sandbox`; every answer says `X-Content-Type-Options: nosniff`.
+Safe to host: a real listen backlog, an idle timeout per connection, a cap on connections (at the cap the oldest
+connection that has not sent its request yet is dropped; with none idle the new one gets a 503), files streamed
+with sendfile, never read whole.
 """
 from __future__ import annotations
 
 import hashlib
 import html
-import mimetypes
+import math
+import os
+import socket
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import orjson
 
 from cluster import results
-from cluster.htmlreport import CSS, _verdict
+from cluster.htmlreport import CSS, _verdict, page_csp
 
 FLAKY = "flaky"
+IDLE_S = 10.0  # a connection that sends (or takes) nothing for this long is closed
+MAX_CONNECTIONS = 128  # connections served at once; more wait in the backlog or push out an idle one
+BACKLOG = 1024  # the listen backlog (the standard library's default is 5)
+SNIFF = 8192  # bytes looked at to tell a text file from a binary one
+NO_SCRIPT_CSP = "default-src 'none'; sandbox"  # anything that is not one of our pages
+INDEX_CSP = ("default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
+             "frame-ancestors 'none'")  # the root listing: ours, no script at all
 
 
 def _read(path: Path, problems: list[str]):
@@ -68,8 +86,15 @@ def wave_row(d: Path) -> dict | None:
                 problems.append(f"{f.name}: damaged (not a task's grade)")
         v = {"verdict": None, "tasks": tasks, "harness_errors": []}
     man = plan.get("manifest")
+    try:
+        man_key = hashlib.sha256(orjson.dumps(man, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12] if man else None
+    except (orjson.JSONEncodeError, TypeError):  # nested deeper than orjson writes
+        man_key = None
+        problems.append(f"{results.PLAN}: damaged (manifest nested too deep)")
     runner = plan.get("runner") if isinstance(plan.get("runner"), dict) else {}
-    created = plan.get("created_at") if isinstance(plan.get("created_at"), (int, float)) else None
+    created = _when(plan.get("created_at"))
+    if created is None and plan.get("created_at") is not None:
+        problems.append(f"{results.PLAN}: damaged (created_at {str(plan.get('created_at'))[:40]!r} is not a time)")
     faults = [f.get("fault_id") for t in plan.get("tasks") or [] if isinstance(t, dict)
               for f in (t.get("faults") if isinstance(t.get("faults"), list) else []) if isinstance(f, dict)]
     v = {"verdict": v.get("verdict") if isinstance(v.get("verdict"), str) else None,
@@ -80,18 +105,32 @@ def wave_row(d: Path) -> dict | None:
     return {"wave_id": str(plan.get("wave_id", d.name)), "dir": d.name, "created": created,
             "runner": runner.get("name"), "faults": [str(f) for f in dict.fromkeys(faults)],
             "verdict": v.get("verdict"), "tasks": v.get("tasks", []), "harness_errors": v.get("harness_errors", []),
-            "manifest_key": hashlib.sha256(orjson.dumps(man, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
-            if man else None, "problems": problems}
+            "manifest_key": man_key, "problems": problems}
+
+
+def _when(x) -> float | None:
+    """A wave's `created_at` when it is a time gmtime can show (a plan's `1e20` once took the whole index down)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    try:
+        time.gmtime(x)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return float(x)
 
 
 def summary_of(g: dict) -> dict:
-    """What the index keeps of a task's grade."""
-    faults = [f if t == "time" else f"{f}@{t}" for f, t in zip(g.get("faults") or [],
-                                                             g.get("triggers") or ["time"] * 99)]
+    """What the index keeps of a task's grade (fields of the wrong shape count as absent)."""
+    def listed(k):
+        return g.get(k) if isinstance(g.get(k), list) else []
+
+    faults = [str(f) if t == "time" else f"{f}@{t}" for f, t in zip(listed("faults"),
+                                                                  listed("triggers") or ["time"] * 99)]
+    checks = g.get("checks") if isinstance(g.get("checks"), dict) else {}
     return {"task_id": g.get("task_id"), "verdict": g.get("verdict"), "signature": g.get("signature"),
             "cell": f"{g.get('runner')} × {g.get('workload') or '?'} × {'+'.join(faults) or 'none'}",
-            "not_exercised": any(c.get("verdict") == "not_applied" and "exercis" in str(c.get("detail", ""))
-                                 for c in (g.get("checks") or {}).values())}
+            "not_exercised": any(isinstance(c, dict) and c.get("verdict") == "not_applied"
+                                 and "exercis" in str(c.get("detail", "")) for c in checks.values())}
 
 
 def collect(root: Path) -> list[dict]:
@@ -100,13 +139,17 @@ def collect(root: Path) -> list[dict]:
         try:
             r = wave_row(d)
         except Exception as exc:  # noqa: BLE001 - one damaged wave is named on its row, the rest renders
-            r = {"wave_id": d.name, "dir": d.name, "created": None, "runner": None, "faults": [], "verdict": None,
-                 "tasks": [], "harness_errors": [], "manifest_key": None,
-                 "problems": [f"damaged ({type(exc).__name__}: {str(exc)[:200]})"]}
+            r = _damaged_row(d.name, exc)
         if r is not None:
             rows.append(r)
     rows.sort(key=lambda r: (r["created"] or 0, r["wave_id"]), reverse=True)
     return rows
+
+
+def _damaged_row(name: str, exc: Exception) -> dict:
+    return {"wave_id": name, "dir": name, "created": None, "runner": None, "faults": [], "verdict": None,
+            "tasks": [], "harness_errors": [], "manifest_key": None,
+            "problems": [f"damaged ({type(exc).__name__}: {str(exc)[:200]})"]}
 
 
 def categories(row: dict) -> dict:
@@ -142,6 +185,19 @@ def cell_trends(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _index_row(r: dict) -> str:
+    e = html.escape
+    c = categories(r)
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created"])) if _when(r["created"]) is not None else "?"
+    passed = sum(1 for t in r["tasks"] if t["verdict"] == "pass")
+    link = f"/w/{e(quote(r['dir']))}/{results.INDEX_HTML}"
+    return (f"<tr><td>{when}</td><td><a href='{link}'>{e(r['wave_id'])}</a></td><td>{e(str(r['runner']))}"
+            f"</td><td>{e('+'.join(r['faults']) or 'none')}</td><td>{_verdict(r['verdict'] or '?')}</td>"
+            f"<td>{passed}/{len(r['tasks'])}</td><td>{c['runner failure']}</td><td>{c['harness fault']}</td>"
+            f"<td>{c['not applied / not exercised']}</td><td>{c['unknown']}</td>"
+            f"<td>{e('; '.join(r['problems'] + r['harness_errors'])[:300])}</td></tr>")
+
+
 def index_html(root: Path, rows: list[dict]) -> str:
     e = html.escape
     body = [f"<h1>Waves under <code>{e(str(root))}</code></h1>",
@@ -150,15 +206,10 @@ def index_html(root: Path, rows: list[dict]) -> str:
             "<th>faults</th><th>verdict</th><th>tasks passed</th><th>runner failures</th><th>harness faults</th>"
             "<th>not applied / not exercised</th><th>unknown</th><th>notes</th></tr>"]
     for r in rows:
-        c = categories(r)
-        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created"])) if r["created"] else "?"
-        passed = sum(1 for t in r["tasks"] if t["verdict"] == "pass")
-        link = f"/w/{e(r['dir'])}/{results.INDEX_HTML}"
-        body.append(f"<tr><td>{when}</td><td><a href='{link}'>{e(r['wave_id'])}</a></td><td>{e(str(r['runner']))}"
-                    f"</td><td>{e('+'.join(r['faults']) or 'none')}</td><td>{_verdict(r['verdict'] or '?')}</td>"
-                    f"<td>{passed}/{len(r['tasks'])}</td><td>{c['runner failure']}</td><td>{c['harness fault']}</td>"
-                    f"<td>{c['not applied / not exercised']}</td><td>{c['unknown']}</td>"
-                    f"<td>{e('; '.join(r['problems'] + r['harness_errors'])[:300])}</td></tr>")
+        try:
+            body.append(_index_row(r))
+        except Exception as exc:  # noqa: BLE001 - a row that cannot render is named; the index still renders
+            body.append(_index_row(_damaged_row(str(r.get("dir")), exc)))
     body.append("</table><h2>Cells across waves</h2><table><tr><th>cell</th><th>waves</th><th>trend (oldest "
                 "first)</th><th></th></tr>")
     for cell, t in sorted(cell_trends(rows).items()):
@@ -171,20 +222,126 @@ def index_html(root: Path, rows: list[dict]) -> str:
             f"</head><body>{''.join(body)}</body></html>")
 
 
-def make_server(root: Path, port: int = 0) -> ThreadingHTTPServer:
+def generated_page(rel: Path) -> bool:
+    """One of the pages cluster/htmlreport.py writes into a wave's directory (its index, its task pages): the only
+    files served as HTML. A runner's files live under artifacts/, evidence/ and sandboxes/, never at these paths."""
+    parts = rel.parts
+    return (parts == (results.INDEX_HTML,)
+            or (len(parts) == 2 and parts[0] == results.PAGES and parts[1].endswith(".html")))
+
+
+def _is_text(head: bytes) -> bool:
+    return b"\0" not in head
+
+
+class _Server(ThreadingHTTPServer):
+    """The standard library's threading server with bounds: a listen backlog of BACKLOG, at most
+    `max_connections` connections at once (at the cap, the oldest connection still waiting for its request is
+    dropped for the new one; when every one is being answered, the new one gets a 503)."""
+
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+    def __init__(self, addr, handler, max_connections: int = MAX_CONNECTIONS):
+        self.max_connections = max_connections
+        self._conns: dict = {}  # connection -> answering (True once its request line and headers are in)
+        self._lock = threading.Lock()
+        self.dropped_idle = self.refused = 0
+        super().__init__(addr, handler)
+
+    def process_request(self, request, client_address):
+        with self._lock:
+            if len(self._conns) >= self.max_connections:
+                idle = next((c for c, answering in self._conns.items() if not answering), None)  # oldest first
+                if idle is None:
+                    self.refused += 1
+                    self._refuse(request)
+                    return
+                del self._conns[idle]
+                self.dropped_idle += 1
+                try:
+                    idle.shutdown(socket.SHUT_RDWR)  # its thread's read ends at once; that thread closes it
+                except OSError:
+                    pass
+            self._conns[request] = False
+        super().process_request(request, client_address)
+
+    def _refuse(self, request) -> None:
+        try:
+            request.settimeout(0.2)
+            request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            b"X-Content-Type-Options: nosniff\r\nRetry-After: 1\r\nContent-Length: 5\r\n\r\nbusy\n")
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def answering(self, request) -> None:
+        with self._lock:
+            if request in self._conns:
+                self._conns[request] = True
+
+    def shutdown_request(self, request):
+        with self._lock:
+            self._conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+
+def make_server(root: Path, port: int = 0, max_connections: int = MAX_CONNECTIONS,
+                idle_s: float = IDLE_S) -> _Server:
     root = root.resolve()
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_s  # StreamRequestHandler sets it on the socket: every read and write waits at most this
+
         def log_message(self, *a):  # quiet: the CLI prints the address, not every request
             pass
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            if ok:
+                self.server.answering(self.connection)
+            return ok
+
+        def end_headers(self):
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Referrer-Policy", "no-referrer")
+            super().end_headers()
+
+        def _send(self, status: int, body: bytes, ctype: str, csp: str = NO_SCRIPT_CSP) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Security-Policy", csp)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
+
+        def _send_file(self, f: Path, rel: Path) -> None:
+            with open(f, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                head = fh.read(SNIFF)
+                fh.seek(0)
+                self.send_response(200)
+                if generated_page(rel):
+                    self.send_header("Content-Type", "text/html; charset=utf-8")
+                    self.send_header("Content-Security-Policy", page_csp())
+                else:  # anything else may hold what a runner wrote: never active
+                    if len(rel.parts) == 1 and rel.suffix == ".png":  # timeline.png and the report's screenshots
+                        self.send_header("Content-Type", "image/png")
+                    elif _is_text(head):
+                        self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    else:
+                        self.send_header("Content-Type", "application/octet-stream")
+                        self.send_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(f.name)}")
+                    self.send_header("Content-Security-Policy", NO_SCRIPT_CSP)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                if self.command != "HEAD" and size:
+                    self.connection.sendfile(fh, 0, size)  # streamed by the kernel, bounded by the socket timeout
 
         def do_HEAD(self):
             self.do_GET()
@@ -192,18 +349,21 @@ def make_server(root: Path, port: int = 0) -> ThreadingHTTPServer:
         def do_GET(self):
             path = unquote(self.path.split("?", 1)[0])
             if path in ("/", "/index.html"):
-                return self._send(200, index_html(root, collect(root)).encode(), "text/html; charset=utf-8")
+                return self._send(200, index_html(root, collect(root)).encode(), "text/html; charset=utf-8",
+                                  INDEX_CSP)
             if path.startswith("/w/") and "\0" not in path:
                 wave, _, rest = path[3:].partition("/")
                 d = (root / wave).resolve()
                 f = (d / (rest or results.INDEX_HTML)).resolve()
                 if d.parent == root and (d / results.PLAN).is_file() and f.is_relative_to(d) and f.is_file():
-                    ctype = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
-                    return self._send(200, f.read_bytes(), ctype + ("; charset=utf-8" if ctype.startswith("text")
-                                                                   else ""))
-            return self._send(404, b"not found\n", "text/plain")
+                    try:
+                        return self._send_file(f, f.relative_to(d))
+                    except (TimeoutError, ConnectionError):  # a client that stopped reading: dropped
+                        self.close_connection = True
+                        return None
+            return self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
-    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    return _Server(("127.0.0.1", port), Handler, max_connections)
 
 
 def serve(root: Path, port: int, announce) -> None:
