@@ -9,6 +9,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -64,3 +65,37 @@ def test_the_wave_report_loads_in_a_browser_and_shows_every_lane_attempt_and_fau
         assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
         assert _png_size(shot) == SIZE and shot.stat().st_size > 20_000, (_png_size(shot), shot.stat().st_size)
         shutil.copy(shot, d / f"screenshot-{name}.png")  # kept beside the report (the note describes one)
+
+
+EVIL = ("<!doctype html><html><body><p>hello</p><script>var d=document.createElement('div');d.id='pwned';"
+        "document.body.appendChild(d);</script></body></html>")
+
+
+def test_a_runners_evil_html_served_through_serve_runs_no_script(run_wave, tmp_path):
+    """Issue 42: `serve` sent a runner's artifact `evil.html` as text/html from the origin of every wave's page. The
+    runner writes it into its repo (captured as its artifact); `sandfleet serve` and Chromium run together in a
+    network namespace of their own; the DOM after load has no element the script adds. Control: the same file
+    opened directly runs the script (the test would see an unsafe serve)."""
+    runner = {"name": "evil", "command": ["/bin/sh", "-c", 'mkdir -p repo && printf "%s" "$EVIL" > repo/evil.html'],
+              "env": {"EVIL": EVIL}}
+    _, d = run_wave(runner=runner, faults=[], tasks=1, concurrency=1, seed=3, deadline_s=60,
+                    workload={"steps": 2, "think_ms": 0})
+    evil = d / "artifacts" / "t000" / "files" / "evil.html"
+    assert evil.read_text() == EVIL, "the runner's file was not captured as its artifact"
+    control = _run(f"file://{evil}", tmp_path, "--dump-dom")
+    assert 'id="pwned"' in control.stdout, control.stderr[-2000:]  # the script does run when nothing stops it
+
+    url = f"http://127.0.0.1:8642/w/{d.name}/artifacts/t000/files/evil.html"
+    root = Path(__file__).resolve().parents[2]
+    script = (f"ip link set lo up && cd {root} && {sys.executable} -m cluster.cli serve {d.parent} --port 8642 "
+              f">{tmp_path / 'serve.out'} 2>&1 & for i in $(seq 1 300); do grep -q serving {tmp_path / 'serve.out'} "
+              "&& break; sleep 0.1; done; exec \"$@\"")
+    argv = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, "sh",
+            _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
+            f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", url]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    served = (tmp_path / "serve.out").read_text()
+    assert p.returncode == 0 and "serving" in served, (p.stderr[-2000:], served)
+    assert "pwned" in p.stdout and "hello" in p.stdout, p.stdout[:2000]  # the file arrived (as text)
+    assert 'id="pwned"' not in p.stdout, p.stdout[:2000]
