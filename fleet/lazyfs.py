@@ -810,7 +810,8 @@ class LazyOps:
             for node in list(self._nodes.values()):
                 if node.dirty:
                     files.append({"path": self._file_path(node), "bytes_dropped": node.extents.nbytes(),
-                                  "writes_dropped": node.writes, "size_was": node.size, "size_now": node.floor})
+                                  "writes_dropped": node.writes, "size_was": node.size,
+                                  "size_now": os.fstat(node.fd).st_size})
                     node.extents.clear()
                     node.dirty = False
                     node.writes = 0
