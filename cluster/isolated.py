@@ -187,11 +187,14 @@ class Node:
 
 
 class IsolatedNodes:
-    """The head's namespace (entered by `enter_head`) and the sandbox nodes linked to it."""
+    """The head's namespace (entered by `enter_head`) and the sandbox nodes linked to it. `head_ns_pid`: the head's
+    namespace is another process's (a test's hand-made cluster), not this one's: the head's link ends are made
+    there."""
 
-    def __init__(self, tag: str, head: dict):
+    def __init__(self, tag: str, head: dict, head_ns_pid: int | None = None):
         self.tag = tag  # the wave's marker: in every node's cgroup dir name and command line
         self.head = head
+        self.head_ns_pid = head_ns_pid
         self.nodes: dict[str, Node] = {}
         # nodes are spawned by one thread that lives as long as the fleet: each node's first process dies with
         # the thread that spawned it (PR_SET_PDEATHSIG), so a killed driver takes its nodes with it
@@ -231,9 +234,10 @@ class IsolatedNodes:
             node.ns = said["ns"]
             self._links += 1
             veth = f"sfv{self._links}"
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(proc.pid))
-            _ip("link", "set", veth, "master", BRIDGE)
-            _ip("link", "set", veth, "up")
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(proc.pid),
+                ns_pid=self.head_ns_pid)
+            _ip("link", "set", veth, "master", BRIDGE, ns_pid=self.head_ns_pid)
+            _ip("link", "set", veth, "up", ns_pid=self.head_ns_pid)
             _ip("link", "set", "lo", "up", ns_pid=proc.pid)
             _ip("addr", "add", f"{ip}/{PREFIX}", "dev", "eth0", ns_pid=proc.pid)
             _ip("link", "set", "eth0", "up", ns_pid=proc.pid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def record_owner(home: Path) -> None:
             return
     except (OSError, ValueError):
         pass
-    tmp = home / f".{HOST_RECORD}.{os.getpid()}"
+    tmp = home / f".{HOST_RECORD}.{os.getpid()}.{threading.get_ident()}"  # (attempts prepare in threads at once)
     tmp.write_bytes(orjson.dumps(me))
     os.replace(tmp, rec)
 
