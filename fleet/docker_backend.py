@@ -70,6 +70,10 @@ def container_name(wave_id: str, sandbox_id: str) -> str:
 class DockerBackend(SandboxBackend):
     name = "docker"
     LOG_CAP = 16 * 1024 * 1024
+    # The engine's own copy of a container's output: the harness reads it through `docker logs --follow` (its
+    # pump keeps LOG_CAP), so the driver cannot be `none`; json-file capped at 3 x 16 MiB, where an unbounded one
+    # once kept 2.59 GB per attempt of a runner that printed 3 GiB (issue 42)
+    LOG_CONFIG = {"type": "json-file", "config": {"max-size": "16m", "max-file": "3"}}
 
     def __init__(self):
         super().__init__()
@@ -148,7 +152,7 @@ class DockerBackend(SandboxBackend):
             memswap_limit=spec.memory_mb * 1024 * 1024, pids_limit=spec.pids_max, cpu_shares=max(2, spec.cpu_shares),
             nano_cpus=int(spec.cpu_quota * 1e9) if spec.cpu_quota else None, mounts=mounts, tmpfs=tmpfs,
             labels={LABEL: spec.wave_id, "sandfleet.sandbox": spec.sandbox_id, "sandfleet.task": spec.task_id},
-            stop_signal="SIGTERM", auto_remove=False)
+            stop_signal="SIGTERM", auto_remove=False, log_config=self.LOG_CONFIG)
 
     async def _start(self, sb: Sandbox) -> None:
         spec = sb.spec

@@ -339,3 +339,22 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
     while priv.containers.list(all=True, filters=records) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not priv.containers.list(all=True, filters=records)
+
+
+def test_a_container_keeps_its_log_bounded(tmp_path):
+    """Issue 42: containers were made with no log_config, and the engine's json-file log of a runner that printed
+    3 GiB kept 2.59 GB per attempt. The harness reads the engine's log (`docker logs --follow`), so the driver stays
+    json-file, capped: the container the backend creates says so in its HostConfig."""
+    from fleet.docker_backend import DockerBackend
+    from fleet.sandbox import SandboxSpec
+
+    be = DockerBackend()
+    spec = SandboxSpec(wave_id="w-20261206T000000-s1-logcap", sandbox_id="t000-a1", task_id="t000", attempt=1,
+                       argv=["true"], env={}, state_dir=str(tmp_path), backend="docker")
+    os.makedirs(spec.workspace)
+    c = be._create(spec)
+    try:
+        log = be.ctl.inspect_container(c.id)["HostConfig"]["LogConfig"]
+    finally:
+        c.remove(force=True)
+    assert log == {"Type": "json-file", "Config": {"max-size": "16m", "max-file": "3"}}, log
