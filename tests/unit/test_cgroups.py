@@ -142,3 +142,30 @@ def test_the_preflight_turns_a_machine_set_up_error_into_exit_254(monkeypatch):
         parts.preflight(build_config({}))
     assert err.value.exit_code == 254 and "memory not available" in str(err.value)
     assert HarnessError("a store that did not start").exit_code == 2
+
+
+def test_v2_an_isolated_nodes_processes_join_a_leaf_of_its_group_and_the_harness_returns_home(v2_tree):
+    """No process in an inner node: a node's group gets cgroups of its own (its host's sandboxes), so its processes
+    start in its leaf `sandfleet-home`; a process leaving the harness's group returns to the own cgroup's leaf once
+    the own cgroup has controllers on (the v2 root alone may hold processes beside children)."""
+    dirs = cgroups.group_dirs("sandfleet-node.t.node-1")
+    assert dirs == {cgroups.UNIFIED: v2_tree / "sandfleet-node.t.node-1"}
+    assert (v2_tree / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    dirs[cgroups.UNIFIED].mkdir()
+    assert cgroups.join_file(dirs[cgroups.UNIFIED]) == v2_tree / "sandfleet-node.t.node-1" / cgroups.HOME / "cgroup.procs"
+    assert cgroups.home(v2_tree) == v2_tree / cgroups.HOME
+    (v2_tree / "cgroup.subtree_control").write_text("")
+    assert cgroups.home(v2_tree) == v2_tree
+    (v2_tree / "cgroup.subtree_control").write_text("memory")
+    (v2_tree / "cgroup.type").unlink()  # the root
+    assert cgroups.home(v2_tree) == v2_tree
+
+
+def test_v1_group_dirs_and_join_files_are_as_before(tmp_path, monkeypatch):
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "_MODE", ["v1"])
+    monkeypatch.setattr(cgroups, "own_path", lambda c, proc_cgroup=None: "/own")
+    dirs = cgroups.group_dirs("sandfleet-node.t.n")
+    assert dirs == {c: tmp_path / c / "own" / "sandfleet-node.t.n" for c in cgroups.CONTROLLERS}
+    assert [cgroups.join_file(d) for d in dirs.values()] == [d / "cgroup.procs" for d in dirs.values()]
+    assert cgroups.wave_dirs("w1") == [tmp_path / c / "own" / "sandfleet" / "w1" for c in cgroups.CONTROLLERS]
