@@ -8,7 +8,8 @@ backend (template method). The process backend runs each runner as
 
 Inside, the host is read-only and mostly absent: /usr and /etc read-only, the
 runner's code and interpreter read-only at their own paths, a private /tmp,
-/proc of its own pid namespace, /sys read-only (so every cgroup file too), and
+/proc of its own pid namespace, /sys read-only with an empty /sys/fs/cgroup, no new user namespaces
+(a seccomp filter: fleet/seccomp.py), and
 the tmpfs workspace at /workspace as the only writable place (and cwd). The
 network namespace is empty but for loopback listeners the host opened in it and
 relays to the harness services (fleet/netns.py): the only things a runner reaches.
@@ -34,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet import cgroups
+from fleet import cgroups, seccomp
 from fleet.netns import SandboxNet
 from fleet.lifecycle import SANDBOX_TRANSITIONS, Lifecycle, SandboxState
 
@@ -624,8 +625,9 @@ class ProcessBackend(SandboxBackend):
         self._pipes: dict[str, tuple[int, int]] = {}  # sandbox id -> (report read end, hold write end)
 
     @staticmethod
-    def bwrap_args(spec: SandboxSpec, pipes: tuple[int, int] | None = None) -> list[str]:
-        """`pipes`: (report write end, hold read end) for WRAP, which then runs the runner."""
+    def bwrap_args(spec: SandboxSpec, pipes: tuple[int, int] | None = None, seccomp_fd: int | None = None) -> list[str]:
+        """`pipes`: (report write end, hold read end) for WRAP, which then runs the runner; `seccomp_fd`: the filter
+        that refuses new user namespaces (fleet/seccomp.py)."""
         a = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup",
              "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
@@ -635,7 +637,9 @@ class ProcessBackend(SandboxBackend):
             elif os.path.isdir(host):
                 a += ["--ro-bind", host, host]
         # /tmp: private, and writable by the runner (sticky, as on any machine: the contract's TMPDIR)
-        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/sys", "/sys"]
+        # /sys/fs/cgroup: an empty tmpfs, so the sandbox sees no cgroup, its own or another wave's (issue 42)
+        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/sys", "/sys",
+              "--perms", "0755", "--tmpfs", "/sys/fs/cgroup"]
         made = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev", "/sys"}
 
         def parents(path: str) -> list[str]:
@@ -655,6 +659,8 @@ class ProcessBackend(SandboxBackend):
             made.add(inside)
         for path in spec.hide:
             a += ["--tmpfs", path]
+        if seccomp_fd is not None:
+            a += ["--seccomp", str(seccomp_fd)]
         a += ["--bind", spec.workspace, WORKSPACE_IN, "--chdir", WORKSPACE_IN,
               "--cap-add", "CAP_SETUID,CAP_SETGID", "--",
               "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
@@ -690,18 +696,20 @@ class ProcessBackend(SandboxBackend):
         rfd, wfd = os.pipe()
         rep_r, rep_w = os.pipe()  # the wrapper reports the runner's exit on it
         hold_r, hold_w = os.pipe()  # the wrapper waits on it until the host has looked
+        sec_r = seccomp.filter_fd()  # bwrap reads the filter from it
         try:
             proc = await asyncio.to_thread(
                 subprocess.Popen, ["/bin/sh", "-c", LAUNCH, "sandfleet-launch",
-                                   *self.bwrap_args(spec, (rep_w, hold_r) if os.access(BASH, os.X_OK) else None)],
+                                   *self.bwrap_args(spec, (rep_w, hold_r) if os.access(BASH, os.X_OK) else None,
+                                                    sec_r)],
                 env=launch_env, stdout=wfd, stderr=wfd, stdin=subprocess.PIPE, cwd="/",
-                pass_fds=(net.nsfd, rep_w, hold_r))
+                pass_fds=(net.nsfd, rep_w, hold_r, sec_r))
         except BaseException:
             for fd in (rep_r, hold_w):
                 os.close(fd)
             raise
         finally:
-            for fd in (wfd, rep_w, hold_r):
+            for fd in (wfd, rep_w, hold_r, sec_r):
                 os.close(fd)
         self._pipes[spec.key] = (rep_r, hold_w)
         self._procs[spec.key] = proc

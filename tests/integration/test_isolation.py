@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = str(ROOT / "tests" / "runners" / "hostile.py")
 ATTACKS = ["write_outside", "read_identities", "write_results", "foreign_prefix", "proxy_control",
            "cgroup_escape", "setsid_daemon", "ignore_sigterm", "fill_workspace", "memory", "fork_bomb",
-           "spin_cpu", "net_outside", "stale_key"]
+           "spin_cpu", "net_outside", "stale_key", "new_userns", "list_cgroups"]
 HOST_PATHS = ["/etc/sf-pwned", "/usr/sf-pwned", "/root/sf-pwned", "/work/sf-pwned", "/var/sf-pwned"]
 
 

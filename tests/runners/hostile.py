@@ -252,9 +252,46 @@ def net_outside():
     report("net_outside", all(v != "connected" and v != "OK" for v in out.values()), json.dumps(out))
 
 
+def new_userns():
+    """A user namespace of its own, then mount and network namespaces inside it (as `unshare -Urmn` does): docker's
+    seccomp profile refuses the first step, and so must the process sandbox. Tried in a child (each of unshare's
+    flags, and clone with CLONE_NEWUSER), so the runner itself is never moved."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    newuser, newns, newnet = 0x10000000, 0x00020000, 0x40000000
+    out = {}
+    for name, flags in (("user", newuser), ("user+mount+net", newuser | newns | newnet)):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            rc = libc.unshare(flags)
+            os.write(w, ("ok" if rc == 0 else errno.errorcode.get(ctypes.get_errno(), "?")).encode())
+            os._exit(0)
+        os.close(w)
+        out[name] = os.read(r, 64).decode()
+        os.close(r)
+        os.waitpid(pid, 0)
+    report("new_userns", all(v != "ok" for v in out.values()), json.dumps(out))
+
+
+def list_cgroups():
+    """Every wave and sandbox on the host, with pids, through /sys/fs/cgroup: the sandbox may see only its own group
+    or none."""
+    seen = []
+    for top, dirs, _files in os.walk("/sys/fs/cgroup"):
+        seen += [os.path.join(top, d) for d in dirs if "sandfleet" in d or d.startswith("w-")]
+        if len(seen) > 20:
+            break
+    own = open("/proc/self/cgroup").read().split()
+    report("list_cgroups", not seen, json.dumps({"seen": seen[:20], "own": own[:4]}))
+
+
 ATTACKS = {f.__name__: f for f in (write_outside, read_identities, write_results, foreign_prefix, proxy_control,
                                    cgroup_escape, setsid_daemon, ignore_sigterm, fill_workspace, memory,
-                                   fork_bomb, spin_cpu, net_outside, stale_key)}
+                                   fork_bomb, spin_cpu, net_outside, stale_key, new_userns,
+                                   list_cgroups)}
 
 
 def main():
