@@ -42,14 +42,21 @@ def driver_alive(private: Path) -> bool:
     return _start_time(d["pid"]) == d["start"]
 
 
-def find(wave: str | None = None, errors: list | None = None) -> dict:
+def live_waves() -> list[str]:
+    """Waves whose driver runs on this machine (its private dir here names a live process)."""
+    return sorted(p.name[len("sandfleet-"):] for p in Path("/tmp").glob(PRIVATE_GLOB)
+                  if p.is_dir() and driver_alive(p))
+
+
+def find(wave: str | None = None, errors: list | None = None, live: frozenset | set = frozenset()) -> dict:
     """Leftovers of dead waves, grouped by kind; nothing is changed. `errors` gets what could not be looked at
-    (a docker engine that did not answer)."""
+    (a docker engine that did not answer). `live`: waves whose driver runs on another machine of the cluster (a
+    node has no private dir of theirs: without it, their sandboxes there would be taken for a dead wave's)."""
     waves, private = markers(errors)
     live_rays = live_ray_tmpdirs()
     dead = {}
     for w, e in waves.items():
-        if wave and w != wave:
+        if (wave and w != wave) or w in live:
             continue
         p = private.get(w)
         alive = driver_alive(p) if p is not None else False
@@ -343,13 +350,14 @@ def summary(found: dict) -> list[str]:
     return lines
 
 
-def here(wave: str | None, dry_run: bool) -> dict:
+def here(wave: str | None, dry_run: bool, live: list[str] = ()) -> dict:
     """One machine's sweep, as `sandfleet sweep` does it: what was found, and what was done unless `dry_run`.
-    `sandfleet sweep --cluster` runs it on every node of a cluster (each node ends only its own leftovers)."""
+    `sandfleet sweep --cluster` runs it on every node of a cluster (each node ends only its own leftovers; `live`:
+    the waves whose driver another node runs)."""
     import socket
 
     unseen: list = []
-    found = find(wave, unseen)
+    found = find(wave, unseen, set(live))
     return {"host": socket.gethostname(), "found": summary(found), "unseen": unseen,
             "done": [] if dry_run or not summary(found) else remove(found)}
 
@@ -372,10 +380,20 @@ def on_cluster(address: str, wave: str | None, dry_run: bool, timeout_s: float =
         raise
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        task = ray.remote(num_cpus=0, max_retries=0)(here)
-        refs = {n["NodeManagerAddress"] + f" ({n['NodeID'][:8]})": task.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(wave, dry_run)
-            for n in nodes}
+
+        def on_each(fn, *args):
+            task = ray.remote(num_cpus=0, max_retries=0)(fn)
+            return {n["NodeManagerAddress"] + f" ({n['NodeID'][:8]})": task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(*args)
+                for n in nodes}
+        # first every node's live waves (a driver runs on one node; its sandboxes on others are not a dead wave's)
+        live: set[str] = set()
+        for ref in on_each(live_waves).values():
+            try:
+                live.update(ray.get(ref, timeout=timeout_s))
+            except Exception:  # noqa: BLE001 - that node's own sweep below says what is wrong with it
+                pass
+        refs = on_each(here, wave, dry_run, sorted(live))
         out = {}
         for name, ref in refs.items():
             try:

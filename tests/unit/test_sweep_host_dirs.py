@@ -84,3 +84,15 @@ def test_sweep_of_one_wave_leaves_other_waves_harness_cgroups(tmp_path, monkeypa
     monkeypatch.setattr(hostdirs, "dead_host_dirs", lambda wave=None: [])
     assert sweep.find(W1)["harness_cgroups"] == [str(cg / f"driver-{gone}")]
     assert sorted(sweep.find(None)["harness_cgroups"]) == sorted(str(p) for p in cg.iterdir())
+
+
+def test_a_wave_whose_driver_runs_on_another_node_is_not_a_dead_one_here(monkeypatch):
+    """On a node, no wave has its private dir: without the cluster's live waves, `sweep --cluster` took a running
+    wave's sandboxes there for a dead wave's."""
+    monkeypatch.setattr(sweep, "markers", lambda errors=None: (
+        {W1: {"processes": [{"pid": 1, "cmd": "x", "sandbox": "t000-a1"}], "cgroups": ["t000-a1"], "mounts": [],
+              "containers": [], "private_dir": None}}, {}))
+    monkeypatch.setattr(sweep, "dead_node_cgroups", lambda tags=frozenset(): [])
+    monkeypatch.setattr(hostdirs, "dead_host_dirs", lambda wave=None: [])
+    assert W1 in sweep.find(W1)["waves"]
+    assert sweep.find(W1, live={W1})["waves"] == {}
