@@ -5,6 +5,8 @@
   `cluster.htmlreport.write_html` renders them: wall time and the index's size.
 - `sandfleet serve`'s index of 200 waves (each with its plan.json and verdict.json, 8 tasks): the wall time of
   one answer to `GET /` through the real server, p50 of 20.
+- `sandfleet serve` under 1,000 idle clients and 12 that never read a 200 MB file (issue 42): connect time, the
+  wall time of one `GET /` beside them, the server's RSS.
 
 `python -m tests.bench.report` (part of `make bench`).
 """
@@ -111,11 +113,89 @@ def bench_serve(rows: list, waves: int = 200) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+SERVE_CHILD = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from cluster.serve import make_server
+srv = make_server(Path(sys.argv[1]), 0)
+print(srv.server_address[1], flush=True)
+srv.serve_forever(poll_interval=0.2)
+"""
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench_serve_bounds(rows: list, idle: int = 1000, slow: int = 12, big_mb: int = 200) -> None:
+    """Issue 42's exhaustion of `serve`, measured against the real server in a process of its own: `idle` clients
+    that connect and send nothing, then one GET / (its wall time, and how long the idle ones took to connect);
+    `slow` clients that ask for a `big_mb` MB file and never read (the server's RSS)."""
+    import socket
+    import subprocess
+
+    root = Path(tempfile.mkdtemp(prefix="sfbench-serve-"))
+    proc = None
+    socks: list = []
+    try:
+        d = root / "w-20261206T000000-s1-bench"
+        (d / "artifacts" / "t000" / "files").mkdir(parents=True)
+        (d / "plan.json").write_bytes(orjson.dumps({"wave_id": d.name, "created_at": 1.8e9, "tasks": []}))
+        with open(d / "artifacts" / "t000" / "files" / "big.log", "wb") as f:
+            f.truncate(big_mb * 10**6)
+        proc = subprocess.Popen([sys.executable, "-c", SERVE_CHILD, str(root), str(ROOT)], stdout=subprocess.PIPE,
+                                text=True)
+        port = int(proc.stdout.readline())
+        rss0 = _rss_mib(proc.pid)
+        t = time.perf_counter()
+        for _ in range(idle):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        connect = time.perf_counter() - t
+        t = time.perf_counter()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60).read()
+        answer = time.perf_counter() - t
+        assert d.name.encode() in body
+        rss_idle = _rss_mib(proc.pid)
+        for s in socks:
+            s.close()
+        socks = []
+        time.sleep(0.5)
+        for _ in range(slow):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"GET /w/{d.name}/artifacts/t000/files/big.log HTTP/1.0\r\n\r\n".encode())
+            socks.append(s)
+        time.sleep(2)
+        rss_slow = _rss_mib(proc.pid)
+        t = time.perf_counter()
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60).read()
+        answer_slow = time.perf_counter() - t
+        rows.append((f"`sandfleet serve` under {idle:,} idle clients (connect, send nothing): all connected, then "
+                     "one GET /", f"{connect:.2f} s to connect all; GET / {answer * 1000:.0f} ms",
+                     f"RSS {rss0:.0f} -> {rss_idle:.0f} MiB", "before (c8d1f5a^, the same bench): 159.7 s to connect, RSS 51 MiB (backlog 5, "
+                     "a thread per idle client, no timeout); now backlog 1,024, 128 connections, idle ones dropped"))
+        rows.append((f"`sandfleet serve`: {slow} clients ask for a {big_mb} MB file and never read",
+                     f"GET / beside them {answer_slow * 1000:.0f} ms", f"RSS {rss_slow:.0f} MiB",
+                     "before (c8d1f5a^, the same bench): RSS 2,325 MiB (each file read whole); now sendfile, a 10 s send timeout"))
+    finally:
+        for s in socks:
+            s.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     rows: list = []
     bench_html(rows)
     bench_serve(rows)
+    bench_serve_bounds(rows)
     write_section(MARK, "Reports (issue 21)", "Produced by `python -m tests.bench.report` (part of `make bench`)",
                   "| measurement | wall | size | note |", rows)
 
