@@ -199,8 +199,10 @@ class EmbeddedStore:
         env = dict(os.environ, TMPDIR=str(tmp))
         log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, cwd=self.workdir)
+            # a daemon starts clean: only its own descriptors, in a session of its own (a caller's lock or pipe
+            # is never held by it; a terminal's Ctrl-C reaches the harness, which stops it by pid)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=self.workdir, close_fds=True, start_new_session=True)
         finally:
             log.close()
         url = f"http://127.0.0.1:{self.ports['s3.port']}"

@@ -381,3 +381,27 @@ def test_bad_requests_get_a_clear_error_and_the_proxy_keeps_serving(store_and_pr
     assert c.get_object(Bucket="sf-test", Key="bad/keep")["Body"].read() == b"intact"
     bad = [r for r in _plog(proxy, d) if r.get("bad_request")]
     assert len(bad) >= 5
+
+
+def test_the_store_starts_clean_under_a_callers_lock(tmp_path):
+    """Issue 42: a daemon starts clean. weed started by a caller that holds an inherited flock (as `flock LOCK make
+    test` does) has only its own descriptors and a session of its own."""
+    from tests.unit.test_daemons_clean import held_lock
+
+    lock = tmp_path / "suite.lock"
+    fd = held_lock(lock)
+    store = EmbeddedStore(tmp_path / "store")
+    try:
+        store.start()
+        pid = store.proc.pid
+        fds = []
+        for f in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+            except OSError:
+                pass
+        assert str(lock) not in fds, fds
+        assert os.getsid(pid) == pid
+    finally:
+        store.stop()
+        os.close(fd)
