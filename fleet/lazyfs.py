@@ -25,6 +25,10 @@ The mount shows a backing directory. What survives a power loss is exactly what 
   before the Nth fsync returns (its data already persisted), right after the Nth rename was applied. A hook that
   blocks holds the caller's system call (a SIGKILLed caller stays in it until release): :class:`Boundaries` arms
   ``(kind, n)`` pauses that a harness waits for, kills at, and releases; drop, tear and unmount release them all.
+- **Space.** A write whose unsynced data would not fit in the backing file system's free space is ENOSPC (a size-
+  limited volume answers at write time, as a real disk does). Past ``max_dirty_bytes`` of cache (512 MiB) a file is
+  written back early, as the kernel's writeback does: unsynced data may survive a crash, only its loss is promised
+  never; ``stats()["early_writebacks"]`` counts them.
 - **A clean unmount** persists everything (as umount writes back the page cache): call ``drop()`` first for a power
   loss. A killed FUSE process loses its cache with no undo (a harness fault, not a mode).
 
@@ -251,7 +255,8 @@ class LazyOps:
 
     def __init__(self, backing: str | os.PathLike, undo_dir: str | os.PathLike | None = None, *,
                  on_boundary: Callable[[str, int, str | None], None] | None = None, passthrough: bool = False,
-                 caller: Callable[[], tuple[int, int] | None] | None = None) -> None:
+                 caller: Callable[[], tuple[int, int] | None] | None = None,
+                 max_dirty_bytes: int = 512 << 20) -> None:
         self.root = os.path.realpath(backing)
         if not os.path.isdir(self.root):
             raise LazyFSError(f"backing dir {self.root} does not exist")
@@ -267,8 +272,13 @@ class LazyOps:
         self._dirs: dict[tuple[int, int], list[int]] = {}  # dir key -> [fd, refs] for undo entries
         self._seq = 0
         self._last_write: tuple[Node, int, bytes, str | None] | None = None
+        self.max_dirty_bytes = max_dirty_bytes
+        self._dirty_total = 0  # bytes written since their file's last persist (an overwrite counts again)
+        self._free = 0  # the backing file system's free bytes, as last asked
+        self._free_age = 0
         self.counts = {"writes": 0, "write_bytes": 0, "fsyncs": 0, "dir_fsyncs": 0, "renames": 0, "creates": 0,
-                       "unlinks": 0, "mkdirs": 0, "rmdirs": 0, "truncates": 0, "drops": 0, "tears": 0}
+                       "unlinks": 0, "mkdirs": 0, "rmdirs": 0, "truncates": 0, "drops": 0, "tears": 0,
+                       "early_writebacks": 0}
         self._n = {"write": 0, "fsync": 0, "rename": 0}
         self.undo_dir = None
         if not passthrough:
@@ -448,8 +458,23 @@ class LazyOps:
             self._dirfh[fh] = fd
             return fh
 
-    def readdir(self, path: str, fh: int) -> list[str]:
-        return [".", "..", *os.listdir(self._b(path))]
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict, int]]:
+        """Entries with their inode and type (an entry of inode 0 is skipped by glibc's readdir)."""
+        bpath = self._b(path)
+        out = [(".", {"st_ino": os.stat(bpath).st_ino, "st_mode": statmod.S_IFDIR}, 0),
+               ("..", {"st_ino": os.stat(os.path.dirname(bpath)).st_ino, "st_mode": statmod.S_IFDIR}, 0)]
+        with os.scandir(bpath) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    mode = statmod.S_IFDIR
+                elif e.is_file(follow_symlinks=False):
+                    mode = statmod.S_IFREG
+                elif e.is_symlink():
+                    mode = statmod.S_IFLNK
+                else:
+                    mode = statmod.S_IFMT(e.stat(follow_symlinks=False).st_mode)
+                out.append((e.name, {"st_ino": e.inode(), "st_mode": mode}, 0))
+        return out
 
     def releasedir(self, path: str | None, fh: int) -> int:
         with self._lock:
@@ -643,6 +668,7 @@ class LazyOps:
         else:
             n = len(data)
             with self._lock:
+                self._room(node, n)
                 self._dirty(node)
                 node.extents.write(off, data)
                 node.size = max(node.size, off + n)
@@ -654,6 +680,22 @@ class LazyOps:
             self.counts["write_bytes"] += n
         self._boundary("write", path)
         return n
+
+    def _room(self, node: Node, n: int) -> None:
+        """ENOSPC when the unsynced data would not fit in the backing file system (as a real disk answers at write
+        time); past `max_dirty_bytes` of cache, this file is written back early, as the kernel's writeback does
+        (unsynced data may always survive a crash: only its loss is not promised)."""
+        self._dirty_total += n
+        self._free_age += 1
+        if self._dirty_total > self._free // 2 or self._free_age >= 256:
+            sv = os.statvfs(self.root)
+            self._free, self._free_age = sv.f_bavail * sv.f_frsize, 0
+            if self._dirty_total > self._free:
+                self._dirty_total -= n
+                raise _err(errno.ENOSPC)
+        if self._dirty_total > self.max_dirty_bytes and node.dirty:
+            self._persist(node)
+            self.counts["early_writebacks"] += 1
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
         node = self._fh.get(fh) if fh else None
@@ -698,6 +740,7 @@ class LazyOps:
         node.extents.clear()
         node.dirty = False
         node.writes = 0
+        self._dirty_total = max(0, self._dirty_total - n)
         if self._last_write is not None and self._last_write[0] is node:
             self._last_write = None
         return n
@@ -819,6 +862,7 @@ class LazyOps:
                         self._nodes.pop(node.key, None)
                         closing.append(node.fd)
             self._last_write = None
+            self._dirty_total = 0
             names = self._undo_all()
             if torn is not None and "_node" in torn:
                 node = torn.pop("_node")

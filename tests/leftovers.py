@@ -12,7 +12,8 @@ from fleet import cgroups
 
 
 def marked_processes() -> list[str]:
-    """Processes that carry a sandfleet marker: sandboxes, the embedded store, the proxy."""
+    """Processes that carry a sandfleet marker: sandboxes, the embedded store, the proxy, a lazy file system's
+    (`fleet.lazyfs`: its mounts' source `sandfleet-lazyfs.*` is caught by `sandfleet_mounts`)."""
     out = []
     me = str(os.getpid())
     for pid in os.listdir("/proc"):
@@ -22,7 +23,7 @@ def marked_processes() -> list[str]:
         if not cmd:
             continue
         if (b"SANDFLEET_SANDBOX=" in _environ(pid) or "/tmp/sandfleet-" in cmd or "storage.proxy" in cmd
-                or "sandfleet-launch" in cmd or "sandfleet-init" in cmd):
+                or "sandfleet-launch" in cmd or "sandfleet-init" in cmd or "sandfleet-lazyfs" in cmd):
             out.append(f"{pid} {cmd[:160]}")
     return out
 

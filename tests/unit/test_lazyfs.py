@@ -347,3 +347,32 @@ def test_passthrough_writes_straight_to_the_backing_dir(tmp_path):
     f.ops.rename("/a", "/b")
     assert (tmp_path / "v" / "b").read_bytes() == b"x"
     assert f.ops.drop()["names_undone"] == 0 and (tmp_path / "v" / "b").read_bytes() == b"x"
+
+
+# ---------------------------------------------------------------------------------------------------- limits
+
+
+def test_unsynced_data_that_would_not_fit_the_backing_disk_is_enospc(fs, monkeypatch):
+    import errno
+    from types import SimpleNamespace
+
+    f, backing = fs
+    monkeypatch.setattr("fleet.lazyfs.os.statvfs", lambda p: SimpleNamespace(f_bavail=4, f_frsize=1024))
+    fh = f.ops.create("/big", 0o644)
+    f.ops.write("/big", b"x" * 3000, 0, fh)
+    with pytest.raises(OSError) as exc:
+        f.ops.write("/big", b"y" * 2000, 3000, fh)
+    assert exc.value.errno == errno.ENOSPC
+    f.ops.release("/big", fh)
+
+
+def test_past_the_cache_limit_a_file_is_written_back_early(tmp_path):
+    (tmp_path / "v").mkdir()
+    f = Fake(LazyOps(tmp_path / "v", max_dirty_bytes=10))
+    f.write_file("/j", b"12345678")
+    f.fsync_dir("/")
+    f.append("/j", b"abcdefgh")  # past 10 bytes: the first 8 reach the backing file before this write is cached
+    assert (tmp_path / "v" / "j").read_bytes() == b"12345678"
+    assert f.ops.stats()["early_writebacks"] == 1
+    assert f.ops.drop()["bytes_dropped"] == 8
+    assert f.read("/j") == b"12345678"
