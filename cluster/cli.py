@@ -22,7 +22,18 @@ wave_app = typer.Typer(no_args_is_help=True, help="Run waves.")
 app.add_typer(wave_app, name="wave")
 campaign_app = typer.Typer(no_args_is_help=True, help="Search how strong a fault a runner survives.")
 app.add_typer(campaign_app, name="campaign")
-out = Console()
+class _SafeConsole(Console):
+    """A console that never prints a raw control byte: every string passes `results.terminal_safe` (what a runner
+    wrote reaches the user's terminal only escaped), and rich markup and emoji codes in it are not interpreted."""
+
+    def __init__(self, **kw):
+        super().__init__(markup=False, emoji=False, **kw)
+
+    def print(self, *objects, **kw):
+        return super().print(*(results.terminal_safe(o) if isinstance(o, str) else o for o in objects), **kw)
+
+
+out = _SafeConsole()
 
 
 def check_results_root(results: Path) -> None:
@@ -46,8 +57,8 @@ def check_results_root(results: Path) -> None:
 
 
 def _err(msg: str) -> None:
-    """Errors go to stderr unwrapped, so a long valid-choices list stays greppable."""
-    sys.stderr.write(msg.rstrip("\n") + "\n")
+    """Errors go to stderr unwrapped, so a long valid-choices list stays greppable; escaped (`terminal_safe`)."""
+    sys.stderr.write(results.terminal_safe(msg.rstrip("\n")) + "\n")
 
 
 @wave_app.command("run")
@@ -351,8 +362,8 @@ def league_cmd(
     rows = orjson.loads((out / LEAGUE_JSON).read_bytes())["rows"]
     for line in manifest_warnings(rows)[3:]:
         _err(f"warning: {line[2:]}")
-    print((out / LEAGUE_MD).read_text())
-    out_console = Console()
+    print(results.terminal_safe((out / LEAGUE_MD).read_text()))
+    out_console = _SafeConsole()
     out_console.print(f"LEAGUE: {out / LEAGUE_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
@@ -482,7 +493,7 @@ class _shrink_progress:
         if self.bar is not None:
             self.bar.update(self.id, advance=1, description=line[:80])
         else:
-            print(line, file=sys.stderr)
+            print(results.terminal_safe(line), file=sys.stderr)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -548,8 +559,8 @@ def campaign_storage(
         return 143 if "TERM" in str(exc) else 130
     from cluster.results import CAMPAIGN_MD  # (`results` here is the --results dir)
 
-    print((d / CAMPAIGN_MD).read_text())
-    Console().print(f"CAMPAIGN: {d / CAMPAIGN_MD}", highlight=False, soft_wrap=True)
+    print(results.terminal_safe((d / CAMPAIGN_MD).read_text()))
+    _SafeConsole().print(f"CAMPAIGN: {d / CAMPAIGN_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

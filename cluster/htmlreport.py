@@ -180,6 +180,15 @@ def task_page(d: Path, g: dict, events: list[dict], receipts: list[dict]) -> str
     return _page(f"{tid} of {d.name}", body)
 
 
+def _or_note(what: str, fn, *args) -> str:
+    """A part of a page, or one escaped line saying why it is not drawn: a record of a shape no one foresaw costs
+    that part, never the page (the index is always written)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the rest of the page stands
+        return f"<p class=note>({_e(what)} not drawn: {_e(type(exc).__name__)}: {_e(str(exc)[:200])})</p>"
+
+
 def write_html(d: Path, result: dict) -> Path:
     """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
     d = Path(d)
@@ -195,14 +204,15 @@ def write_html(d: Path, result: dict) -> Path:
     body = (f"<h1>Wave {_e(result['wave_id'])}: {_verdict(result['verdict'])}</h1>"
             + (f"<ul id=errors>{errors}</ul>" if errors else "")
             + f"<h2>Wave checks</h2><table id=wave-checks>{checks}</table><h2>Timeline</h2>"
-            f"<p>hover an attempt, a fault or a line to see what it was</p>{timeline_svg(events)}"
+            f"<p>hover an attempt, a fault or a line to see what it was</p>{_or_note('timeline', timeline_svg, events)}"
             f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>{_tasks_table(grades)}"
             f"<p>Replay one task: <code>sandfleet wave replay {_e(d)}/&lt;task&gt;</code>; the summary: "
             f"<a href='{results.SUMMARY}'>{results.SUMMARY}</a></p>")
     pages = d / results.PAGES
     pages.mkdir(exist_ok=True)
     for g in grades:
-        (pages / f"{g['task_id']}.html").write_text(task_page(d, g, events, receipts))
+        (pages / f"{g['task_id']}.html").write_text(
+            _or_note("this task's page", task_page, d, g, events, receipts))
     out = d / results.INDEX_HTML
     out.write_text(_page(f"wave {result['wave_id']}", body, FILTER_JS))
     return out

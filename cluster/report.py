@@ -173,7 +173,7 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
     except Exception as exc:  # noqa: BLE001 - the page is a view of the same files; the summary says if it failed
         lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
     out = d / results.SUMMARY
-    out.write_text("\n".join(lines))
+    out.write_text(results.terminal_safe("\n".join(lines)))  # (a runner's words in it, escaped: `cat` is safe)
     _write_verdict(d, result)
     return out
 

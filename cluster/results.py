@@ -168,6 +168,23 @@ def request_span(rec: dict) -> tuple[float, float]:
     return rec["t"], rec["t"] + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
 
 
+def terminal_safe(text: str) -> str:
+    """Text that may hold what a runner wrote (a tool name, a file name, a log line, an exit message), made safe for a
+    terminal, SUMMARY.md or a log: every control and format character but newline and tab (ESC, BEL, C1 codes,
+    bidi overrides) is shown escaped (`\x1b`), so nothing reaches a terminal raw (OSC 52 writes the clipboard)."""
+    import unicodedata
+
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c in "\n\t" or (c.isprintable() and unicodedata.category(c) not in ("Cc", "Cf")) or c == " ":
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1] if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
 # What the harness reads of each JSON-lines file, by type. A runner shapes what its requests, calls and effects put
 # into these logs (a request line `GARBAGE` is logged with `"key": null`; a tool name can be anything), so every
 # reader (the grader, the reports, the league) is total over them: a record whose field has another type is left
@@ -179,7 +196,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
                      "akid": (STR, NONE), "status": (INT, NONE), "ms": (NUM, NONE), "prefix": (STR, NONE),
                      "part": (INT, NONE), "upload_id": (STR, NONE), "req_bytes": (INT, NONE),
                      "resp_bytes": (INT, NONE), "sha": (STR, NONE), "fault": (STR, NONE)},
-    MODEL_CALLS: {"task": (STR,), "step": (INT,), "t": (NUM,), "attempt": (INT, NONE), "tokens": (INT, NONE),
+    MODEL_CALLS: {"task": (STR,), "step": (INT, NONE), "t": (NUM,), "attempt": (INT, NONE), "tokens": (INT, NONE),
                   "t_done": (NUM, NONE), "delivered": (BOOL, NONE), "kind": (STR, NONE)},
     EFFECTS: {"task": (STR,), "effect_id": (STR,), "t": (NUM,), "step": (INT, NONE), "attempt": (INT, NONE),
               "deduped": (BOOL, NONE), "same_effect_as_key": (BOOL, NONE)},
@@ -188,7 +205,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
                "ended_at": (NUM, NONE), "started_at": (NUM, NONE), "state": (STR, NONE), "cause": (STR, NONE),
                "killed_by": (STR, NONE), "error": (STR, NONE), "start_error": (STR, NONE), "node": (STR, NONE),
                "signal": (STR, NONE), "why": (STR, NONE), "part": (STR, NONE), "fault_id": (STR, NONE),
-               "t": (NUM, NONE), "since_wall": (NUM, NONE), "outlived": (LIST, NONE)},
+               "t": (NUM,), "since_wall": (NUM, NONE), "outlived": (LIST, NONE)},
     FENCED: {"task": (STR, NONE)},
     HOST_LOAD: {"t": (NUM,), "running": (NUM,), "cores": (NUM, NONE)},
 }

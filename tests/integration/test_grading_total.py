@@ -108,3 +108,25 @@ def test_a_runner_the_harness_ended_on_an_overloaded_host_is_never_failed(run_wa
         assert g["verdict"] != "fail", (g["task_id"], g["signature"], g["checks"])
         assert g.get("overloaded") and "overloaded" in g["overloaded"]["why"], g
     assert not result["runner_failures"] and result["verdict"] != "fail" and exit_code(result) == 2
+
+
+def test_a_runners_escape_laden_names_reach_no_terminal_raw(tmp_path):
+    """The hostile find: tool names an agent declares were quoted raw in the dialect refusal, and from there reached
+    `completed`'s detail, the CLI's `runner failure:` line on stderr and SUMMARY.md (ESC ]0; retitles a terminal,
+    ESC ]52; writes its clipboard). The wave runs as a user runs it, and no raw control byte comes out."""
+    import subprocess
+
+    cfg = tmp_path / "wave.yaml"
+    cfg.write_text(f"runner: {{name: escapes, command: [{sys.executable}, {ROOT / 'tests' / 'runners' / 'escapes.py'}]}}\n"
+                   "tasks: 1\nconcurrency: 1\nfaults: none\nmax_attempts: 1\ndeadline_s: 60\n"
+                   "workload: {steps: 2, think_ms: 10}\n")
+    p = subprocess.run([str(Path(sys.executable).parent / "sandfleet"), "wave", "run", str(cfg), "--no-progress",
+                        "--results", str(tmp_path / "results")], capture_output=True, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode in (1, 2), (p.returncode, p.stderr[-2000:])
+    summary = next((tmp_path / "results").glob("w-*/SUMMARY.md")).read_bytes()
+    for where, data in (("stdout", p.stdout), ("stderr", p.stderr), ("SUMMARY.md", summary)):
+        raw = [c for c in data.decode("utf-8", "replace") if c not in "\n\t" and (ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0
+                                                                                  or c == "\u202e")]
+        assert not raw, (where, raw[:5], data[-1500:])
+    assert b"\\x1b" in p.stderr + summary, (p.stderr[-1500:], summary[-1500:])  # said, but escaped

@@ -155,3 +155,11 @@ def test_a_wave_the_grader_cannot_grade_still_gets_every_report_file(tmp_path, n
         assert (d / name).is_file(), name
     assert "could not grade" in (d / results.SUMMARY).read_text()
     assert exit_code(result) == 2 and {g["verdict"] for g in result["tasks"]} == {"unknown"}
+
+
+def test_a_refused_model_call_with_no_step_is_kept():
+    """The endpoint logs a request it could not answer (no dialect fits) with `"step": null`: a record of the shape
+    the grader reads, never one left out (the driver's per-task counts would then call the whole log lost)."""
+    rec = {"t": 1.0, "task": "t000", "step": None, "kind": "refused", "refused": "no dialect"}
+    kept, left = results.fit([rec], results.MODEL_CALLS)
+    assert kept == [rec] and left == []
