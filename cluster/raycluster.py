@@ -37,16 +37,14 @@ def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
 def discover_sandbox_nodes() -> dict[str, str]:
     """Node name -> Ray node id of every alive node that offers a `sandfleet` resource: named by its
     `sandfleet-node:<name>` resource when it has one (isolated nodes, a cluster config that names them), else by its
-    address."""
+    address; raylets that share an address (several on one machine: Ray's fake multinode provider) also by the tail of
+    their node id."""
     import ray
 
-    out = {}
-    for n in ray.nodes():
-        res = n.get("Resources") or {}
-        if not n.get("Alive") or "sandfleet" not in res:
-            continue
-        out[node_name(n)] = n["NodeID"]
-    return out
+    alive = [n for n in ray.nodes() if n.get("Alive") and "sandfleet" in (n.get("Resources") or {})]
+    names = [node_name(n) for n in alive]
+    return {(f"{name}-{n['NodeID'][-6:]}" if names.count(name) > 1 else name): n["NodeID"]
+            for name, n in zip(names, alive)}
 
 
 class FleetSession:
