@@ -27,7 +27,7 @@ from fleet.backends import Backends, reap_leftover
 from fleet.hostdirs import record_owner
 from fleet.markers import ATTEMPT_CREDENTIALS
 from fleet.records import AttemptResult, Lease
-from fleet.sandbox import SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec, sandbox_key
+from fleet.sandbox import RUNNER_LOG, SANDBOX_UID, SandboxBackend, SandboxError, SandboxSpec, sandbox_key
 
 
 def awaitable(ref):
@@ -221,7 +221,7 @@ class SandboxHost:
             if not (_NAME.fullmatch(wave_id) and _NAME.fullmatch(sid)) or not 0 <= int(have) < LOG_CAP:
                 continue
             sb = self.backend.sandboxes.get(key)
-            path = sb.spec.log_path if sb is not None else str(self.home(wave_id) / "sandboxes" / sid / "runner.log")
+            path = sb.spec.log_path if sb is not None else str(self.home(wave_id) / "sandboxes" / sid / RUNNER_LOG)
             if not path.startswith(str(self.home()) + "/"):  # (a local attempt's log is the driver's own file)
                 continue
             try:

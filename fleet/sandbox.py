@@ -76,6 +76,9 @@ class SandboxError(RuntimeError):
     harness_part: str | None = None
 
 
+RUNNER_LOG = "runner.log"  # in a sandbox's state dir (cluster/results.py names the same file in the results)
+
+
 def sandbox_key(wave_id: str, sandbox_id: str) -> str:
     return f"{wave_id}/{sandbox_id}"
 
@@ -127,7 +130,7 @@ class SandboxSpec:
 
     @property
     def log_path(self) -> str:
-        return os.path.join(self.state_dir, "runner.log")
+        return os.path.join(self.state_dir, RUNNER_LOG)
 
     @property
     def checkpoint_path(self) -> str:
