@@ -104,6 +104,9 @@ class Extents:
             starts.insert(i, off)
             bufs.insert(i, bytearray(data))
             return
+        if j == i + 1 and starts[i] <= off and end <= starts[i] + len(bufs[i]):  # an overwrite inside one extent
+            bufs[i][off - starts[i]:end - starts[i]] = data
+            return
         lo = min(starts[i], off)
         hi = max(starts[j - 1] + len(bufs[j - 1]), end)
         merged = bytearray(hi - lo)
@@ -674,7 +677,7 @@ class LazyOps:
                 node.size = max(node.size, off + n)
                 node.writes += 1
                 node.mtime_ns = time.time_ns()
-                self._last_write = (node, off, bytes(data), path)
+                self._last_write = (node, off, data, path)
         with self._lock:
             self.counts["writes"] += 1
             self.counts["write_bytes"] += n
@@ -1070,6 +1073,7 @@ def serve(backing: str, mountpoint: str, control: str, fsname: str, undo_dir: st
         config.entry_timeout = config.attr_timeout = config.negative_timeout = 0.0
         config.hard_remove = 1  # an unlinked open file is unlinked, not renamed to .fuse_hidden*
         config.use_ino = 1
+        conn.max_write = 1 << 20  # one request per MiB written, not eight (libfuse's buffer holds 256 pages)
         ready.set()
 
     ops.init_with_config = init_with_config  # type: ignore[attr-defined]
@@ -1203,6 +1207,10 @@ class LazyFS:
         tail = self.log_tail()
         self.unmount(timeout_s=5)
         raise LazyFSError(f"the lazy mount at {self.mountpoint} did not come up in {timeout_s:.0f} s: {tail}")
+
+    def alive(self) -> bool:
+        """The serving process runs and the kernel still has the mount (False: a harness fault, not the runner's)."""
+        return self.proc is not None and self.proc.poll() is None and is_mounted(self.mountpoint)
 
     def log_tail(self, n: int = 2000) -> str:
         try:
