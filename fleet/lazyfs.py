@@ -505,12 +505,24 @@ class LazyOps:
                         else:
                             keep.append(u)
                     self._undo = keep
+                    self._forget_unreachable()
             os.fsync(fd if fd is not None else fd_owned)
         finally:
             if fd_owned is not None:
                 os.close(fd_owned)
         self._boundary("fsync", path)
         return 0
+
+    def _forget_unreachable(self) -> None:
+        """Drop the cache of files no name and no open file reaches any more (unlinked or replaced, durably): their
+        unsynced data can never be read or persisted."""
+        for node in [n for n in self._nodes.values() if n.refs <= 0]:
+            if os.fstat(node.fd).st_nlink == 0:
+                self._dirty_total = max(0, self._dirty_total - node.extents.nbytes())
+                self._nodes.pop(node.key, None)
+                if self._last_write is not None and self._last_write[0] is node:
+                    self._last_write = None
+                os.close(node.fd)
 
     def mkdir(self, path: str, mode: int) -> int:
         with self._lock:
@@ -575,7 +587,12 @@ class LazyOps:
         def make(dirfd: int, name: str) -> None:
             holder.append(os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, mode, dir_fd=dirfd))
 
-        self._made(path, make)
+        try:
+            self._made(path, make)
+        except FileExistsError:
+            if flags & os.O_EXCL:
+                raise
+            return self.open(path, flags)  # another opener made it first: O_CREAT without O_EXCL opens it
         return self._new_fh(self._node_for_fd(holder[0]))
 
     def unlink(self, path: str) -> int:

@@ -376,3 +376,26 @@ def test_past_the_cache_limit_a_file_is_written_back_early(tmp_path):
     assert f.ops.stats()["early_writebacks"] == 1
     assert f.ops.drop()["bytes_dropped"] == 8
     assert f.read("/j") == b"12345678"
+
+
+def test_the_cache_of_a_file_durably_replaced_is_forgotten(fs):
+    f, backing = fs
+    f.write_file("/state", b"old", fsync=True)
+    f.write_file("/state.tmp", b"new", fsync=True)
+    f.fsync_dir("/")
+    f.append("/state", b"-unsynced")  # a closed file with cached data, then replaced by a rename
+    f.ops.rename("/state.tmp", "/state")
+    assert f.ops.stats()["dirty_files"] == 1
+    f.fsync_dir("/")
+    assert f.ops.stats()["dirty_files"] == 0 and not f.ops._nodes
+    assert f.read("/state") == b"new"
+
+
+def test_create_of_a_name_made_meanwhile_opens_it_unless_exclusive(fs):
+    f, backing = fs
+    (backing / "x").write_bytes(b"there")
+    fh = f.ops.create("/x", 0o644, os.O_CREAT | os.O_RDWR)
+    assert f.ops.read("/x", 10, 0, fh) == b"there"
+    f.ops.release("/x", fh)
+    with pytest.raises(FileExistsError):
+        f.ops.create("/x", 0o644, os.O_CREAT | os.O_EXCL | os.O_RDWR)
