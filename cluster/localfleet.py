@@ -317,7 +317,7 @@ def _up(path: Path, timeout_s: float) -> tuple[dict, bool]:
     root = Path(__file__).resolve().parent.parent
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, *_serve_argv(path)], cwd=root,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
                                 start_new_session=True, env=dict(os.environ, PYTHONPATH=str(root)))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

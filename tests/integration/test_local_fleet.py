@@ -210,3 +210,38 @@ def test_a_wave_that_finds_a_fleet_part_hung_leaves_it_and_a_dead_part_stops_the
     assert died in (record.parent / "fleet.log").read_text()
     assert _cli("status", env=env).returncode == 1
     assert not _gone(info)
+
+
+def _holders(path: Path) -> list[int]:
+    """Every process with a descriptor open on `path`."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if any(os.readlink(f) == str(path) for f in (p / "fd").iterdir()):
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_fleet_daemon_started_under_a_lock_does_not_hold_it(fleet_env, tmp_path):
+    """Issue 42: a daemon starts clean. `sandfleet up` run by a caller holding an inherited flock (as `flock LOCK
+    make test` does): once up, no process of the fleet (its daemon, its Ray, its store) holds the lock, and the
+    daemon and its store each lead a session of their own."""
+    from tests.unit.test_daemons_clean import held_lock
+
+    env, record, lock = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"]), tmp_path / "make.lock"
+    fd = held_lock(lock)
+    try:
+        p = subprocess.run([sys.executable, "-m", "cluster.cli", "up"], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=180, pass_fds=(fd,))
+        assert p.returncode == 0, p.stderr[-2000:]
+        info = orjson.loads(record.read_bytes())
+        assert _holders(lock) == [os.getpid()], (_holders(lock), info["pid"])
+        assert os.getsid(info["pid"]) == info["pid"]
+        store = [int(x.split()[0]) for x in _marked(info["state_dir"] + "/") if "weed" in x]
+        assert store and all(os.getsid(pid) == pid for pid in store), store
+    finally:
+        os.close(fd)
+        assert _cli("down", env=env, timeout=120).returncode == 0
