@@ -570,9 +570,14 @@ def sweep_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed, change nothing"),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="HOST:PORT of a Ray cluster's GCS: sweep every "
                                           "alive node of it, each its own leftovers (token auth: RAY_AUTH_TOKEN)"),
+    include_resumable: bool = typer.Option(False, "--include-resumable", help="also remove the store data and "
+                                           "ledger of a dead wave that `wave resume` could continue (kept otherwise, "
+                                           "for 7 days)"),
 ) -> int:
     """Find and remove what dead waves left behind (processes, sandboxes, cgroups, mounts, key files). Without
-    --cluster, this machine only: on a cluster of other machines, run it on each, or give --cluster."""
+    --cluster, this machine only: on a cluster of other machines, run it on each, or give --cluster. A dead wave
+    that `wave resume` could continue is listed as resumable and its store and ledger are kept (for 7 days) unless
+    --include-resumable."""
     from cluster import sweep
 
     if cluster is not None:
@@ -580,7 +585,7 @@ def sweep_cmd(
 
     unseen: list = []
     found = sweep.find(wave, unseen)
-    lines = sweep.summary(found)
+    lines = sweep.summary(found, include_resumable)
     for why in unseen:  # a part of the machine the sweep could not look at: say so, and do not say "nothing"
         _err(f"warning: {why}; run `sandfleet sweep` again once it answers")
     if found.get("bad_fleet_record"):  # never removed: it is not a fleet's
@@ -592,7 +597,7 @@ def sweep_cmd(
     for line in lines:
         out.print(("would remove: " if dry_run else "found: ") + line, highlight=False, soft_wrap=True)
     if not dry_run:
-        for line in sweep.remove(found):
+        for line in sweep.remove(found, include_resumable=include_resumable):
             out.print(f"  {line}", highlight=False, soft_wrap=True)
     return EXIT_HARNESS if unseen else EXIT_OK
 

@@ -12,6 +12,11 @@ A fleet lent to many waves (a test session's, a campaign's, a league's, the daem
 owner the same way in its state dir `/tmp/sandfleet-fleet-*`; a dead owner's fleet leaves its store process there,
 which the sweep ends (by the dir in its command line) before removing the dir. A live `sandfleet up` fleet is a
 live owner: never touched; the record of a dead one (`/run/sandfleet/fleet.json`) is removed.
+
+A dead wave whose private dir still holds its store data or its lease ledger is **resumable** (`sandfleet wave
+resume` needs exactly those): it is listed as such, and the sweep keeps its store and ledger (removing its
+processes, sandboxes, keys and workspaces) unless asked with `include_resumable` (`--include-resumable`) or the
+wave has been dead longer than RESUMABLE_KEEP_S (7 days, as the README states).
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from cluster import results
 from fleet import cgroups
 from fleet.markers import (PRIVATE_GLOB, SANDBOX_MARK, WAVE_RE, _cmdline, _environ, _start_time,  # noqa: F401
                            markers)
+
+RESUMABLE_KEEP_S = 7 * 24 * 3600  # a dead resumable wave's store and ledger are kept this long by a plain sweep
 
 
 def record_driver(private: Path) -> None:
@@ -62,6 +69,7 @@ def find(wave: str | None = None, errors: list | None = None, live: frozenset | 
         alive = driver_alive(p) if p is not None else False
         if not alive:
             dead[w] = _without_live_ray(e, live_rays)
+            dead[w]["resumable"] = resumable(dead[w]["private_dir"])
     harness = []
     # harness cgroups name no wave but a process (`driver-<pid>`, `host-<node>-<pid>`): with --wave only that wave's
     # driver's, by the pid its private dir records (a host's may serve other waves)
@@ -207,12 +215,41 @@ def ray_processes(tmp: str) -> list[dict]:
     return [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if of_ray(pid, cmd, tmp)]
 
 
-def remove(found: dict, keep_data: bool = False) -> list[str]:
+def resumable(private_dir: str | None, now: float | None = None) -> dict | None:
+    """What `wave resume` needs of a dead wave that is still in its private dir (its store data, its lease ledger),
+    with how long ago the wave last wrote them; None when neither is there."""
+    if not private_dir:
+        return None
+    kept = [p for p in (Path(private_dir, "store"), Path(private_dir, results.LEDGER_DB)) if p.exists()]
+    if not kept:
+        return None
+    stamps = []
+    for p in kept + [p / "weed.log" for p in kept if p.is_dir()] + [Path(private_dir, results.LEDGER_DB + "-wal")]:
+        try:
+            stamps.append(p.stat().st_mtime)
+        except OSError:
+            pass
+    age = max(0.0, (time.time() if now is None else now) - max(stamps, default=0.0))
+    return {"kept": [p.name for p in kept], "age_s": age, "expired": age > RESUMABLE_KEEP_S}
+
+
+def keeps_data(e: dict, include_resumable: bool = False) -> bool:
+    """Whether a plain sweep keeps this dead wave's store and ledger: a resumable wave, not expired, not asked."""
+    r = e.get("resumable")
+    return bool(r) and not include_resumable and not r["expired"]
+
+
+def remove(found: dict, keep_data: bool = False, include_resumable: bool = False) -> list[str]:
     """Remove what `find` listed; returns what was done, one line each. `keep_data` (for `wave resume`) keeps
-    the private dir's store data and ledger, removing only its keys, workspaces and driver record."""
+    the private dir's store data and ledger, removing only its keys, workspaces and driver record; a resumable
+    wave's are kept too unless `include_resumable` or the wave is older than RESUMABLE_KEEP_S."""
     done = []
     for w, e in found["waves"].items():
-        done += _remove_wave(w, e, keep_data)
+        keep = keep_data or keeps_data(e, include_resumable)
+        done += _remove_wave(w, e, keep)
+        if keep and not keep_data:
+            done.append(f"kept the store data and ledger of resumable wave {w}: `sandfleet wave resume "
+                        f"RESULTS/{w}` continues it; `sandfleet sweep --include-resumable` removes them")
     from fleet import hostdirs
 
     for e in found.get("host_dirs", []):  # (after the sandboxes: their workspaces are mounted in it)
@@ -326,12 +363,17 @@ def _kill_listed(procs: list[dict]) -> list[str]:
     return done
 
 
-def summary(found: dict) -> list[str]:
+def summary(found: dict, include_resumable: bool = False) -> list[str]:
     lines = []
     for w, e in sorted(found["waves"].items()):
+        r = e.get("resumable")
+        why = "" if not r else f", resumable by `sandfleet wave resume` (its {' and '.join(r['kept'])}: " + (
+            f"dead {r['age_s'] / 86400:.1f} days, past the {RESUMABLE_KEEP_S // 86400}-day bound, so removed)"
+            if r["expired"] else "removed, as --include-resumable asks)" if include_resumable
+            else "kept; --include-resumable removes them)")
         lines.append(f"{w}: {len(e['processes'])} process(es), {len(e['cgroups'])} sandbox cgroup(s), "
                      f"{len(e.get('containers', []))} container(s), "
-                     f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}")
+                     f"{len(e['mounts'])} mount(s), private dir {'yes' if e['private_dir'] else 'no'}{why}")
     for d, e in sorted(found.get("fleets", {}).items()):
         lines.append(f"fleet {d} (its owner is gone): {len(e['processes'])} process(es)"
                      + (f", Ray temp dir {e['ray_tmpdir']}" if e.get("ray_tmpdir") else ""))

@@ -73,6 +73,12 @@ def test_a_wave_whose_driver_was_killed_resumes_and_no_task_runs_twice(fleet, tm
         if e["event"] == "attempt_start":
             fences[e["task"]] = max(fences.get(e["task"], 0), e["fence"])
 
+    # the sweep the fleet's error tells the user to run (issue 42: it deleted the store, and resume then failed
+    # with "store data gone"): the dead wave is listed as resumable, its store and ledger are kept
+    sw = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", "--wave", d.name], capture_output=True,
+                        text=True, timeout=120)
+    assert sw.returncode == 0 and "resumable by `sandfleet wave resume`" in sw.stdout, (sw.stdout, sw.stderr)
+    assert f"kept the store data and ledger of resumable wave {d.name}" in sw.stdout, sw.stdout
     r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "resume", str(d), "--address", _gcs_address(),
                         "--no-progress"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout, r.stderr)

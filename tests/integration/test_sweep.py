@@ -1,6 +1,8 @@
 """The sweep reaps sandboxes that carry a wave's marker but hold no active lease."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 import sys
@@ -199,3 +201,59 @@ def test_sweep_ends_the_orphaned_agents_of_a_dead_private_ray_and_leaves_a_live_
             import shutil
 
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _dead_resumable_wave(age_s: float = 0.0) -> Path:
+    """A dead wave's private dir as a killed driver leaves it: its store data and ledger, keys, a driver record
+    whose process is gone."""
+    import secrets
+
+    w = f"w-20261206T000000-s42-{secrets.token_hex(2)}"
+    p = Path(f"/tmp/sandfleet-{w}")
+    (p / "store" / "data").mkdir(parents=True)
+    (p / "store" / "weed.log").write_text("weed\n")
+    (p / "ledger.db").write_bytes(b"SQLite format 3\0")
+    (p / "creds").mkdir()
+    (p / "driver.json").write_text('{"pid": 999999999, "start": "0"}')
+    for f in (p / "store", p / "store" / "weed.log", p / "ledger.db"):
+        t = time.time() - age_s
+        os.utime(f, (t, t))
+    return p
+
+
+def _sweep(*args):
+    return subprocess.run([sys.executable, "-m", "cluster.cli", "sweep", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_sweep_keeps_a_resumable_dead_waves_store_unless_asked_or_past_the_bound():
+    """Issue 42: `sandfleet sweep` deleted a dead wave's resumable store without asking, and `wave resume` then
+    failed with "store data gone". Listed as resumable, its store and ledger kept; removed with
+    --include-resumable, or once the wave has been dead longer than the README's bound (7 days)."""
+    from cluster import sweep
+
+    kept, asked, old = _dead_resumable_wave(), _dead_resumable_wave(), _dead_resumable_wave(8 * 86400)
+    try:
+        w = kept.name[len("sandfleet-"):]
+        dry = _sweep("--wave", w, "--dry-run")
+        assert dry.returncode == 0 and f"{w}: " in dry.stdout and "resumable by `sandfleet wave resume`" in dry.stdout
+        assert "kept; --include-resumable removes them" in dry.stdout, dry.stdout
+        r = _sweep("--wave", w)
+        assert r.returncode == 0 and f"kept the store data and ledger of resumable wave {w}" in r.stdout, r.stdout
+        assert (kept / "store" / "data").is_dir() and (kept / "ledger.db").is_file() and not (kept / "creds").exists()
+        again = _sweep("--wave", w)  # still listed as resumable, still kept
+        assert "resumable" in again.stdout and (kept / "store").is_dir(), again.stdout
+
+        w = asked.name[len("sandfleet-"):]
+        r = _sweep("--wave", w, "--include-resumable")
+        assert r.returncode == 0 and "removed, as --include-resumable asks" in r.stdout, r.stdout
+        assert not asked.exists()
+
+        w = old.name[len("sandfleet-"):]
+        assert sweep.RESUMABLE_KEEP_S == 7 * 86400
+        r = _sweep("--wave", w)
+        assert r.returncode == 0 and "past the 7-day bound, so removed" in r.stdout, r.stdout
+        assert not old.exists()
+    finally:
+        for p in (kept, asked, old):
+            shutil.rmtree(p, ignore_errors=True)
