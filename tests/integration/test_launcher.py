@@ -148,6 +148,25 @@ def test_the_launcher_config_runs_the_venvs_ray_as_root_in_a_delegated_scope():
     assert {".venv", "/results", ".git"} <= set(aws["rsync_exclude"])
 
 
+def test_the_kuberay_manifest_has_the_same_layout():
+    """infra/kuberay-raycluster.yaml (not run here: no Kubernetes): a head without sandboxes, spot workers that
+    offer `sandfleet`, token auth from one secret, and the privileges the sandboxes need on every container."""
+    rc = yaml.safe_load((ROOT / "infra" / "kuberay-raycluster.yaml").read_text())
+    assert (rc["apiVersion"], rc["kind"]) == ("ray.io/v1", "RayCluster")
+
+    def offers(group: dict) -> dict:  # KubeRay's quoted-JSON form of `ray start --resources`
+        return json.loads(json.loads(group["rayStartParams"].get("resources", '"{}"')))
+
+    head, workers = rc["spec"]["headGroupSpec"], rc["spec"]["workerGroupSpecs"]
+    assert "sandfleet" not in offers(head) and all(offers(w).get("sandfleet") == 1 for w in workers)
+    assert [w["groupName"] for w in workers] == ["spot-worker"]
+    for group in [head, *workers]:
+        for c in group["template"]["spec"]["containers"]:
+            assert c["securityContext"] == {"privileged": True}, c["name"]
+            env = {e["name"]: e for e in c["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token" and "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]
+
+
 def test_the_launcher_config_brings_up_spot_workers_that_run_a_wave(baseline, tmp_path):
     """The AWS config's cluster, faked on this machine: the autoscaler starts the spot-worker nodes with the
     `sandfleet` resource, discovery finds both, and a PK1 wave (a kill after the 2nd-3rd model answer) passes with
