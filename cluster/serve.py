@@ -275,6 +275,12 @@ class _Server(ThreadingHTTPServer):
             pass
         self.shutdown_request(request)
 
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that left: not an error
+            super().handle_error(request, client_address)
+
     def answering(self, request) -> None:
         with self._lock:
             if request in self._conns:
