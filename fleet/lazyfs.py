@@ -48,6 +48,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -1176,7 +1177,8 @@ class LazyFS:
                  control_root: str = "/run") -> None:
         self.backing = os.path.realpath(backing)
         self.mountpoint = os.path.realpath(mountpoint)
-        self.label = label or f"{os.getpid()}-{os.path.basename(self.mountpoint)}"
+        label = label or f"{os.getpid()}-{os.path.basename(self.mountpoint)}"
+        self.label = re.sub(r"[^A-Za-z0-9._-]", "-", label)[:100]  # it goes into `-o fsname=`: no commas
         self.fsname = f"{MARK}.{self.label}"
         self.undo_dir = os.fspath(undo_dir) if undo_dir else None
         self.passthrough = passthrough
