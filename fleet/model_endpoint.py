@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
 import orjson
 
-from fleet import dialects, workloads
+from fleet import dialect_messages, dialect_responses, dialects, workloads
 from fleet.services import HttpError, JsonService, TaskEntry, TaskRegistry
 
 MODEL_ID = "sandfleet-script"
@@ -60,6 +61,7 @@ class ModelEndpoint(JsonService):
         self.finish = finish
         self._scripts: dict[tuple, list] = {}
         self._delivered: dict[str, int] = {}
+        self.responses = dialect_responses.Memory()  # what previous_response_id names
 
     def delivered(self, task_id: str) -> int:
         """How many answers reached the task's runner so far (a boundary fault's trigger)."""
@@ -85,55 +87,96 @@ class ModelEndpoint(JsonService):
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             with self.registry.answering(entry.key):  # a model call: the attempt is alive (cluster/wave/silence.py)
                 return self._chat(h, entry)
-        raise HttpError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions and "
-                        "GET /v1/models", code="not_found")
+        if method == "POST" and path in dialect_messages.PATHS:
+            with self.registry.answering(entry.key):
+                return self._messages(h, entry)
+        if method == "POST" and path in dialect_messages.COUNT_PATHS:
+            return self._count_tokens(h)
+        if method == "POST" and path in dialect_responses.PATHS:
+            with self.registry.answering(entry.key):
+                return self._responses(h, entry)
+        raise HttpError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions, "
+                        "POST /v1/messages (+ /count_tokens), POST /v1/responses and GET /v1/models",
+                        code="not_found")
+
+    def error_body(self, path: str, err: HttpError) -> dict:
+        """Anthropic's error shape on the Messages API's paths, OpenAI's elsewhere."""
+        if path.startswith(dialect_messages.PATHS):
+            return dialect_messages.error_body(err)
+        return err.body()
 
     def _send_json(self, h, status, payload) -> None:
         self.send_json(h, status, payload)
 
-    def _chat(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
-        t0 = time.time()
-        attempt = entry.attempt
-        body = self.read_json(h)
-        msgs, stream, opts = validate(body)
+    def _answer(self, entry: TaskEntry, chat: dict, msgs: list, stream: bool, t0: float, attempt, api: str):
+        """The step a conversation (in chat form) is at and the answer to it, in the form the request asks for
+        (fleet/dialects.py); a request no form serves is logged as refused and answered 400."""
         script = self._script(entry)
         wl = workloads.get(entry.workload)
         try:
-            dialect, mismatch = dialects.detect(body, {t["function"]["name"] for t in wl.tools()}, self.pinned)
+            dialect, mismatch = dialects.detect(chat, {t["function"]["name"] for t in wl.tools()}, self.pinned)
         except dialects.DialectError as exc:
             self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
                              "attempt_at_end": entry.attempt, "step": None, "kind": "refused", "tool": None,
                              "id": None, "stream": stream, "prompt_tokens": 0, "completion_tokens": 0, "tokens": 0,
-                             "delivered": False, "dialect": None, "refused": str(exc)[:300]})
+                             "delivered": False, "dialect": None if api == "chat" else api,
+                             "refused": str(exc)[:300]})
             raise HttpError(400, f"sandfleet cannot answer this request: {exc}", param="tools",
                             code="unsupported_dialect") from None
         step = dialects.step_of(msgs, dialect)
         if self.think_ms:
             time.sleep(self.think_ms / 1000)
         prompt_tokens = 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)
-        cid = "chatcmpl-" + secrets.token_hex(12)
-        created = int(t0)
-        model = body["model"]
+        call = text = None
         if step < len(script) and dialect.kind == "text":
             s = script[step]
-            text = dialects.text_answer(s, dialect.fence)
-            message = {"role": "assistant", "content": text, "refusal": None}
-            finish, completion_tokens, kind, tool = "stop", s.completion_tokens, "tool", s.tool
+            text, completion_tokens, kind, tool = dialects.text_answer(s, dialect.fence), s.completion_tokens, \
+                "tool", s.tool
         elif step < len(script):
             s = script[step]
-            name, args = dialects.tool_call_arguments(s, dialect)
-            call = {"id": "call_" + secrets.token_hex(12), "type": "function",
-                    "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
-            message = {"role": "assistant", "content": None, "tool_calls": [call]}
-            finish, completion_tokens, kind, tool = "tool_calls", s.completion_tokens, "tool", s.tool
+            call, completion_tokens, kind, tool = dialects.tool_call_arguments(s, dialect), s.completion_tokens, \
+                "tool", s.tool
         else:
             text = wl.final_message(entry.seed, entry.steps)
             if dialect.kind == "text":
                 text = dialects.text_final(text, self.finish, dialect.fence)
-            message = {"role": "assistant", "content": text, "refusal": None}
-            finish, completion_tokens, kind, tool = "stop", 4 + len(text) // 4, "final", None
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
+            completion_tokens, kind, tool = 4 + len(text) // 4, "final", None
+        return _Answer(dialect, mismatch, step, call, text, kind, tool, prompt_tokens, completion_tokens)
+
+    def _record(self, entry: TaskEntry, a: "_Answer", t0: float, attempt, cid: str, stream: bool, delivered: bool,
+                api: str) -> None:
+        """One model call in model-calls.jsonl (the same fields in every API; `dialect` names the API unless it is
+        Chat Completions, where it names the form, and `form` the form of the answer)."""
+        if delivered:
+            with self._lock:
+                self._delivered[entry.task_id] = self._delivered.get(entry.task_id, 0) + 1
+        self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
+                         "attempt_at_end": entry.attempt, "step": a.step, "kind": a.kind, "tool": a.tool, "id": cid,
+                         "stream": stream, "prompt_tokens": a.prompt_tokens,
+                         "completion_tokens": a.completion_tokens,
+                         "tokens": a.prompt_tokens + a.completion_tokens, "delivered": delivered,
+                         "dialect": a.dialect.kind if api == "chat" else api, "form": a.dialect.kind,
+                         **({"dialect_mismatch": a.mismatch} if a.mismatch else {})})
+
+    def _chat(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
+        t0 = time.time()
+        attempt = entry.attempt
+        body = self.read_json(h)
+        msgs, stream, opts = validate(body)
+        a = self._answer(entry, body, msgs, stream, t0, attempt, "chat")
+        cid = "chatcmpl-" + secrets.token_hex(12)
+        created = int(t0)
+        model = body["model"]
+        if a.call is not None:
+            call = {"id": "call_" + secrets.token_hex(12), "type": "function",
+                    "function": {"name": a.call[0], "arguments": orjson.dumps(a.call[1]).decode()}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        else:
+            message = {"role": "assistant", "content": a.text, "refusal": None}
+            finish = "stop"
+        usage = {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
+                 "total_tokens": a.prompt_tokens + a.completion_tokens}
         if stream:
             delivered = self._stream(h, cid, created, model, message, finish, usage, bool(opts.get("include_usage")))
         else:
@@ -142,14 +185,72 @@ class ModelEndpoint(JsonService):
                 "system_fingerprint": "sandfleet-script",
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 "usage": usage})
-        if delivered:
-            with self._lock:
-                self._delivered[entry.task_id] = self._delivered.get(entry.task_id, 0) + 1
-        self.log.append({"t": t0, "t_done": time.time(), "task": entry.task_id, "attempt": attempt,
-                         "attempt_at_end": entry.attempt, "step": step, "kind": kind, "tool": tool, "id": cid,
-                         "stream": stream, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                         "tokens": usage["total_tokens"], "delivered": delivered, "dialect": dialect.kind,
-                         **({"dialect_mismatch": mismatch} if mismatch else {})})
+        self._record(entry, a, t0, attempt, cid, stream, delivered, "chat")
+
+    def _messages(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
+        """Anthropic Messages (fleet/dialect_messages.py)."""
+        t0 = time.time()
+        attempt = entry.attempt
+        body = self.read_json(h)
+        _, stream = dialect_messages.validate(body)
+        chat = dialect_messages.to_chat(body)
+        a = self._answer(entry, chat, chat["messages"], stream, t0, attempt, dialect_messages.NAME)
+        mid = "msg_" + secrets.token_hex(12)
+        msg = dialect_messages.message(mid, body["model"], a.call, a.text,
+                                       dialect_messages.usage(a.prompt_tokens, a.completion_tokens))
+        if stream:
+            delivered = self.write_sse(h, dialect_messages.stream_events(msg))
+        else:
+            delivered = self.send_json(h, 200, msg)
+        self._record(entry, a, t0, attempt, mid, stream, delivered, dialect_messages.NAME)
+
+    def _count_tokens(self, h: BaseHTTPRequestHandler) -> None:
+        """`/v1/messages/count_tokens`: the prompt tokens a call with this body would be counted (not a model call:
+        not logged, no step)."""
+        body = self.read_json(h)
+        dialect_messages.validate(body, counting=True)
+        msgs = dialect_messages.to_chat(body)["messages"]
+        self.send_json(h, 200, {"input_tokens": 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)})
+
+    def _responses(self, h: BaseHTTPRequestHandler, entry: TaskEntry) -> None:
+        """OpenAI Responses (fleet/dialect_responses.py), `previous_response_id` from the endpoint's memory."""
+        t0 = time.time()
+        attempt = entry.attempt
+        body = self.read_json(h)
+        items, stream = dialect_responses.validate(body)
+        prev = body.get("previous_response_id")
+        earlier = self.responses.chain(entry.task_id, prev) if prev else []
+        chat = dialect_responses.to_chat(body, earlier + items)
+        a = self._answer(entry, chat, chat["messages"], stream, t0, attempt, dialect_responses.NAME)
+        rid = "resp_" + secrets.token_hex(24)
+        item = dialect_responses.output_item(a.call, a.text)
+        resp = dialect_responses.response(rid, body, item,
+                                          dialect_responses.usage(a.prompt_tokens, a.completion_tokens), t0)
+        if body.get("store", True) is not False:
+            self.responses.remember(entry.task_id, rid, prev, items + [item])
+        if stream:
+            delivered = self.write_sse(h, dialect_responses.stream_events(resp))
+        else:
+            delivered = self.send_json(h, 200, resp)
+        self._record(entry, a, t0, attempt, rid, stream, delivered, dialect_responses.NAME)
+
+    @staticmethod
+    def write_sse(h, events: list[bytes]) -> bool:
+        """Server-Sent Events, one chunk each; False when the client hung up before the last."""
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Cache-Control", "no-cache")
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            for ev in events:
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+            return True
+        except OSError:
+            h.close_connection = True
+            return False
 
     @staticmethod
     def _stream(h, cid, created, model, message, finish, usage, include_usage) -> bool:
@@ -180,17 +281,18 @@ class ModelEndpoint(JsonService):
         if include_usage:
             events.append(chunk(None, use=usage))
         events.append(b"data: [DONE]\n\n")
-        try:
-            h.send_response(200)
-            h.send_header("Content-Type", "text/event-stream")
-            h.send_header("Cache-Control", "no-cache")
-            h.send_header("Transfer-Encoding", "chunked")
-            h.end_headers()
-            for ev in events:
-                h.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
-            h.wfile.write(b"0\r\n\r\n")
-            h.wfile.flush()
-            return True
-        except OSError:
-            h.close_connection = True
-            return False
+        return ModelEndpoint.write_sse(h, events)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the script answers one call: a tool call `(name, arguments)` or a text, and what is logged of it."""
+    dialect: dialects.Dialect
+    mismatch: str | None
+    step: int
+    call: tuple[str, dict] | None
+    text: str | None
+    kind: str  # tool | final
+    tool: str | None
+    prompt_tokens: int
+    completion_tokens: int

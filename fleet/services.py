@@ -373,6 +373,7 @@ class JsonService:
     def authenticate(self, h: BaseHTTPRequestHandler):
         auth = h.headers.get("Authorization") or ""
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        key = key or (h.headers.get("x-api-key") or "").strip()  # Anthropic's header (Messages API clients)
         entry = self.registry.lookup(key) if key else None
         if entry is None and key in self.registry.revoked:
             gone = self.registry.revoked[key]
@@ -422,15 +423,20 @@ class JsonService:
             self.route(h, method, path, entry)
         except HttpError as err:
             self._drain(h)
-            self.send_json(h, err.status, err.body())
+            self.send_json(h, err.status, self.error_body(h.path.split("?", 1)[0], err))
         except Exception as exc:  # noqa: BLE001 - never crash the service on one bad request
-            self.send_json(h, 500, HttpError(500, f"internal error: {type(exc).__name__}", "server_error").body())
+            err = HttpError(500, f"internal error: {type(exc).__name__}", "server_error")
+            self.send_json(h, 500, self.error_body(h.path.split("?", 1)[0], err))
         finally:
             if key is not None or h._sf_reserved:
                 with self._lock:
                     if key is not None:
                         self._in_flight[key] -= 1
                     self._pool_used -= h._sf_reserved
+
+    def error_body(self, path: str, err: HttpError) -> dict:
+        """An error as the API of `path` shapes it (OpenAI's unless a service speaks another one)."""
+        return err.body()
 
     def _take_token(self, key: str) -> bool:
         """The key's token bucket (under the lock): refilled at RATE_PER_KEY a second up to BURST_PER_KEY."""
