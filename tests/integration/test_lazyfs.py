@@ -236,6 +236,29 @@ def test_a_boundary_hook_pauses_the_nth_write_and_a_kill_lands_mid_append(lazy):
     assert receipt["bytes_dropped"] == len(b"record-2\n") and receipt["released"] == 1
 
 
+def test_a_kill_at_a_paused_write_then_tear_leaves_a_torn_record_tail(lazy):
+    """DCP-2.0's SENTINEL_WRITE: the kill lands mid-append, and the power loss keeps a seeded prefix of it."""
+    fs, backing, mnt = lazy
+    (mnt / "j").touch()
+    _fsync_dir(mnt)
+    n = fs.stats()["boundaries"]["write"] + 3
+    fs.arm("write", n)
+    child = subprocess.Popen([sys.executable, "-c", JOURNAL_CHILD, str(mnt / "j")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fs.wait("write", n, timeout_s=30) is not None
+        child.send_signal(signal.SIGKILL)
+        receipt = fs.tear(seed=1234)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            fs.release()
+            child.kill()
+            child.wait(timeout=30)
+    torn = receipt["torn"]
+    assert torn["path"] == "/j" and torn["offset"] == 18 and torn["length"] == 9 and 1 <= torn["kept"] < 9
+    assert (mnt / "j").read_bytes() == b"record-0\nrecord-1\n" + b"record-2\n"[:torn["kept"]]
+
+
 def test_a_paused_fsync_has_persisted_before_it_returns(lazy):
     fs, backing, mnt = lazy
     (mnt / "j").touch()
