@@ -104,13 +104,13 @@ class WaveConfig(Strict):
                     f"{fid} ends no attempt, so it leaves the disk as it is; a disk mode belongs to an interruption "
                     "that ends one (PK1, PK2, PK4, PK5)" if not modes else
                     f"{fid} allows {', '.join(modes)} (it takes the node, or leaves a zombie on the old disk)"))
-        if self.sandbox.disk == "keep":
+        if self.sandbox.disk != "wipe":
             for fid in wants:
                 t = self.fault_timing.get(fid)
                 modes = getattr(CATALOG.get(fid), "disk_modes", ())
-                if modes and "keep" not in modes and (t is None or t.disk is None):
-                    raise ValueError(f"sandbox.disk 'keep' with fault {fid}: {fid} takes the node or leaves a "
-                                     f"zombie on the old disk, so its tasks cannot keep it; set "
+                if modes and self.sandbox.disk not in modes and (t is None or t.disk is None):
+                    raise ValueError(f"sandbox.disk {self.sandbox.disk!r} with fault {fid}: {fid} takes the node or "
+                                     f"leaves a zombie on the old disk, so its tasks cannot keep it; set "
                                      f"fault_timing.{fid}.disk: wipe")
         for fid, t in self.fault_timing.items():
             if fid != "PK3" and (t.mode is not None or t.down_s is not None):
@@ -210,9 +210,17 @@ class WaveConfig(Strict):
         t = self.fault_timing.get(fault_id or "")
         return (t.disk if t is not None and t.disk else None) or self.sandbox.disk
 
+    def disk_modes(self) -> set[str]:
+        return {self.sandbox.disk} | {t.disk for t in self.fault_timing.values() if t.disk}
+
     def keeps_disks(self) -> bool:
         """Whether any interruption of this wave keeps a disk (its tasks then get volumes kept across attempts)."""
-        return self.sandbox.disk == "keep" or any(t.disk == "keep" for t in self.fault_timing.values())
+        return bool(self.disk_modes() - {"wipe"})
+
+    def lazy_disks(self) -> bool:
+        """Whether a crash mode is in play: every task's volume is then served through the lazy file system
+        (fleet/lazyfs.py), which can drop or tear what was not synced."""
+        return bool(self.disk_modes() & {"lose-unsynced", "torn"})
 
     def fault_params(self) -> dict[str, dict]:
         return {k: {kk: vv for kk, vv in t.model_dump().items() if vv is not None}

@@ -46,8 +46,9 @@ class SigkillSandbox:
     kills_attempt = True
     # what becomes of the task's disk when this interruption ends its attempt (`sandbox.disk`, fault_timing's `disk`):
     # wipe (a new machine's fresh disk) or keep (the process died, the disk stayed: a restarted container, a
-    # rebooted VM). A fault that takes the node, or leaves a zombie on the disk, can only wipe (move: not built)
-    disk_modes = ("wipe", "keep")
+    # rebooted VM), lose-unsynced / torn (a power loss: what was not fsynced is gone, the write in flight torn). A
+    # fault that takes the node, or leaves a zombie on the disk, can only wipe (move: not built)
+    disk_modes = ("wipe", "keep", "lose-unsynced", "torn")
     # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);
     # storage faults keep launch-relative windows
     times_from_runner_start = True
@@ -459,7 +460,7 @@ class CrashLoop:
 
     id = "PK4"
     family = "preemption"
-    disk_modes = ("wipe", "keep")  # each kill ends the attempt's process, as PK1's
+    disk_modes = ("wipe", "keep", "lose-unsynced", "torn")  # each kill ends the attempt's process, as PK1's
     description = "crash loop: the next K attempts are each SIGKILLed a short seeded gap after they start"
     default_gaps = (0.3, 1.2)
 

@@ -156,7 +156,9 @@ class DockerBackend(SandboxBackend):
 
     async def _start(self, sb: Sandbox) -> None:
         spec = sb.spec
-        await asyncio.to_thread(prepare_workspace, spec)
+        disk = await asyncio.to_thread(prepare_workspace, spec)
+        if disk:  # what a crash mode dropped from the kept volume before this attempt (fleet/lazyfs.py)
+            sb.extra["disk"] = disk
         try:
             c = await asyncio.to_thread(self._create, spec)
             self._containers[spec.key] = c

@@ -528,7 +528,7 @@ class SandboxHost:
     def _drop_volumes_but(self, wave_id: str, keep: set[str]) -> list[str]:
         vol = self.home(wave_id) / "vol"
         return [t for d in sorted(vol.glob("*")) if vol.is_dir() and d.name not in keep
-                for t in self._drop_volumes(wave_id, d.name)]
+                and not d.name.endswith(".disk") for t in self._drop_volumes(wave_id, d.name)]
 
     async def load(self) -> dict:
         """Runnable tasks where this host runs (`procs_running` of /proc/stat, less this call's own thread) and
@@ -607,14 +607,16 @@ class SandboxHost:
 
     def _drop_volumes(self, wave_id: str | None = None, task_id: str | None = None) -> list[str]:
         """Unmount and remove kept volumes (one task's, a wave's, or every one on this node); returns their tasks."""
-        from fleet.sandbox import release_workspace
+        from fleet.sandbox import release_volume
 
         dropped = []
         waves = [self.home(wave_id)] if wave_id else [d for d in self.home().glob("*") if d.is_dir()]
         for w in waves:
             vol = w / "vol"
             for d in sorted(vol.glob(task_id or "*")) if vol.is_dir() else []:
-                release_workspace(str(d))
+                if d.name.endswith(".disk"):  # a lazy volume's tmpfs: released with its mount point
+                    continue
+                release_volume(str(d))
                 dropped.append(d.name)
         return dropped
 

@@ -25,6 +25,7 @@ freezer, cpu) on cgroup v1, or in one unified dir on cgroup v2, named
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ctypes
 import os
 import shutil
@@ -117,6 +118,12 @@ class SandboxSpec:
     # on a fresh one (the first attempt, or the last one ended in a wipe)
     volume: str | None = None
     volume_fresh: bool = True
+    # A crash mode in the wave (lose-unsynced, torn): the volume is served through the lazy file system
+    # (fleet/lazyfs.py), and `volume_crash` ("drop" = a power loss, "tear" = a power loss with the write in flight
+    # torn at `volume_seed`) is done to it before this attempt starts; what it dropped is the attempt's `disk` result
+    volume_lazy: bool = False
+    volume_crash: str | None = None
+    volume_seed: int = 0
 
     @property
     def workspace(self) -> str:
@@ -189,7 +196,8 @@ class Sandbox:
                 "start_ms": self.start_ms, "killed_by": self.killed_by, "cause": self.cause(),
                 "events": self.extra.get("events", {}), "history": self.life.history,
                 **({"outlived": self.extra["outlived"]} if self.extra.get("outlived") is not None else {}),
-                **({"harness_part": self.extra["harness_part"]} if self.extra.get("harness_part") else {})}
+                **({"harness_part": self.extra["harness_part"]} if self.extra.get("harness_part") else {}),
+                **({"disk": self.extra["disk"]} if self.extra.get("disk") else {})}
 
 
 class SandboxBackend:
@@ -585,17 +593,79 @@ def _harness_files_anew(workspace: str) -> None:
         os.lchown(x, SANDBOX_UID, SANDBOX_UID)
 
 
-def prepare_workspace(spec: SandboxSpec) -> None:
+_LAZY: dict[str, object] = {}  # lazy mount point -> its LazyFS, in the process that mounted it (the host's)
+LAZY_DATA = "data"  # the lazy volume's backing dir inside its tmpfs (its undo dir beside it, on the same tmpfs)
+
+
+def _lazy_disk(workspace: str) -> str:
+    return workspace.rstrip("/") + ".disk"
+
+
+def release_volume(workspace: str) -> dict | None:
+    """A task's kept volume goes: its lazy mount (clean unmount, its process ended) and its tmpfs."""
+    lazy = _LAZY.pop(workspace, None)
+    got = None
+    if lazy is not None:
+        got = lazy.unmount()
+    else:
+        from fleet import lazyfs
+
+        if lazyfs.is_mounted(workspace):  # a host that restarted: no handle, found by its marker
+            lazyfs.force_unmount(workspace)
+    if os.path.isdir(_lazy_disk(workspace)):
+        release_workspace(_lazy_disk(workspace))
+    release_workspace(workspace)
+    return got
+
+
+def _prepare_lazy(spec: SandboxSpec) -> dict | None:
+    """A crash-mode volume: a size-limited tmpfs at `<workspace>.disk`, seeded, served at the workspace through the
+    lazy file system; later attempts first get their crash (drop or tear) done to it. Returns the crash's receipt."""
+    from fleet.lazyfs import LazyFS
+
+    lazy = _LAZY.get(spec.workspace)
+    if lazy is not None and not spec.volume_fresh:
+        receipt = None
+        if spec.volume_crash == "tear":
+            receipt = dict(lazy.tear(spec.volume_seed), crash="tear")
+        elif spec.volume_crash == "drop":
+            receipt = dict(lazy.drop(), crash="drop")
+        _harness_files_anew(spec.workspace)
+        return receipt
+    release_volume(spec.workspace)
+    disk = _lazy_disk(spec.workspace)
+    seeded = dataclasses.replace(spec, workspace_dir=disk, volume_lazy=False, volume=None)
+    _mount_and_seed(seeded, source=spec.mount_source)
+    data = os.path.join(disk, LAZY_DATA)
+    os.mkdir(data, 0o755)
+    for name in os.listdir(disk):  # the seeded files move into the backing dir
+        if name != LAZY_DATA:
+            os.rename(os.path.join(disk, name), os.path.join(data, name))
+    os.lchown(data, SANDBOX_UID, SANDBOX_UID)
+    os.makedirs(spec.workspace, exist_ok=True)
+    _LAZY[spec.workspace] = LazyFS(data, spec.workspace, label=f"{spec.wave_id}.{spec.volume}").mount()
+    return None
+
+
+def prepare_workspace(spec: SandboxSpec) -> dict | None:
     """Mount the size-limited tmpfs workspace (owned by the sandbox user) and seed it with the task's files. A kept
-    volume already mounted is used as its last attempt left it (a fresh one asked for is mounted anew)."""
+    volume already mounted is used as its last attempt left it (a fresh one asked for is mounted anew); a crash-mode
+    volume first has its crash done to it (returns what it dropped)."""
+    if spec.volume and spec.volume_lazy:
+        return _prepare_lazy(spec)
     if spec.volume and os.path.ismount(spec.workspace):
         if not spec.volume_fresh:
             _harness_files_anew(spec.workspace)
-            return
+            return None
         release_workspace(spec.workspace)
+    _mount_and_seed(spec, spec.mount_source)
+    return None
+
+
+def _mount_and_seed(spec: SandboxSpec, source: str) -> None:
     os.makedirs(spec.workspace, exist_ok=True)
     opts = f"size={spec.workspace_mb * 1024 * 1024},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
-    if _libc.mount(spec.mount_source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+    if _libc.mount(source.encode(), spec.workspace.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                    opts.encode()) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"could not mount the workspace tmpfs on {spec.workspace}: {os.strerror(err)}")
@@ -673,14 +743,16 @@ class ProcessBackend(SandboxBackend):
             a += [BASH, "-c", WRAP, "sandfleet-wrap", str(pipes[0]), str(pipes[1])]  # (dash takes fds 0-9 only)
         return a + list(spec.argv)
 
-    def _prepare_workspace(self, spec: SandboxSpec) -> None:
-        prepare_workspace(spec)
+    def _prepare_workspace(self, spec: SandboxSpec) -> dict | None:
+        return prepare_workspace(spec)
 
     async def _start(self, sb: Sandbox) -> None:
         # Blocking work (mount, file writes, cgroup writes, fork/exec) runs in threads: the host's event loop
         # keeps renewing leases and serving kills while many sandboxes start at once.
         spec = sb.spec
-        await asyncio.to_thread(self._prepare_workspace, spec)
+        disk = await asyncio.to_thread(self._prepare_workspace, spec)
+        if disk:  # what a crash mode dropped from the kept volume before this attempt (fleet/lazyfs.py)
+            sb.extra["disk"] = disk
         cg = cgroups.SandboxCgroup(spec.wave_id, spec.sandbox_id)
         await asyncio.to_thread(cg.create, spec.memory_mb * 1024 * 1024, spec.pids_max, spec.cpu_shares,
                                 spec.cpu_quota)

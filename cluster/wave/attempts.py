@@ -29,7 +29,7 @@ from cluster.wave.logstream import LogStream
 from cluster.wave.silence import CHECK_EVERY_S, Activity
 from cluster.wave.timeline import TaskRun
 from faults.base import CATALOG, FaultSpec
-from faults.planner import drawn
+from faults.planner import derive, drawn
 from fleet import workloads
 from fleet.host import awaitable
 from fleet.lifecycle import TaskState
@@ -52,6 +52,10 @@ class AttemptEnd:
 
 
 WAIT, RETRY, PART_LOST = AttemptEnd(Outcome.WAIT), AttemptEnd(Outcome.RETRY), AttemptEnd(Outcome.PART_LOST)
+
+
+# what each crash mode does to a kept volume before the next attempt (fleet/lazyfs.py: drop = a power loss)
+CRASH = {"lose-unsynced": "drop", "torn": "tear"}
 
 
 class Attempts:
@@ -170,10 +174,13 @@ class Attempts:
         attempt, fence = lease.attempt, lease.fence
         spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
         if disk is not None:
-            kept = disk["mode"] == "keep" and run.attempts > 1 and node == run.node
+            kept = disk["mode"] != "wipe" and run.attempts > 1 and node == run.node
             disk = dict(disk, kept=kept, **({} if kept or disk["mode"] == "wipe" or run.attempts == 1 else
                                             {"why": f"its node {run.node} is gone"}))
-            spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept)
+            crash = CRASH.get(disk["mode"]) if kept else None
+            spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept, volume_lazy=self.cfg.lazy_disks(),
+                                       volume_crash=crash,
+                                       volume_seed=derive(self.plan["seed"], tid, "disk", attempt).randrange(2**31))
             self._disk_receipt(disk)
         self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                       lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id),
@@ -391,10 +398,12 @@ class Attempts:
         return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
 
     def _disk_receipt(self, disk: dict) -> None:
-        """The receipt of the fault that ended the last attempt names what became of the disk."""
+        """The receipt of the fault that ended the last attempt names what became of the disk (a crash mode: what
+        it dropped, or kept of a torn write, once the next attempt's host did it)."""
         for r in self.injector.receipts:
             if disk.get("after") and r.instance == disk["after"]:
-                r.evidence["disk"] = {k: v for k, v in disk.items() if k != "after"}
+                r.evidence["disk"] = dict(r.evidence.get("disk") or {}, **{k: v for k, v in disk.items()
+                                                                          if k != "after"})
 
     async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int,
                      result: AttemptResult) -> AttemptResult:
@@ -404,6 +413,8 @@ class Attempts:
 
         tid = run.plan.task_id
         code = result.exit_code
+        if result.disk:  # the crash the last attempt's end left, done to the volume before this attempt started
+            self._disk_receipt({"after": run.last_killed_by, "done": result.disk})
         run.last_killed_by = result.killed_by
         if node in self.nodes.faults and not (result.cause or "").startswith("killed"):
             result = result.but(cause=f"{result.cause or f'exit {code}'} (node {node} draining for "
@@ -421,7 +432,7 @@ class Attempts:
                       started_at=result.started_at, ended_at=result.ended_at,
                       error=result.error, start_error=result.start_error, artifact=captured,
                       cause=result.start_error or result.cause or result.error,
-                      events=result.events, outlived=result.outlived)
+                      events=result.events, outlived=result.outlived, **({"disk": result.disk} if result.disk else {}))
         return result
 
     def store_artifact(self, tid: str, attempt: int, captured: dict) -> dict:

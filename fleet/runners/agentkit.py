@@ -300,7 +300,7 @@ def durable_write(path: str, data: bytes) -> None:
     """Crash-safe local state: write a temp file, fsync it, rename it over `path`, fsync the directory (a power loss
     keeps the old bytes or the new ones, never a torn or a missing file)."""
     d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
+    _durable_dirs(d)
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -311,11 +311,27 @@ def durable_write(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _fsync_dir(d)
+
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(dfd)
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
+
+
+def _durable_dirs(d: str) -> None:
+    """`mkdir -p` that survives a power loss: each directory made is made durable by an fsync of its parent."""
+    if os.path.isdir(d):
+        return
+    _durable_dirs(os.path.dirname(d))
+    try:
+        os.mkdir(d)
+    except FileExistsError:
+        pass
+    _fsync_dir(os.path.dirname(d))
 
 
 def repo_base(env: Env) -> bytes:

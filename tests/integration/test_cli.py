@@ -21,7 +21,7 @@ def sandfleet(*args, cwd=None):
 
 @pytest.mark.parametrize("args, needles", [
     (["--faults", "PK1,PK9"], ["faults", "PK9", ", ".join(sorted(CATALOG))]),
-    (["--runner", "clever"], ["runner", "clever", "durable, naive"]),
+    (["--runner", "clever"], ["runner", "clever", "durable, durable-local, naive"]),
     (["--tasks", "0"], ["tasks", "0", "greater than or equal to 1"]),
 ])
 def test_bad_option_exits_254_naming_field_value_and_choices(tmp_path, args, needles):

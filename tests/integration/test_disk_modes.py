@@ -59,3 +59,43 @@ def test_a_runner_that_replays_over_what_it_left_on_a_kept_disk_is_caught(run_wa
     for g in result["tasks"]:
         assert g["verdict"] == "fail" and g["checks"]["no_double_apply"]["applied_twice"], (g["task_id"], g["checks"])
     assert exit_code(result) == 1
+
+
+LOCAL = str(Path(__file__).resolve().parents[2] / "tests" / "runners" / "local_defects.py")
+
+
+def local_defect(defect: str) -> dict:
+    import sys
+
+    return {"name": f"local-{defect}", "command": [sys.executable, LOCAL], "env": {"DEFECT": defect}}
+
+
+def test_a_journal_never_fsynced_survives_keep_and_not_a_power_loss(run_wave):
+    """The lazy file system (fleet/lazyfs.py) under the task's volume drops what was not fsynced at the kill: a
+    journal appended with no fsync, beside repo changes that were synced, passes a kill that keeps the disk and
+    applies its steps twice after a power loss. Nothing of the layer is left behind."""
+    kill = {"after_model_calls": [4, 4]}
+    result, d = run_wave(runner=local_defect("nosync_journal"), sandbox={"disk": "keep"},
+                         fault_timing={"PK1": kill}, seed=77, **BASE)
+    assert result["verdict"] == "pass", [(g["task_id"], g["signature"]) for g in result["tasks"]]
+    result, d = run_wave(runner=local_defect("nosync_journal"), sandbox={"disk": "lose-unsynced"},
+                         fault_timing={"PK1": kill}, seed=77, **BASE)
+    for g in result["tasks"]:
+        assert g["verdict"] == "fail" and g["checks"]["no_double_apply"]["applied_twice"], (g["task_id"],
+                                                                                            g["checks"])
+    receipts = [r for r in __import__("orjson").loads((Path(d) / results.FAULTS).read_bytes())
+                if r["status"] == "applied"]
+    assert receipts and all(r["evidence"]["disk"]["mode"] == "lose-unsynced" and
+                            r["evidence"]["disk"]["done"]["crash"] == "drop" for r in receipts), receipts
+    assert exit_code(result) == 1
+    assert not _mounts() and not [x for x in Path("/proc/self/mountinfo").read_text().splitlines()
+                                  if "sandfleet-lazyfs" in x]
+
+
+def test_the_local_journal_reference_survives_a_power_loss_and_a_torn_write(run_wave):
+    """durable-local writes each record to a temp file, fsyncs it, renames it and fsyncs the directory (and every
+    directory it made): a power loss, or one that tears the write in flight, loses no record it relied on."""
+    for mode in ("lose-unsynced", "torn"):
+        result, d = run_wave(runner="durable-local", sandbox={"disk": mode}, fault_timing=PK1, seed=79, **BASE)
+        assert result["verdict"] == "pass", (mode, [(g["task_id"], g["signature"], g["checks"]) for g in
+                                                    result["tasks"] if g["verdict"] != "pass"])

@@ -59,7 +59,7 @@ def test_builtin_runner_is_a_script_command():
 def test_bad_runner_specs_name_the_field():
     with pytest.raises(ConfigError, match="runner") as e:
         build_config({"runner": "nope"})
-    assert "durable, naive" in str(e.value)
+    assert "durable, durable-local, naive" in str(e.value)
     with pytest.raises(ConfigError, match="workdir"):
         build_config({"runner": {"command": "x", "workdir": "/no/such/dir"}})
     with pytest.raises(ConfigError, match="SANDFLEET_TASK_ID"):
