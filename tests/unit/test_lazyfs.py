@@ -75,6 +75,38 @@ def test_extents_match_a_flat_buffer(ops):
     assert all(a + len(b) < c for (a, b), (c, _) in zip(ext.items(), ext.items()[1:])), "extents overlap or touch"
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("write"), st.integers(0, 200), st.binary(min_size=1, max_size=50)),
+    st.tuples(st.just("truncate"), st.integers(0, 200), st.just(b"")),
+    st.tuples(st.just("fsync"), st.just(0), st.just(b""))), max_size=25))
+def test_a_file_reads_as_written_and_drops_to_its_last_fsync(tmp_path_factory, ops):
+    """Against a flat model: reads see every write and truncate; after drop, the file is as at its last fsync."""
+    backing = tmp_path_factory.mktemp("v")
+    lazy = LazyOps(backing)
+    fh = lazy.create("/f", 0o644)
+    dfh = lazy.opendir("/")
+    lazy.fsyncdir("/", 0, dfh)
+    now, durable = bytearray(), b""
+    for kind, off, data in ops:
+        if kind == "write":
+            lazy.write("/f", data, off, fh)
+            if len(now) < off:
+                now += bytes(off - len(now))
+            now[off:off + len(data)] = data
+        elif kind == "truncate":
+            lazy.truncate("/f", off, fh)
+            now = now[:off] + bytes(max(0, off - len(now)))
+        else:
+            lazy.fsync("/f", 0, fh)
+            durable = bytes(now)
+        assert lazy.read("/f", 1000, 0, fh) == bytes(now)
+        assert lazy.getattr("/f", fh)["st_size"] == len(now)
+    lazy.drop()
+    assert lazy.read("/f", 1000, 0, fh) == durable
+    assert (backing / "f").read_bytes() == durable
+
+
 def test_reads_see_unsynced_writes_over_the_backing_file(fs):
     f, backing = fs
     f.write_file("/j", b"A" * 10, fsync=True)
@@ -139,6 +171,38 @@ def test_data_of_a_closed_file_stays_cached_until_drop(fs):
 
 
 # ---------------------------------------------------------------------------------------------------- names
+
+
+NAMES = st.sampled_from(["a", "b", "c"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("create"), NAMES, NAMES), st.tuples(st.just("rename"), NAMES, NAMES),
+                          st.tuples(st.just("unlink"), NAMES, NAMES), st.tuples(st.just("fsyncdir"), NAMES, NAMES)),
+                max_size=20))
+def test_a_dir_drops_to_what_it_held_at_its_last_fsync(tmp_path_factory, ops):
+    """Against a flat model: after drop, the directory holds exactly the names (and files) of its last fsync."""
+    backing = tmp_path_factory.mktemp("v")
+    lazy = LazyOps(backing)
+    f = Fake(lazy)
+    now: dict[str, bytes] = {}
+    durable: dict[str, bytes] = {}
+    for i, (kind, x, y) in enumerate(ops):
+        if kind == "create" and x not in now:
+            f.write_file(f"/{x}", b"file-%d" % i, fsync=True)
+            now[x] = b"file-%d" % i
+        elif kind == "rename" and x in now and x != y:
+            lazy.rename(f"/{x}", f"/{y}")
+            now[y] = now.pop(x)
+        elif kind == "unlink" and x in now:
+            lazy.unlink(f"/{x}")
+            del now[x]
+        elif kind == "fsyncdir":
+            f.fsync_dir("/")
+            durable = dict(now)
+    lazy.drop()
+    assert {n: (backing / n).read_bytes() for n in os.listdir(backing)} == durable
+    assert not os.listdir(lazy.undo_dir)
 
 
 def test_create_without_dir_fsync_is_undone_with_it_stays(fs):
