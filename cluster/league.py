@@ -137,9 +137,55 @@ def wave_metrics(result: dict, d: Path) -> dict:
         "wasted_tokens": sum(g.get("wasted_tokens") or 0 for g in grades),
         "resume_s": _resume_times(interrupted, timeline, results.read_jsonl(d / results.MODEL_CALLS)),
         "per_step_overhead_s": _per_step(timeline, workload["steps"], workload["think_ms"] / 1000),
+        "write_ms_per_step": [g["store_write_ms_per_step"] for g in grades
+                              if isinstance(g.get("store_write_ms_per_step"), (int, float))],
         "not_applied": count(lambda g: g["verdict"] == "not_applied"),
         "unknown": count(lambda g: g["verdict"] == "unknown"),
     }
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials (95 % by default): honest at small n and at 0 or n,
+    where a plain k/n +- interval is not (8 kills a row is a small sample for a percentage)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+# DCP-2.0's four deterministic kill windows (004_*.txt) as sandfleet's boundaries
+DCP_WINDOWS = (("PROMPT", "right after the Nth model answer is delivered (`after_model_calls`), before the runner "
+                          "records it"),
+               ("EXEC", "inside a tool's run: a named window the runner announces (PK5 `after_checkpoints`), or the "
+                        "longtool workload's shell step"),
+               ("WRITE", "at the Nth store write (`after_store_writes`, the ambiguous variant holds its answer), or on "
+                         "a crash-mode disk mid-append (`sandbox.disk: torn`): SENTINEL_WRITE"),
+               ("VERIFY", "right after the Nth external effect was answered (`after_effects`)"))
+
+
+def dcp_lines(rows: list[dict]) -> list[str]:
+    """Per runner, the league in DCP-2.0's columns: Rcrash with its 95 % interval, Tresume, Wtoken, write overhead."""
+    out = ["", "In DCP-2.0's terms (`004`): Rcrash = interrupted tasks that passed, with a 95 % Wilson interval; "
+               "Tresume = time to resume p50; Wtoken = model tokens wasted per interruption; write overhead = store "
+               "write time per step p50 (the runner's own commits through the proxy).", "",
+           "| runner | Rcrash | 95 % interval | Tresume p50 | Wtoken | write overhead per step p50 |",
+           "|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["runner"] for r in rows):
+        mine = [r for r in rows if r["runner"] == name]
+        k, n = sum(r["survived"] for r in mine), sum(r["interrupted"] for r in mine)
+        lo, hi = wilson(k, n)
+        inter = sum(r["interruptions"] for r in mine)
+        wtok = f"{sum(r['wasted_tokens'] for r in mine) / inter:.0f} (n={inter})" if inter else "n/a"
+        writes = [x for r in mine for x in r.get("write_ms_per_step") or []]
+        out.append(f"| {name} | " + (f"{k / n:.1%} ({k}/{n})" if n else "n/a (0 interrupted)") + " | "
+                   + (f"{lo:.0%}-{hi:.0%}" if n else "n/a") + f" | {_med([x for r in mine for x in r['resume_s']])} | "
+                   f"{wtok} | " + (f"{sorted(writes)[len(writes) // 2]:.1f} ms" if writes else "n/a") + " |")
+    out += ["", "DCP-2.0's kill windows, as sandfleet's boundaries:", ""]
+    out += [f"- {w}: {what}" for w, what in DCP_WINDOWS]
+    return out
 
 
 def _resume_times(interrupted: list[dict], timeline: list[dict], calls: list[dict]) -> list[float]:
@@ -253,6 +299,7 @@ def write_league(out: Path, league: LeagueConfig, rows: list[dict]) -> None:
         lines.append(f"| {name} | {tot['pass']}/{tot['tasks']} | {rsr} | {tot['double_apply']}/{tot['tasks']} | "
                      f"{tot['recalls']} | {per} | {_med([x for r in mine for x in r['resume_s']])} | "
                      f"{_med([x for r in mine for x in r['per_step_overhead_s']])} |")
+    lines += dcp_lines(rows)
     lines += manifest_warnings(rows)
     lines += ["", "Time to resume: from the end of an interrupted attempt to the next attempt's first model call "
               "for a step never asked before. Runner time per step: an uninterrupted reference run's wall time per "

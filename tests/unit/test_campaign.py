@@ -43,3 +43,20 @@ def test_bracket_names_the_strongest_survived_and_weakest_failed():
 def test_a_strength_outside_the_faults_scale_is_refused():
     with pytest.raises(ConfigError, match="ST3: strength 5.0 is a share"):
         plan_waves("ST3", ["durable"], 0.5, 5, {})
+
+
+def test_the_league_reports_dcp_columns_with_an_honest_interval():
+    from cluster.league import dcp_lines, wilson
+
+    lo, hi = wilson(8, 8)
+    assert hi == 1.0 and 0.6 < lo < 0.7  # 8 of 8 is not "100 %, certainly"
+    assert wilson(0, 0) == (0.0, 1.0)
+    rows = [{"runner": "durable", "survived": 8, "interrupted": 8, "interruptions": 8, "wasted_tokens": 40,
+             "resume_s": [0.5, 0.7], "write_ms_per_step": [3.0, 4.0, 5.0]},
+            {"runner": "naive", "survived": 0, "interrupted": 0, "interruptions": 0, "wasted_tokens": 0,
+             "resume_s": [], "write_ms_per_step": []}]
+    text = "\n".join(dcp_lines(rows))
+    assert "| durable | 100.0% (8/8) | 68%-100% |" in text and "5 (n=8)" in text and "4.0 ms" in text
+    assert "| naive | n/a (0 interrupted) | n/a |" in text
+    for w in ("PROMPT", "EXEC", "WRITE", "VERIFY"):
+        assert f"- {w}: " in text
