@@ -29,6 +29,9 @@ The mount shows a backing directory. What survives a power loss is exactly what 
   limited volume answers at write time, as a real disk does). Past ``max_dirty_bytes`` of cache (512 MiB) a file is
   written back early, as the kernel's writeback does: unsynced data may survive a crash, only its loss is promised
   never; ``stats()["early_writebacks"]`` counts them.
+- **When.** Drop or tear once the volume's users are dead (a power loss kills them too): a process that keeps a
+  file open across a drop may still read pages the kernel cached before it; new opens, lookups and stats see the
+  backing dir (the mount has no name or attribute cache, and an open drops the file's cached pages).
 - **A clean unmount** persists everything (as umount writes back the page cache): call ``drop()`` first for a power
   loss. A killed FUSE process loses its cache with no undo (a harness fault, not a mode).
 
