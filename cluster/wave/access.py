@@ -213,6 +213,9 @@ class Access:
             "OPENAI_BASE_URL": f"http://127.0.0.1:{PORT_MODEL}/v1",
             "OPENAI_API_KEY": key,
             "OPENAI_MODEL": MODEL_ID,
+            # the same endpoint and key for Anthropic's SDKs and Claude Code (they append /v1 themselves)
+            "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{PORT_MODEL}",
+            "ANTHROPIC_API_KEY": key,
             "SANDFLEET_CONTRACT": CONTRACT_VERSION,
             "SANDFLEET_TASK_ID": task.task_id,
             "SANDFLEET_ATTEMPT": str(attempt),
