@@ -55,9 +55,11 @@ def _functions(body: dict) -> list[dict]:
 
 def _command_param(fn: dict) -> str | None:
     """The one required string parameter of a command-style tool, or None."""
-    params = fn.get("parameters") or {}
-    props = params.get("properties") or {}
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
     required = params.get("required") or [k for k in props][:1]
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        return None
     strings = [k for k in required if isinstance(props.get(k), dict) and props[k].get("type") == "string"]
     return strings[0] if len(strings) == 1 and len(required) == 1 else None
 

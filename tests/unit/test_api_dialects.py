@@ -4,8 +4,11 @@ errors, and the real client SDKs (anthropic, openai) talking to the real endpoin
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleet import dialect_messages, dialect_responses, workloads
 from fleet.dialects import Dialect, detect, step_of
@@ -268,3 +271,31 @@ def test_server_time_per_call_in_each_api(endpoint):
         t = sorted(c["t_done"] - c["t"] for c in calls if c["task"] == f"bench-{name}")
         assert len(t) == 60 and all(c["step"] == 20 for c in calls if c["task"] == f"bench-{name}")
         print(f"{name}: server time at step 20 p50 {t[30] * 1000:.2f} ms p99 {t[59] * 1000:.2f} ms")
+
+
+# -- bad input: the API's 400, never a 500 ---------------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                         st.sampled_from(["type", "role", "content", "name", "input_schema", "parameters",
+                                          "properties", "required", "call_id", "output", "text", "tool_use_id"]),
+                         inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]),
+       field=st.sampled_from(["messages", "input", "tools", "system", "instructions", "previous_response_id",
+                              "max_tokens", "stream", "model"]), value=_json)
+def test_a_request_of_the_wrong_shape_is_the_apis_400_never_a_500(endpoint, path, field, value):
+    model, key, _ = endpoint
+    body = {"model": "m", "max_tokens": 9, "messages": a_conv(1), "input": r_conv(1), "tools": A_TOOLS
+            if "messages" in path else R_TOOLS, field: value}
+    code, r = post(model.url + path, key, body)
+    while code == 429:  # the key's rate (50 a second): this test sends faster
+        time.sleep(0.05)
+        code, r = post(model.url + path, key, body)
+    assert code in (200, 400), (code, r)
+    if code == 400 and path.startswith("/v1/messages"):
+        assert r["type"] == "error" and r["error"]["type"] == "invalid_request_error" and r["error"]["message"]
+    elif code == 400:
+        assert r["error"]["message"] and r["error"]["type"] == "invalid_request_error"
