@@ -20,7 +20,14 @@ import pytest
 from fleet import lazyfs
 from fleet.lazyfs import LazyFS
 
-pytestmark = pytest.mark.skipif(lazyfs.check_available() is not None, reason=str(lazyfs.check_available()))
+
+
+@pytest.fixture(autouse=True)
+def _fuse_here():
+    """The integration tier needs the real parts: a machine without FUSE fails here, naming what is missing."""
+    why = lazyfs.check_available()
+    if why:
+        pytest.fail(why)
 
 NOBODY = 65534
 
@@ -83,6 +90,14 @@ def test_the_mount_and_process_carry_the_markers(lazy):
     assert any(fs.fsname in m for m in leftovers.sandfleet_mounts())
     ctl = Path(fs.control_dir)
     assert ctl.stat().st_uid == 0 and (ctl.stat().st_mode & 0o777) == 0o700, "the control is reachable by others"
+    probe = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect(%r); s.sendall(b'{\"op\": \"drop\"}\\n'); "
+             "print(s.recv(999))" % fs.control)
+    p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", sys.executable,
+                        "-c", probe], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "PermissionError" in p.stderr, f"uid 65534 reached the control: {p.stdout}"
+    out = subprocess.run([sys.executable, "-m", "fleet.lazyfs", "ctl", "--control", fs.control, "stats"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and '"drops": 0' in out.stdout, out.stderr
 
 
 def test_write_and_fsync_survives_drop(lazy):
