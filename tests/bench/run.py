@@ -280,6 +280,29 @@ def _conversation(tool: str | None, tools: list | None, turns: int = 20) -> byte
     return json.dumps({"model": "m", "messages": msgs, **({"tools": tools} if tools else {})}).encode()
 
 
+def _api_conversation(api: str, turns: int = 20) -> bytes:
+    """A request at step 20 in the Messages or the Responses API, declaring the workload's tools."""
+    import json
+
+    from fleet import workloads
+
+    fns = [t["function"] for t in workloads.get("patch-repo").tools()]
+    if api == "messages":
+        msgs = [{"role": "user", "content": "go"}]
+        for i in range(turns):
+            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "apply_patch",
+                                                        "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"}]}]
+        return json.dumps({"model": "m", "max_tokens": 1024, "messages": msgs, "tools": [
+            {"name": f["name"], "input_schema": f["parameters"]} for f in fns]}).encode()
+    items = [{"role": "user", "content": "go"}]
+    for i in range(turns):
+        items += [{"type": "function_call", "call_id": f"c{i}", "name": "apply_patch", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": f"c{i}", "output": "ok"}]
+    return json.dumps({"model": "m", "input": items, "tools": [
+        {"type": "function", "name": f["name"], "parameters": f["parameters"]} for f in fns]}).encode()
+
+
 def bench_model(rows: list, n: int = 600) -> None:
     """Model endpoint and effects service: added latency per call, keep-alive, no think time."""
     import http.client
@@ -309,6 +332,10 @@ def bench_model(rows: list, n: int = 600) -> None:
                   "/v1/chat/completions", _conversation("bash", [bash])),
                  ("model endpoint, text dialect: chat completion (a fenced block, 20 observation turns)", "text",
                   model, "/v1/chat/completions", _conversation(None, None)),
+                 ("model endpoint, Anthropic Messages: POST /v1/messages (workload tools, 20 tool_result turns)",
+                  "messages", model, "/v1/messages", _api_conversation("messages")),
+                 ("model endpoint, OpenAI Responses: POST /v1/responses (workload tools, 20 function_call_output "
+                  "items)", "responses", model, "/v1/responses", _api_conversation("responses")),
                  ("effects service: POST /v1/effects", None, fx, "/v1/effects", None)]
         for name, dialect, svc, path, body in cases:
             conn = http.client.HTTPConnection("127.0.0.1", svc.server.server_address[1])
