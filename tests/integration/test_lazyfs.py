@@ -123,6 +123,17 @@ def test_write_without_fsync_is_lost_on_drop(lazy):
     assert receipt["files"][0]["path"] == "/journal"
 
 
+def test_a_write_to_an_o_dsync_file_is_durable_when_it_returns(lazy):
+    fs, backing, mnt = lazy
+    (mnt / "log").touch()
+    _fsync_dir(mnt)
+    fd = os.open(mnt / "log", os.O_WRONLY | os.O_APPEND | os.O_DSYNC)
+    os.write(fd, b"synced by O_DSYNC\n")
+    os.close(fd)
+    fs.drop()
+    assert (mnt / "log").read_bytes() == b"synced by O_DSYNC\n"
+
+
 def test_rename_without_dir_fsync_is_undone_on_drop_with_dir_fsync_it_stays(lazy):
     fs, backing, mnt = lazy
     _write(mnt / "state", b"v1", fsync=True)
