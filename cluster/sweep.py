@@ -298,7 +298,9 @@ def _remove_wave(w: str, e: dict, keep_data: bool) -> list[str]:
         shutil.rmtree(tmp, ignore_errors=True)
         done.append(f"removed the dead wave's Ray temp dir {tmp}")
     if e["private_dir"] and keep_data:
-        for sub in ("creds", "ws", results.DRIVER_RECORD):
+        # (the dead driver's record stays: it names the driver's harness cgroup, which the scoped harness-cgroup
+        # pass below and a later sweep find by it; a resumed wave's driver writes its own)
+        for sub in ("creds", "ws"):
             p = Path(e["private_dir"], sub)
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
