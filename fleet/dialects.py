@@ -1,12 +1,17 @@
 """How the scripted model speaks to an agent: the workload's step, said in the agent's own dialect.
 
+The forms below are the same in every API the endpoint speaks: Chat Completions (fleet/model_endpoint.py),
+Anthropic Messages (fleet/dialect_messages.py) and OpenAI Responses (fleet/dialect_responses.py), each of which
+reads its request into the chat form this module reads.
+
 The step script, the grader and what a step does stay the workload's; only the form of the answer changes.
 
 - `tools`: the request declares the workload's tools (`apply_patch`, `publish`, ...): the answer is a call of one.
 - `shell`: the request declares one command-style tool (a function whose one required parameter is a string, such
-  as `bash`, `shell`, `execute_bash`, `run_command`, `python` or `code`): the answer is a call of that tool with a
-  POSIX shell command that does the step (python3 for what the shell cannot say: the effects POST, a multi-file
-  edit; nothing else is assumed in the sandbox).
+  as `bash`, `shell`, `execute_bash`, `run_command`, `python` or `code`, or an argv: Codex CLI's `shell`, answered
+  `["sh", "-c", command]`): the answer is a call of that tool with a POSIX shell command that does the step
+  (python3 for what the shell cannot say: the effects POST, a multi-file edit; nothing else is assumed in the
+  sandbox).
 - `text`: the request declares no tools and its instructions show a fenced code block (or the dialect is pinned):
   the answer is assistant text with exactly one fenced bash block (as mini-swe-agent and aider-like agents parse
   it); after the last step, the agent's own finish action. A request with no tools and no such instructions is a
@@ -26,7 +31,7 @@ from fleet.workloads.base import ToolStep
 
 DIALECTS = ("tools", "shell", "text")
 COMMAND_NAMES = ("bash", "shell", "execute_bash", "run_command", "run_shell_command", "terminal", "python", "code",
-                 "execute", "exec", "cmd", "command", "sh")
+                 "execute", "exec", "cmd", "command", "sh", "shell_command", "exec_command")
 DEFAULT_FINISH = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
@@ -39,6 +44,7 @@ class Dialect:
     kind: str  # tools | shell | text
     tool: str | None = None  # shell: the command tool's name
     param: str | None = None  # shell: its string parameter
+    argv: bool = False  # shell: the parameter is an argv (an array of strings: Codex CLI's `shell` tool)
     fence: str = "bash"  # text: the info string of the block the agent's instructions show (```mswea_bash_command)
 
 
@@ -53,14 +59,20 @@ def _functions(body: dict) -> list[dict]:
     return out
 
 
+def _is_argv(schema) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "array" and isinstance(schema.get("items"), dict) \
+        and schema["items"].get("type") == "string"
+
+
 def _command_param(fn: dict) -> str | None:
-    """The one required string parameter of a command-style tool, or None."""
+    """The one required string (or argv: array of strings) parameter of a command-style tool, or None."""
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
     props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
     required = params.get("required") or [k for k in props][:1]
     if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
         return None
-    strings = [k for k in required if isinstance(props.get(k), dict) and props[k].get("type") == "string"]
+    strings = [k for k in required if isinstance(props.get(k), dict) and (props[k].get("type") == "string"
+                                                                          or _is_argv(props[k]))]
     return strings[0] if len(strings) == 1 and len(required) == 1 else None
 
 
@@ -89,7 +101,9 @@ def detect(body: dict, workload_tools: set[str], pinned: str | None = None) -> t
                                    f"({', '.join(COMMAND_NAMES[:6])}, ...): pin one with model.dialect: shell and "
                                    "give the agent one shell tool")
             commands = hinted
-        seen = Dialect("shell", commands[0][0], commands[0][1])
+        fn = next(f for f in fns if f.get("name") == commands[0][0])
+        seen = Dialect("shell", commands[0][0], commands[0][1],
+                       argv=_is_argv(fn["parameters"]["properties"][commands[0][1]]))
     if pinned and pinned != seen.kind:
         return seen, f"model.dialect is pinned to {pinned!r} but the agent sent a {seen.kind!r} request"
     return seen, None
@@ -168,7 +182,7 @@ def command(step: ToolStep) -> str:
 def tool_call_arguments(step: ToolStep, dialect: Dialect) -> tuple[str, dict]:
     """(function name, arguments) of the answer's tool call."""
     if dialect.kind == "shell":
-        return dialect.tool, {dialect.param: command(step)}
+        return dialect.tool, {dialect.param: ["sh", "-c", command(step)] if dialect.argv else command(step)}
     return step.tool, step.arguments
 
 

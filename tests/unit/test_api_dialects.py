@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet import dialect_messages, dialect_responses, workloads
+from fleet import dialect_messages, dialect_responses, dialects, workloads
 from fleet.dialects import Dialect, detect, step_of
 from fleet.model_endpoint import ModelEndpoint
 from fleet.services import HttpError, TaskRegistry
@@ -92,6 +92,22 @@ def test_responses_read_as_chat_count_outputs_and_take_earlier_items():
         mem.remember("t1", f"x{i}", None, [])
     with pytest.raises(HttpError, match="'r1' not found"):
         mem.chain("t1", "r2")  # forgotten, oldest first
+
+
+def test_a_codex_like_tool_set_is_answered_with_an_argv_shell_command():
+    """Codex CLI declares `shell` with `command` an array of strings, beside several one-string tools (its
+    function-form apply_patch, view_image): the shell tool is the one named like a shell, answered as an argv."""
+    tools = [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {
+        "command": {"type": "array", "items": {"type": "string"}}, "workdir": {"type": "string"},
+        "timeout_ms": {"type": "number"}}, "required": ["command"]}},
+        {"type": "function", "name": "apply_patch", "parameters": {"type": "object", "properties": {
+            "input": {"type": "string"}}, "required": ["input"]}},
+        {"type": "function", "name": "view_image", "parameters": {"type": "object", "properties": {
+            "path": {"type": "string"}}, "required": ["path"]}}]
+    d = detect(dialect_responses.to_chat({"tools": tools}, r_conv(0)), WL_TOOLS)[0]
+    assert d == Dialect("shell", "shell", "command", argv=True)
+    name, args = dialects.tool_call_arguments(WL.script(SEED, STEPS)[0], d)
+    assert name == "shell" and args["command"][:2] == ["sh", "-c"] and "SANDFLEET_REPO" in args["command"][2]
 
 
 @pytest.mark.parametrize("body, match", [
