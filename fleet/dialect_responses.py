@@ -8,8 +8,9 @@ are functions. So the form of the answer and the step are chosen as for Chat Com
 `sequence_number`. Errors keep OpenAI's `{"error": {...}}` shape.
 
 `previous_response_id` is served: the endpoint remembers each stored response's items (the request's `store` is
-not false), per task, the latest `REMEMBERED` of them; an id it does not hold (another task's, forgotten, or from
-before the driver restarted) is a 400 `previous_response_not_found`, as the API answers.
+not false), per task, the latest `REMEMBERED` of them and `REMEMBERED_BYTES` of items at most; an id it does not
+hold (another task's, forgotten, or from before the driver restarted) is a 400 `previous_response_not_found`, as
+the API answers.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from fleet.services import HttpError
 NAME = "responses"
 PATHS = ("/v1/responses", "/responses")
 REMEMBERED = 4096  # stored responses the endpoint keeps (all tasks), oldest forgotten first
+REMEMBERED_BYTES = 64 * 1024 * 1024  # and their items' JSON size at most (an agent that resends its whole
+# conversation with `store` on costs the square of its length: the driver's heap stays bounded all the same)
 OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 
 
@@ -69,10 +72,11 @@ class Memory:
     """Stored responses' items by id, per task (what `previous_response_id` names): a response keeps its parent's
     id and only its own input and output items, so a long chain costs one copy of each item."""
 
-    def __init__(self, limit: int = REMEMBERED):
-        self.limit = limit
+    def __init__(self, limit: int = REMEMBERED, max_bytes: int = REMEMBERED_BYTES):
+        self.limit, self.max_bytes = limit, max_bytes
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[str, str | None, list]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[str, str | None, list, int]] = OrderedDict()
+        self._bytes = 0
 
     def chain(self, task_id: str, rid: str) -> list:
         """The items of the conversation up to and including response `rid`, oldest first."""
@@ -89,10 +93,12 @@ class Memory:
         return [i for p in reversed(parts) for i in p]
 
     def remember(self, task_id: str, rid: str, parent: str | None, items: list) -> None:
+        size = len(orjson.dumps(items))
         with self._lock:
-            self._items[rid] = (task_id, parent, items)
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
+            self._items[rid] = (task_id, parent, items, size)
+            self._bytes += size
+            while len(self._items) > self.limit or (self._bytes > self.max_bytes and len(self._items) > 1):
+                self._bytes -= self._items.popitem(last=False)[1][3]
 
 
 def to_chat(body: dict, items: list) -> dict:

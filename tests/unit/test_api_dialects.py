@@ -92,6 +92,12 @@ def test_responses_read_as_chat_count_outputs_and_take_earlier_items():
         mem.remember("t1", f"x{i}", None, [])
     with pytest.raises(HttpError, match="'r1' not found"):
         mem.chain("t1", "r2")  # forgotten, oldest first
+    small = dialect_responses.Memory(max_bytes=400)
+    for i in range(5):
+        small.remember("t1", f"r{i}", None, r_conv(1))  # 170 bytes each: two fit
+    assert len(small.chain("t1", "r4")) == 3 and len(small.chain("t1", "r3")) == 3
+    with pytest.raises(HttpError):
+        small.chain("t1", "r2")
 
 
 def test_a_codex_like_tool_set_is_answered_with_an_argv_shell_command():
