@@ -56,6 +56,16 @@ def check_results_root(results: Path) -> None:
                           "give a directory you can write")
 
 
+def _seal(results_dir: Path) -> None:
+    """Seal a wave's folder again after its files were rewritten (a seal that fails is said, never fatal)."""
+    from cluster.seal import SealError, seal
+
+    try:
+        seal(results_dir)
+    except (SealError, OSError) as exc:
+        _err(f"warning: {results_dir} not sealed: {exc}")
+
+
 def _err(msg: str) -> None:
     """Errors go to stderr unwrapped, so a long valid-choices list stays greppable; escaped (`terminal_safe`)."""
     sys.stderr.write(results.terminal_safe(msg.rstrip("\n")) + "\n")
@@ -315,9 +325,39 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
              "content; nothing was graded)")
         return EXIT_HARNESS
     write_summary(results_dir, result)
+    _seal(results_dir)
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
     out.print(f"SUMMARY: {results_dir / results.SUMMARY}", highlight=False, soft_wrap=True)
     return exit_code(result)
+
+
+@app.command("verify")
+def verify_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory"),
+               public_key: Optional[str] = typer.Option(None, "--public-key",
+                                                       help="the sealer's Ed25519 public key (hex): refuse a seal "
+                                                            "made with any other")) -> int:
+    """Check that a wave's folder is the one its seal names: the seal's signature, and every file's sha256 (exit 0
+    intact, 1 a file changed, added or missing, each named; 2 no seal, or a damaged or foreign one)."""
+    from cluster.seal import SealError, verify
+
+    if public_key is not None and not (len(public_key) == 64 and all(c in "0123456789abcdefABCDEF"
+                                                                     for c in public_key)):
+        _err(f"error: option --public-key: value {public_key!r}: expected 64 hex digits (an Ed25519 public key)")
+        return EXIT_BAD_INPUT
+    try:
+        got = verify(results_dir, public_key)
+    except SealError as exc:
+        _err(f"error: cannot verify {results_dir}: {exc}")
+        return EXIT_HARNESS
+    if got["ok"]:
+        out.print(f"{results_dir}: intact, sealed by key {got['fingerprint']}", highlight=False, soft_wrap=True)
+        return EXIT_OK
+    for what in ("changed", "added", "missing"):
+        for name in got[what]:
+            _err(f"{what}: {name}")
+    _err(f"{results_dir}: NOT the folder key {got['fingerprint']} sealed: {len(got['changed'])} changed, "
+         f"{len(got['added'])} added, {len(got['missing'])} missing")
+    return EXIT_FAIL
 
 
 @app.command("report")

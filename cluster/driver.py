@@ -418,6 +418,12 @@ class WaveRun:
                 picture.wait()
             raise
         report.write_summary(self.dir, result, picture)
+        try:  # 7. the folder sealed: `sandfleet verify` checks that it is the one this wave wrote
+            from cluster.seal import SealError, seal
+
+            result["seal"] = seal(self.dir)["fingerprint"]
+        except (SealError, OSError) as exc:
+            result.setdefault("notes", []).append(f"not sealed: {exc}")
         try:
             cache_passed_references(self.cache, self.wave_id, self.out, result)
         except OSError as exc:

@@ -33,6 +33,8 @@ RAY_ERRORS = "ray-errors.log"
 NODES = "nodes.json"
 SUMMARY = "SUMMARY.md"
 VERDICT = "verdict.json"
+SEAL_MANIFEST = "MANIFEST.json"  # cluster/seal.py: every file's sha256
+SEAL = "SEAL.json"  # its Ed25519 signature and public key
 INDEX_HTML = "index.html"
 PAGES = "pages"
 EVIDENCE_RUNNER_LOGS = "runner-logs.txt"
@@ -91,6 +93,8 @@ LAYOUT: list[tuple[str, str]] = [
     (TIMELINE_PNG, "the timeline as a picture"),
     (INDEX_HTML, "the report as a self-contained web page: verdict, timeline, fault x outcome, tasks (filterable)"),
     (f"{PAGES}/<task>.html", "one task's page: attempts, receipts, checks, redacted log tails, replay command"),
+    (SEAL_MANIFEST, "the sha256 of every other file of the wave, written last (`sandfleet verify` checks them)"),
+    (SEAL, "the manifest's Ed25519 signature and the sealer's public key (nothing secret: cluster/seal.py)"),
 ]
 
 

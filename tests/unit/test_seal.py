@@ -1,0 +1,78 @@
+"""A wave's folder sealed (cluster/seal.py): `sandfleet verify` passes an untouched folder and names a byte flipped
+in one file, a file added or removed; a damaged or foreign seal is exit 2, named; the seal holds nothing secret."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+from cluster.cli import main
+from cluster.seal import MANIFEST, SEAL, seal, verify
+
+FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wave-before-results-py"
+
+
+@pytest.fixture
+def wave(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDFLEET_SEAL_KEY", str(tmp_path / "keys" / "seal.key"))
+    d = tmp_path / "w"
+    shutil.copytree(FIXTURE, d)
+    return d
+
+
+class Ran:
+    def __init__(self, code: int, output: str):
+        self.exit_code, self.output = code, output
+
+
+def _verify(d, *args):
+    """`sandfleet verify` as the CLI runs it: its exit code and what it printed (stdout and stderr)."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            main(["verify", str(d), *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    return Ran(code, buf.getvalue())
+
+
+def test_an_untouched_wave_verifies_and_a_flipped_byte_is_named(wave, tmp_path):
+    s = seal(wave)
+    assert (tmp_path / "keys" / "seal.key").stat().st_mode & 0o777 == 0o600
+    assert "PRIVATE" not in (wave / SEAL).read_text() and len(s["public_key"]) == 64  # nothing secret in it
+    r = _verify(wave)
+    assert r.exit_code == 0 and s["fingerprint"] in r.output, r.output
+    g = wave / "t000.grade.json"
+    data = bytearray(g.read_bytes())
+    data[10] ^= 1
+    g.write_bytes(bytes(data))
+    (wave / "extra.txt").write_text("x")
+    (wave / "timeline.png").unlink()
+    got = verify(wave)
+    assert not got["ok"] and got["changed"] == ["t000.grade.json"] and got["added"] == ["extra.txt"]
+    assert got["missing"] == ["timeline.png"]
+    r = _verify(wave)
+    assert r.exit_code == 1 and "changed: t000.grade.json" in r.output
+
+
+def test_a_damaged_forged_or_foreign_seal_is_exit_2_named(wave):
+    assert _verify(wave).exit_code == 2  # never sealed: named, not a traceback
+    s = seal(wave)
+    m = orjson.loads((wave / MANIFEST).read_bytes())
+    m["files"]["t000.grade.json"] = "0" * 64  # a manifest edited to hide a change: the signature no longer holds
+    (wave / MANIFEST).write_bytes(orjson.dumps(m))
+    r = _verify(wave)
+    assert r.exit_code == 2 and "does not verify" in r.output, r.output
+    seal(wave)
+    r = _verify(wave, "--public-key", "ab" * 32)
+    assert r.exit_code == 2 and "not the key given" in r.output
+    assert _verify(wave, "--public-key", s["public_key"]).exit_code == 0
+    assert _verify(wave, "--public-key", "nope").exit_code == 254
+    (wave / SEAL).write_text("[1, 2]")
+    r = _verify(wave)
+    assert r.exit_code == 2 and "not a sandfleet seal" in r.output
