@@ -6,7 +6,8 @@ the AWS one (same node types, resources, min/max workers; the head type renamed 
 the head with the config's own `ray start --head` command (its venv path, env and flags; 127.0.0.1, a temp dir of its
 own, random ports instead of the fixed ones), waits for the autoscaler to bring the spot workers up, checks that they
 offer `sandfleet` and that discovery finds them, and runs a small PK1 wave on them with `sandfleet wave run
---address`. Everything is ended by PID: the processes whose command line carries this test's temp dir."""
+--address`. Everything is ended by PID: the processes whose command line carries this test's temp dir or that hold a
+file under it open."""
 from __future__ import annotations
 
 import copy
@@ -182,7 +183,7 @@ def test_the_launcher_config_brings_up_spot_workers_that_run_a_wave(suite_lock, 
     port, gate = _free_port(), _free_port()
     cfg_file = Path(tmp) / "fake-cluster.yaml"
     cfg_file.write_text(yaml.safe_dump(_fake_config(aws, port)))
-    wrapper, env_set, argv = _start_command(aws["head_start_ray_commands"])
+    _, env_set, argv = _start_command(aws["head_start_ray_commands"])  # (no sudo, no systemd scope: root, cgroup v1)
     argv = [a for a in argv if not a.startswith(FIXED_PORTS)]
     argv = [f"--port={port}" if a.startswith("--port=") else
             f"--autoscaling-config={cfg_file}" if a.startswith("--autoscaling-config=") else a for a in argv]
