@@ -97,6 +97,11 @@ def to_chat(body: dict) -> dict:
     return {"messages": msgs, "tools": fns}
 
 
+def model_info(model_id: str) -> dict:
+    """`GET /v1/models` as the Messages API lists a model (asked with an `anthropic-version` header)."""
+    return {"type": "model", "id": model_id, "display_name": model_id, "created_at": "1970-01-01T00:00:00Z"}
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"input_tokens": prompt_tokens, "output_tokens": completion_tokens, "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0, "service_tier": "standard"}

@@ -78,10 +78,16 @@ class ModelEndpoint(JsonService):
         return self._scripts[k]
 
     def route(self, h: BaseHTTPRequestHandler, method: str, path: str, entry: TaskEntry) -> None:
+        anthropic = bool(h.headers.get("anthropic-version"))  # an Anthropic client lists models in its own shape
         if method == "GET" and path in ("/v1/models", "/models"):
+            if anthropic:
+                return self._send_json(h, 200, {"data": [dialect_messages.model_info(MODEL_ID)], "has_more": False,
+                                                "first_id": MODEL_ID, "last_id": MODEL_ID})
             return self._send_json(h, 200, {"object": "list", "data": [
                 {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "sandfleet"}]})
         if method == "GET" and path.startswith(("/v1/models/", "/models/")):
+            if anthropic:
+                return self._send_json(h, 200, dialect_messages.model_info(path.rsplit("/", 1)[1]))
             return self._send_json(h, 200, {"id": path.rsplit("/", 1)[1], "object": "model", "created": 0,
                                             "owned_by": "sandfleet"})
         if method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):

@@ -225,6 +225,8 @@ def test_anthropic_sdk_create_and_stream_with_tools(endpoint):
             "message_stop"} <= set(kinds)
     with client.messages.stream(model="c", max_tokens=9, tools=A_TOOLS, messages=a_conv(STEPS)) as stream:
         assert stream.get_final_text() == final.content[0].text
+    assert [m.id for m in client.models.list()] == ["sandfleet-script"]  # (not a model call: not logged)
+    assert client.models.retrieve("claude-x").id == "claude-x"
     bearer = anthropic.Anthropic(base_url=model.url, auth_token=key, max_retries=0)  # Claude Code's AUTH_TOKEN
     assert bearer.messages.count_tokens(model="c", messages=a_conv(1), tools=A_TOOLS).input_tokens > 0
     with pytest.raises(anthropic.AuthenticationError):
