@@ -44,6 +44,26 @@ class Fake:
         self.ops.releasedir(path, fh)
 
 
+@pytest.fixture(autouse=True)
+def _closed(monkeypatch):
+    """Every LazyOps a test made is destroyed after it: each holds descriptors (its root, its undo dir, its nodes),
+    and a hypothesis test makes hundreds; left open they starved later tests of the session of descriptors."""
+    made = []
+    real = LazyOps.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(LazyOps, "__init__", init)
+    yield
+    for ops in made:
+        try:
+            ops.destroy()
+        except Exception:  # noqa: BLE001 - a test may have destroyed it already
+            pass
+
+
 @pytest.fixture
 def fs(tmp_path):
     backing = tmp_path / "vol"
