@@ -104,8 +104,8 @@ class RunnerSpec(Strict):
         return {"name": name, "command": argv, "env": dict(self.env), "workdir": self.workdir, "builtin": None}
 
 
-CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HOME",
-                 "TMPDIR", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
+CONTRACT_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "AWS_CONFIG_FILE",
+                 "AWS_SHARED_CREDENTIALS_FILE", "HOME", "TMPDIR", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
                  "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
 
 
