@@ -323,3 +323,27 @@ def test_a_request_of_the_wrong_shape_is_the_apis_400_never_a_500(endpoint, path
         assert r["type"] == "error" and r["error"]["type"] == "invalid_request_error" and r["error"]["message"]
     elif code == 400:
         assert r["error"]["message"] and r["error"]["type"] == "invalid_request_error"
+
+
+def test_a_claude_code_like_tool_set_is_answered_through_its_bash_tool(endpoint):
+    """Claude Code declares Bash beside other one-string tools (Read, Glob, WebSearch...): the step comes as a
+    Bash tool_use whose command does it; a text agent (no tools, a fenced block in `system`) gets one block."""
+    model, key, _ = endpoint
+
+    def one(name, param):
+        return {"name": name, "input_schema": {"type": "object", "properties": {param: {"type": "string"}},
+                                               "required": [param], "additionalProperties": False}}
+
+    tools = [one("Read", "file_path"), one("Glob", "pattern"), BASH_A, one("WebSearch", "query")]
+    code, r = post(model.url + "/v1/messages?beta=true", key, {"model": "c", "max_tokens": 9, "tools": tools,
+                                                                "messages": a_conv(1)})
+    use = r["content"][0]
+    assert code == 200 and use["name"] == "Bash" and "SANDFLEET_REPO" in use["input"]["command"], r
+    code, r = post(model.url + "/v1/messages", key, {"model": "c", "max_tokens": 9, "system": "Reply with one "
+                                                      "```bash block.", "messages": [{"role": "user", "content": "go"}]})
+    assert r["stop_reason"] == "end_turn" and "```bash\n" in r["content"][0]["text"]
+    code, r = post(model.url + "/v1/responses", key, {"model": "m", "instructions": "Reply with one ```bash block.",
+                                                       "input": "go", "stream": False})
+    assert r["output"][0]["type"] == "message" and "```bash\n" in r["output"][0]["content"][0]["text"]
+    assert [(c["dialect"], c["form"]) for c in logged(model, 3)] == [("messages", "shell"), ("messages", "text"),
+                                                                    ("responses", "text")]
