@@ -1,7 +1,10 @@
-"""An OpenAI-compatible model endpoint on 127.0.0.1 that answers each task's script.
+"""A model endpoint on 127.0.0.1 that answers each task's script.
 
 `POST /v1/chat/completions` (plain JSON, or Server-Sent Events with
-`stream: true`) and `GET /v1/models`. Each task has its own API key; the answer
+`stream: true`) and `GET /v1/models`; the same in Anthropic's Messages API
+(`POST /v1/messages`, `/v1/messages/count_tokens`: fleet/dialect_messages.py)
+and OpenAI's Responses API (`POST /v1/responses`: fleet/dialect_responses.py).
+Each task has its own API key (`Authorization: Bearer` or `x-api-key`); the answer
 to a conversation is the next step's tool call, chosen from the task's seed and
 the number of tool results already in `messages`, so a framework that replays
 its conversation from a checkpoint is asked for the same step. After the last
