@@ -25,6 +25,7 @@ from fleet import dialect_messages, dialect_responses, dialects, workloads
 from fleet.services import HttpError, JsonService, TaskEntry, TaskRegistry
 
 MODEL_ID = "sandfleet-script"
+ASIDE = "OK."  # the answer to a side request (no tools, no fenced block) in the Messages and Responses APIs
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
@@ -65,6 +66,7 @@ class ModelEndpoint(JsonService):
         self._scripts: dict[tuple, list] = {}
         self._delivered: dict[str, int] = {}
         self.responses = dialect_responses.Memory()  # what previous_response_id names
+        self.asides: dict[str, int] = {}  # per task: side requests answered in the Messages/Responses APIs
 
     def delivered(self, task_id: str) -> int:
         """How many answers reached the task's runner so far (a boundary fault's trigger)."""
@@ -132,10 +134,14 @@ class ModelEndpoint(JsonService):
                              "refused": str(exc)[:300]})
             raise HttpError(400, f"sandfleet cannot answer this request: {exc}", param="tools",
                             code="unsupported_dialect") from None
+        prompt_tokens = 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)
+        if api != "chat" and not chat.get("tools") and dialect.kind == "tools" and self.pinned is None:
+            # no tools and no fenced block: not the agent's loop but a side request of its own (Claude Code's
+            # title, topic or quota calls): answered, not a step, not a boundary, not in model-calls.jsonl
+            return _Answer(dialect, None, None, None, ASIDE, "aside", None, prompt_tokens, 2)
         step = dialects.step_of(msgs, dialect)
         if self.think_ms:
             time.sleep(self.think_ms / 1000)
-        prompt_tokens = 8 + sum(len(orjson.dumps(m)) // 4 for m in msgs)
         call = text = None
         if step < len(script) and dialect.kind == "text":
             s = script[step]
@@ -155,7 +161,11 @@ class ModelEndpoint(JsonService):
     def _record(self, entry: TaskEntry, a: "_Answer", t0: float, attempt, cid: str, stream: bool, delivered: bool,
                 api: str) -> None:
         """One model call in model-calls.jsonl (the same fields in every API; `dialect` names the API unless it is
-        Chat Completions, where it names the form, and `form` the form of the answer)."""
+        Chat Completions, where it names the form, and `form` the form of the answer). An aside is only counted."""
+        if a.kind == "aside":
+            with self._lock:
+                self.asides[entry.task_id] = self.asides.get(entry.task_id, 0) + 1
+            return
         if delivered:
             with self._lock:
                 self._delivered[entry.task_id] = self._delivered.get(entry.task_id, 0) + 1
@@ -298,10 +308,10 @@ class _Answer:
     """What the script answers one call: a tool call `(name, arguments)` or a text, and what is logged of it."""
     dialect: dialects.Dialect
     mismatch: str | None
-    step: int
+    step: int | None
     call: tuple[str, dict] | None
     text: str | None
-    kind: str  # tool | final
+    kind: str  # tool | final | aside
     tool: str | None
     prompt_tokens: int
     completion_tokens: int

@@ -347,3 +347,24 @@ def test_a_claude_code_like_tool_set_is_answered_through_its_bash_tool(endpoint)
     assert r["output"][0]["type"] == "message" and "```bash\n" in r["output"][0]["content"][0]["text"]
     assert [(c["dialect"], c["form"]) for c in logged(model, 3)] == [("messages", "shell"), ("messages", "text"),
                                                                     ("responses", "text")]
+
+
+def test_a_side_request_with_no_tools_is_answered_but_is_no_step(endpoint):
+    """Claude Code asks a small model for a title, a topic or its quota with no tools: in the Messages and
+    Responses APIs such a request (no tools, no fenced block) gets a short text and is not a model call of a step
+    (a step-0 answer each time would read as recalls of step 0); a pinned dialect keeps the old answer."""
+    model, key, _ = endpoint
+    code, r = post(model.url + "/v1/messages", key, {"model": "haiku", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "quota"}]})
+    assert code == 200 and r["stop_reason"] == "end_turn" and r["content"][0]["text"] == "OK."
+    code, r = post(model.url + "/v1/responses", key, {"model": "m", "input": "a title for this"})
+    assert code == 200 and r["output"][0]["type"] == "message"
+    post(model.url + "/v1/messages", key, {"model": "c", "max_tokens": 9, "tools": A_TOOLS, "messages": a_conv(0)})
+    assert [c["kind"] for c in logged(model, 1)] == ["tool"] and model.asides == {"t1": 2}
+    assert model.delivered("t1") == 1  # an aside is no boundary either
+    pinned = ModelEndpoint(model.registry, dialect="tools").start()
+    try:
+        code, r = post(pinned.url + "/v1/messages", key, {"model": "c", "max_tokens": 9, "messages": a_conv(0)})
+        assert r["stop_reason"] == "tool_use"
+    finally:
+        pinned.stop()
