@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from cluster.config_fields import (CONTRACT_VARS, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
+from cluster.config_fields import (CONTRACT_VARS, DISK_BOUNDARIES, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
                                    ConfigError, FaultTiming, GatewayConfig, HealthConfig, ModelConfig, RequestTrigger,
                                    RunnerSpec, SandboxConfig, StoreConfig, Strict, VolatilePath, WorkloadConfig,
                                    parse_runner, resolve_runner)
@@ -98,6 +98,13 @@ class WaveConfig(Strict):
             raise ValueError(f"faults: NP1 cuts a sandbox node off and needs nodes >= 3 (a head and two sandbox "
                              f"nodes: the cut one's tasks go to the other), got nodes {self.nodes} (use --nodes 3)")
         for fid, t in self.fault_timing.items():
+            disk_kinds = [k for k in DISK_BOUNDARIES if getattr(t, k)]
+            if disk_kinds and fid != "PK1":
+                raise ValueError(f"fault_timing.{fid}.{disk_kinds[0]}: the disk's boundaries arm PK1 only")
+            if disk_kinds and not self.lazy_disks():
+                raise ValueError(f"fault_timing.{fid}.{disk_kinds[0]}: the disk's writes, fsyncs and renames are "
+                                 "counted by the lazy file system, which serves the volume only in a crash mode: set "
+                                 "sandbox.disk (or this fault's disk) to lose-unsynced or torn")
             modes = getattr(CATALOG[fid], "disk_modes", ())
             if t.disk is not None and t.disk not in modes:
                 raise ValueError(f"fault_timing.{fid}.disk {t.disk!r}: " + (

@@ -245,6 +245,7 @@ class RequestTrigger(Strict):
         return v
 
 
+DISK_BOUNDARIES = ("after_disk_writes", "after_disk_fsyncs", "after_disk_renames")  # counted by the lazy layer
 STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
 
 
@@ -257,6 +258,13 @@ class FaultTiming(Strict):
         None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
     after_store_writes: tuple[int, int] | None = Field(
         None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
+    after_disk_writes: tuple[int, int] | None = Field(
+        None, description="PK1 on a crash-mode disk (lose-unsynced, torn): kill while the runner's Nth write to its "
+                          "disk is in flight (DCP-2.0's SENTINEL_WRITE), N counted over the volume's life, seeded")
+    after_disk_fsyncs: tuple[int, int] | None = Field(
+        None, description="PK1 on a crash-mode disk: kill right before the Nth fsync returns (its data persisted)")
+    after_disk_renames: tuple[int, int] | None = Field(
+        None, description="PK1 on a crash-mode disk: kill right after the Nth rename was applied")
     after_checkpoints: tuple[int, int] | None = Field(
         None, description="PK5: kill right after the runner's Nth named window announced through "
                           "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
@@ -292,7 +300,7 @@ class FaultTiming(Strict):
                           "applied the write but the proxy holds its answer")
 
     @field_validator("at_s", "window_s", "after_model_calls", "after_effects", "after_store_writes",
-                     "after_checkpoints", "down_s")
+                     "after_checkpoints", "after_disk_writes", "after_disk_fsyncs", "after_disk_renames", "down_s")
     @classmethod
     def _range(cls, v, info):
         if v is not None and not (0 <= v[0] <= v[1] < 1e6):
@@ -305,7 +313,7 @@ class FaultTiming(Strict):
     @model_validator(mode="after")
     def _one_boundary(self):
         kinds = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "after_checkpoints",
-                             "at_request") if getattr(self, k)]
+                             "at_request", *DISK_BOUNDARIES) if getattr(self, k)]
         if len(kinds) > 1:
             raise ValueError(f"give one boundary per fault, not {' and '.join(kinds)}")
         if self.at_request is not None and self.kills and self.kills > 1:

@@ -58,7 +58,10 @@ class SigkillSandbox:
 
     # boundary kinds: config key -> (trigger, what the receipt calls it)
     BOUNDARIES = {"after_model_calls": ("model_call", "model answer"), "after_effects": ("effect", "external effect"),
-                  "after_store_writes": ("store_write", "store write")}
+                  "after_store_writes": ("store_write", "store write"),
+                  # the runner's own disk, counted by the lazy file system on its host (a crash-mode volume)
+                  "after_disk_writes": ("disk_write", "disk write"), "after_disk_fsyncs": ("disk_fsync", "fsync"),
+                  "after_disk_renames": ("disk_rename", "rename")}
 
     def plan(self, task_id: str, rng: random.Random, base: dict) -> FaultSpec:
         if "during" in base:  # inside another fault's window (ST1+PK1): a seeded time after it opened
@@ -140,9 +143,19 @@ class SigkillSandbox:
         closes = rule["first_hit_at"] + rule["duration_s"] if rule.get("duration_s") else None
         return {"window_opened_at": rule["first_hit_at"], "window_closes_at": closes}
 
+    def attempt_arm(self, spec: FaultSpec) -> dict | None:
+        """A kill at the runner's own disk boundary is armed with every attempt on the task's host, which kills from
+        where the volume is served while the operation is held (no round trip): N counts over the volume's life."""
+        if not spec.trigger.startswith("disk_"):
+            return None
+        return {"kind": "disk", "op": spec.trigger.removeprefix("disk_"), "nth": spec.params["after"],
+                "reason": spec.instance}
+
     async def inject(self, spec: FaultSpec, ctx: FaultContext) -> dict:
         at = {}
         n = spec.params.get("after", spec.params.get("after_calls"))
+        if spec.trigger.startswith("disk_"):
+            return await ctx.armed_outcome(spec.task_id, spec.instance)
         if spec.trigger == "model_call":
             if not await ctx.wait_model_answers(spec.task_id, n):
                 return {"applied": False, "why": f"the task ended before its model answer #{n} was delivered"}
@@ -204,6 +217,10 @@ class SigkillSandbox:
                 return (f", {at - injected['window_opened_at']:.2f} s after the {spec.params['during']} outage "
                         f"opened: after it had closed (planned {spec.params['into_s']} s into it)")
             return f", {spec.params['into_s']} s into the {spec.params['during']} outage (the runner was retrying)"
+        if spec.trigger.startswith("disk_"):
+            what = {"disk_write": "while its disk write", "disk_fsync": "right before its fsync",
+                    "disk_rename": "right after its rename"}[spec.trigger]
+            return f", {what} #{n} ({injected.get('disk_path')}) was held by the lazy file system"
         if spec.trigger == "store_write":
             if spec.params.get("variant") == "ambiguous":
                 return (f", when the store had applied write #{n} ({injected.get('boundary_key')}) but before the "

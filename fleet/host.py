@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import stat
 import time
 from pathlib import Path
@@ -297,6 +298,11 @@ class SandboxHost:
             self._relay_watch = asyncio.create_task(self._watch_relay())
         artifact = None
         watches: dict = {}
+        disk_arms = [a for a in arms if a.get("kind") == "disk"]
+        if disk_arms:  # armed on the lazy layer before the runner can reach them (fleet/sandbox.py)
+            from fleet import sandbox as sandbox_mod
+
+            sandbox_mod.PENDING_ARMS[sspec.workspace] = [(a["op"], int(a["nth"])) for a in disk_arms]
         try:
             try:
                 sb = await self.backend.start(sspec)
@@ -310,6 +316,8 @@ class SandboxHost:
             watches = {a["reason"]: asyncio.create_task(self.watch_checkpoints(sspec.key, a["nth"],
                                                                                a["window"], a["reason"]))
                        for a in arms if a.get("kind") == "checkpoints"}
+            watches.update({a["reason"]: asyncio.create_task(self.watch_disk(sspec.key, a["op"], int(a["nth"]),
+                                                                             a["reason"])) for a in disk_arms})
             try:
                 if held is not None:
                     held["sb"] = sb
@@ -386,6 +394,36 @@ class SandboxHost:
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
                 "exit_code": sb.exit_code, "why": why, "sigterm_at": stop.get("sigterm_at"),
                 "sigkill": stop.get("sigkill"), "ended_at": sb.ended_at}
+
+    async def watch_disk(self, key: str, op: str, nth: int, reason: str) -> dict:
+        """Kill the sandbox while its runner's `nth` disk `op` (write, fsync, rename; counted over the volume's life)
+        is held by the lazy file system, then let the held call go: a kill in the middle of a journal append, on
+        every run (DCP-2.0's SENTINEL_WRITE). {"fired": True, ...kill, "disk_path"}, or {"fired": False, "seen": 0}
+        when the sandbox ended first (the count is the volume's: the next attempt goes on from it)."""
+        from fleet.sandbox import lazy_of
+
+        await self.started(key)
+        sb = self.backend.sandboxes.get(key)
+        lazy = lazy_of(sb.spec.workspace) if sb is not None else None
+        if lazy is None:
+            return {"fired": False, "seen": 0, "error": "no lazy volume to watch (not a crash-mode disk)"}
+        while sb.exit_code is None and sb.state.value in ("starting", "running", "frozen", "created"):
+            reached = await asyncio.to_thread(lazy.wait, op, nth, 0.25)
+            if reached:
+                # SIGKILL every process of the sandbox while the call is held, and only then let the call go: the
+                # runner never gets past it (the backend's kill, which follows, may first try to freeze them)
+                if sb.spec.backend == "process":
+                    for pid in cgroups.SandboxCgroup(sb.spec.wave_id, sb.spec.sandbox_id).pids():
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                kill = asyncio.create_task(self.kill(key, 0.0, reason))
+                await asyncio.sleep(0.02)
+                await asyncio.to_thread(lazy.release, op, nth)
+                out = await kill
+                return {"fired": True, **out, "disk_path": str(reached.get("path"))[:300], "disk_op": op}
+        return {"fired": False, "seen": 0}
 
     async def watch_checkpoints(self, key: str, nth: int, window: str, reason: str,
                                 poll_s: float = 0.002) -> dict:

@@ -594,6 +594,21 @@ def _harness_files_anew(workspace: str) -> None:
 
 
 _LAZY: dict[str, object] = {}  # lazy mount point -> its LazyFS, in the process that mounted it (the host's)
+# lazy mount point -> the disk boundaries (op, nth) to arm before the attempt's runner starts (a host's watch of a
+# PK1 at the runner's Nth write, fsync or rename: armed before the runner can reach it)
+PENDING_ARMS: dict[str, list[tuple[str, int]]] = {}
+
+
+def lazy_of(workspace: str):
+    """The LazyFS serving a crash-mode volume at `workspace` (this process mounted it), or None."""
+    return _LAZY.get(workspace)
+
+
+def _arm_pending(workspace: str) -> None:
+    lazy = _LAZY.get(workspace)
+    for op, nth in PENDING_ARMS.pop(workspace, []):
+        if lazy is not None:
+            lazy.arm(op, nth)
 LAZY_DATA = "data"  # the lazy volume's backing dir inside its tmpfs (its undo dir beside it, on the same tmpfs)
 
 
@@ -631,6 +646,7 @@ def _prepare_lazy(spec: SandboxSpec) -> dict | None:
         elif spec.volume_crash == "drop":
             receipt = dict(lazy.drop(), crash="drop")
         _harness_files_anew(spec.workspace)
+        _arm_pending(spec.workspace)
         return receipt
     release_volume(spec.workspace)
     disk = _lazy_disk(spec.workspace)
@@ -644,6 +660,7 @@ def _prepare_lazy(spec: SandboxSpec) -> dict | None:
     os.lchown(data, SANDBOX_UID, SANDBOX_UID)
     os.makedirs(spec.workspace, exist_ok=True)
     _LAZY[spec.workspace] = LazyFS(data, spec.workspace, label=f"{spec.wave_id}.{spec.volume}").mount()
+    _arm_pending(spec.workspace)
     return None
 
 

@@ -99,3 +99,24 @@ def test_the_local_journal_reference_survives_a_power_loss_and_a_torn_write(run_
         result, d = run_wave(runner="durable-local", sandbox={"disk": mode}, fault_timing=PK1, seed=79, **BASE)
         assert result["verdict"] == "pass", (mode, [(g["task_id"], g["signature"], g["checks"]) for g in
                                                     result["tasks"] if g["verdict"] != "pass"])
+
+
+def test_a_kill_mid_journal_append_tears_it_and_only_a_runner_with_frame_checks_survives(run_wave):
+    """DCP-2.0's SENTINEL_WRITE on every run: PK1 armed at the runner's own 3rd disk write (held by the lazy file
+    system while the sandbox is killed), on a torn disk. The write-ahead journal's 2nd append is that write: a
+    runner that reads its journal back with no frame check chokes on the torn line on every attempt; the same
+    runner that stops at the first bad frame (nosync_journal fsyncs nothing, so here it has nothing to tear) and the
+    durable-local reference survive."""
+    torn = dict(BASE, tasks=1, concurrency=1, sandbox={"disk": "torn"},
+                fault_timing={"PK1": {"after_disk_writes": [3, 3]}})
+    result, d = run_wave(runner=local_defect("unchecked_frames"), seed=81, max_attempts=3, **torn)
+    g = result["tasks"][0]
+    receipts = [r for r in __import__("orjson").loads((Path(d) / results.FAULTS).read_bytes())
+                if r["task_id"] == "t000"]
+    assert receipts[0]["status"] == "applied" and "disk write #3" in receipts[0]["detail"], receipts
+    assert ".journal.jsonl" in receipts[0]["detail"], receipts
+    torn_receipt = receipts[0]["evidence"]["disk"]["done"]
+    assert torn_receipt["crash"] == "tear", torn_receipt
+    assert g["verdict"] == "fail" and g["checks"]["completed"]["verdict"] == "fail", (g["signature"], g["checks"])
+    result, d = run_wave(runner="durable-local", seed=81, **torn)
+    assert result["verdict"] == "pass", [(g["task_id"], g["signature"], g["checks"]) for g in result["tasks"]]

@@ -1,11 +1,15 @@
 """Runners that keep their state on the task's own disk, each with one planted crash-safety defect ($DEFECT). They
 follow the runner contract and import nothing of the harness (only the built-in runners' toolkit, by path).
 
-- nosync_journal: it fsyncs every change it makes to the repo, but appends its journal (one JSON line per step) with
-  no fsync. On resume it trusts what the journal says was done and does not run those steps' tools again (the disk
-  was kept, so their changes are there). A kill that keeps the disk (keep) leaves journal and repo agreeing: it
-  passes. A power loss (lose-unsynced) keeps the repo's synced changes but loses the journal's lines: the steps are
-  asked again and applied a second time (no_double_apply).
+Each step is journaled first (one JSON line, write-ahead), then its tool runs; the journal is the first write of
+each step, so a kill at the runner's Nth disk write lands on a journal append or a tool's write the same way on
+every run.
+
+- nosync_journal: it fsyncs every change it makes to the repo, but appends its journal with no fsync. On resume it
+  trusts what the journal says was done and does not run those steps' tools again (the disk was kept, so their
+  changes are there). A kill that keeps the disk (keep) leaves journal and repo agreeing: it passes. A power loss
+  (lose-unsynced) keeps the repo's synced changes but loses the journal's lines: the steps are asked again and
+  applied a second time (no_double_apply).
 - unchecked_frames: the same journal with an fsync after every append, but read back with no frame check: a line
   torn by a power loss mid-append (torn) is not JSON, and it chokes on it (exit 1 on every attempt).
 """
@@ -18,7 +22,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "fleet", "runners"))
 
-from agentkit import Env, announce, chat, log, main_guard, tool_messages  # noqa: E402
+from agentkit import Env, chat, log, main_guard, tool_messages  # noqa: E402
 from durable import run_tool  # noqa: E402
 
 DEFECT = os.environ.get("DEFECT", "nosync_journal")
@@ -60,11 +64,10 @@ def run() -> None:
     messages = env.first_messages()
     records = read_journal(env)
     for rec in records:  # done before the kill, and on this kept disk: not run again
-        messages += tool_messages(rec["call"], rec["result"])
+        messages += tool_messages(rec["call"], "ok (recorded)")
     log(f"resumed attempt={env.attempt} recorded_steps={len(records)} ({DEFECT})")
     step = len(records)
     while True:
-        announce(env, f"before-model:{step}")
         reply = chat(env, messages)
         if not reply.get("tool_calls"):
             log(f"final: {reply.get('content')}")
@@ -72,13 +75,20 @@ def run() -> None:
         call = reply["tool_calls"][0]
         call = {"id": call["id"], "type": "function",
                 "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
-        result = run_tool(env, call)
-        sync_repo(env)
-        with open(journal_path(env), "a") as f:
-            f.write(json.dumps({"step": step, "call": call, "result": result}) + "\n")
+        new = not os.path.exists(journal_path(env))
+        with open(journal_path(env), "a") as f:  # write-ahead: the step's record, then its tool
+            f.write(json.dumps({"step": step, "call": call}) + "\n")
             if DEFECT == "unchecked_frames":
                 f.flush()
                 os.fsync(f.fileno())
+        if DEFECT == "unchecked_frames" and new:  # its name is durable too (the directory fsynced once)
+            fd = os.open(env.workspace, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        result = run_tool(env, call)
+        sync_repo(env)
         messages += tool_messages(call, result)
         step += 1
 
