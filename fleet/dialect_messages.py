@@ -49,8 +49,10 @@ def validate(body: dict, counting: bool = False) -> tuple[list, bool]:
     if not isinstance(msgs, list) or not msgs:
         raise HttpError(400, "messages: must be a non-empty list of {role: user|assistant, content}")
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise HttpError(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        # Claude Code 2.1 sends its environment as a `system` message among the turns (and retries without it on
+        # a 400): it is read as system text, never a turn
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise HttpError(400, f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         c = m.get("content")
         if not isinstance(c, str) and not (isinstance(c, list) and all(isinstance(b, dict) and
                                                                        isinstance(b.get("type"), str) for b in c)):
@@ -84,6 +86,9 @@ def to_chat(body: dict) -> dict:
         msgs.append({"role": "system", "content": system})
     for m in body["messages"]:
         c = m["content"]
+        if m["role"] == "system":
+            msgs.append({"role": "system", "content": _text(c)})
+            continue
         if m["role"] == "assistant":
             msgs.append({"role": "assistant", "content": _text(c)})
             continue

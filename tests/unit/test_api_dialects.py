@@ -75,6 +75,10 @@ def test_messages_read_as_chat_count_tool_results_and_say_the_form():
     assert detect(shell, WL_TOOLS)[0] == Dialect("shell", "Bash", "command")
     builtin = dialect_messages.to_chat({"tools": [{"type": "bash_20250124", "name": "bash"}], "messages": a_conv(0)})
     assert detect(builtin, WL_TOOLS)[0] == Dialect("shell", "bash", "command")
+    # Claude Code 2.1's `system` message among the turns is system text, not a turn
+    sys_turn = dialect_messages.to_chat({"tools": A_TOOLS, "messages": a_conv(2)[:1] + [
+        {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}] + a_conv(2)[1:]})
+    assert step_of(sys_turn["messages"], Dialect("tools")) == 2 and sys_turn["messages"][1]["role"] == "system"
     # text form: the instructions show a fenced block, each observation after an assistant turn is a step
     text = dialect_messages.to_chat({"system": "answer in one ```bash block", "messages": [
         {"role": "user", "content": "go"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "o1"},
