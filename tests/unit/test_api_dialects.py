@@ -127,6 +127,22 @@ def test_a_codex_like_tool_set_is_answered_with_an_argv_shell_command():
     assert name == "shell" and args["command"][:2] == ["sh", "-c"] and "SANDFLEET_REPO" in args["command"][2]
 
 
+def test_codex_0_169s_tool_set_is_answered_through_exec_command():
+    """The function tools Codex CLI 0.169 sends (`codex exec`, recorded against this endpoint): several have one
+    required string; `exec_command` is the one named like a shell."""
+    def fn(name, props, required):
+        return {"type": "function", "name": name, "parameters": {"type": "object", "properties": {
+            p: {"type": "string"} for p in props}, "required": required}}
+
+    tools = [fn("exec_command", ["cmd", "justification", "shell", "workdir"], ["cmd"]),
+             {"type": "function", "name": "write_stdin", "parameters": {"type": "object", "properties": {
+                 "session_id": {"type": "number"}, "chars": {"type": "string"}}, "required": ["session_id"]}},
+             fn("view_image", ["path"], ["path"]), fn("create_goal", ["objective"], ["objective"]),
+             {"type": "namespace", "name": "multi_agent_v1"}, {"type": "web_search"}]
+    d = detect(dialect_responses.to_chat({"tools": tools}, r_conv(2)), WL_TOOLS)[0]
+    assert d == Dialect("shell", "exec_command", "cmd")
+
+
 @pytest.mark.parametrize("body, match", [
     ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}, "model: Field required"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
