@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from cluster import results
+from cluster.results import terminal_safe  # (a command's `results` option shadows the module in it)
 
 EXIT_OK, EXIT_FAIL, EXIT_HARNESS, EXIT_BAD_INPUT = 0, 1, 2, 254
 
@@ -30,7 +31,7 @@ class _SafeConsole(Console):
         super().__init__(markup=False, emoji=False, **kw)
 
     def print(self, *objects, **kw):
-        return super().print(*(results.terminal_safe(o) if isinstance(o, str) else o for o in objects), **kw)
+        return super().print(*(terminal_safe(o) if isinstance(o, str) else o for o in objects), **kw)
 
 
 out = _SafeConsole()
@@ -68,7 +69,7 @@ def _seal(results_dir: Path) -> None:
 
 def _err(msg: str) -> None:
     """Errors go to stderr unwrapped, so a long valid-choices list stays greppable; escaped (`terminal_safe`)."""
-    sys.stderr.write(results.terminal_safe(msg.rstrip("\n")) + "\n")
+    sys.stderr.write(terminal_safe(msg.rstrip("\n")) + "\n")
 
 
 @wave_app.command("run")
@@ -402,7 +403,7 @@ def league_cmd(
     rows = orjson.loads((out / LEAGUE_JSON).read_bytes())["rows"]
     for line in manifest_warnings(rows)[3:]:
         _err(f"warning: {line[2:]}")
-    print(results.terminal_safe((out / LEAGUE_MD).read_text()))
+    print(terminal_safe((out / LEAGUE_MD).read_text()))
     out_console = _SafeConsole()
     out_console.print(f"LEAGUE: {out / LEAGUE_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
@@ -533,7 +534,7 @@ class _shrink_progress:
         if self.bar is not None:
             self.bar.update(self.id, advance=1, description=line[:80])
         else:
-            print(results.terminal_safe(line), file=sys.stderr)
+            print(terminal_safe(line), file=sys.stderr)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -599,7 +600,7 @@ def campaign_storage(
         return 143 if "TERM" in str(exc) else 130
     from cluster.results import CAMPAIGN_MD  # (`results` here is the --results dir)
 
-    print(results.terminal_safe((d / CAMPAIGN_MD).read_text()))
+    print(terminal_safe((d / CAMPAIGN_MD).read_text()))
     _SafeConsole().print(f"CAMPAIGN: {d / CAMPAIGN_MD}", highlight=False, soft_wrap=True)
     return EXIT_OK
 

@@ -75,7 +75,7 @@ def find(wave: str | None = None, errors: list | None = None, live: frozenset | 
     # driver's, by the pid its private dir records (a host's may serve other waves)
     drivers = {f"driver-{_recorded_driver_pid(e['private_dir'])}" for e in dead.values() if e.get("private_dir")}
     for d in cgroups.harness_dirs():
-        if wave and Path(d).name not in drivers:
+        if wave and Path(d).name not in drivers and not _dead_host_group(Path(d).name):
             continue
         try:
             if not Path(d, "cgroup.procs").read_text().split():
@@ -100,6 +100,13 @@ def find(wave: str | None = None, errors: list | None = None, live: frozenset | 
             "fleet_record": str(localfleet.fleet_file()) if record is not None else None,
             "bad_fleet_record": bad_record,
             "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
+
+
+def _dead_host_group(name: str) -> bool:
+    """A sandbox host's harness cgroup (`host-<node>-<pid>`) whose process is gone: it serves no wave any more, so
+    a sweep limited to one wave may remove it too once it is empty (a dead wave's own Ray left it)."""
+    pid = name.rpartition("-")[2]
+    return name.startswith("host-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}")
 
 
 def dead_private_rays(root: str = "/tmp") -> dict[str, list[dict]]:

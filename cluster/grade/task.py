@@ -62,6 +62,8 @@ def excuse_overload(h: TaskHistory, facts: Facts, checks: dict[str, dict]) -> di
         t0, t1 = start.get("wall"), a.get("ended_at") or a.get("wall")
         if t0 is None or t1 is None:
             continue
+        if how.startswith("silent"):  # the silence that ended it: the last liveness_s before the kill
+            t0 = max(t0, t1 - float(h.limits.get("liveness_s") or 30.0))
         got = host_overload(h, t0, t1, start.get("node") or a.get("node"))
         if got is None:
             continue

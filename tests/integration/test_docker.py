@@ -279,7 +279,7 @@ def test_a_docker_engine_that_dies_mid_wave_ends_it_as_unknown_and_leaves_no_run
     env = dict(os.environ, DOCKER_HOST=url)
     cfg = tmp_path / "wave.yaml"
     cfg.write_text("tasks: 2\nconcurrency: 2\nseed: 5\nfaults: none\nsandbox: {backend: docker}\n"
-                   "workload: {steps: 60, think_ms: 300}\ndeadline_s: 120\nhealth: {answer_s: 1.5}\n")  # a runner needs 18 s or more
+                   "workload: {steps: 150, think_ms: 300}\ndeadline_s: 180\nhealth: {answer_s: 1.5}\n")  # a runner needs 45 s or more
     results = tmp_path / "r"
     before = leftovers.snapshot()
     p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address",

@@ -104,9 +104,14 @@ def test_a_runner_the_harness_ended_on_an_overloaded_host_is_never_failed(run_wa
             p.send_signal(signal.SIGKILL)
         for p in spin:
             p.wait()
-    for g in result["tasks"] + result["references"]:
+    hung = [g for g in result["tasks"] + result["references"] if g["verdict"] != "pass"]
+    assert hung, "nothing hung: the runner's defect did not show"  # (the reference always hangs; a task killed by
+    # its PK1 before its 2nd step resumes past it and may pass)
+    for g in hung:
         assert g["verdict"] != "fail", (g["task_id"], g["signature"], g["checks"])
-        assert g.get("overloaded") and "overloaded" in g["overloaded"]["why"], g
+        # named as the load (or, on a machine loaded past what the harness itself stands, a harness fault)
+        assert (g.get("overloaded") and "overloaded" in g["overloaded"]["why"]) or g["harness_fault"], \
+            (g["task_id"], g["verdict"], {k: c["detail"][:200] for k, c in g["checks"].items()})
     assert not result["runner_failures"] and result["verdict"] != "fail" and exit_code(result) == 2
 
 
