@@ -45,16 +45,29 @@ def write_artifact(adir: Path, files: dict[str, bytes], meta: dict) -> dict:
     return manifest
 
 
+def _regular_bytes(path: Path) -> bytes:
+    """A regular file's bytes: never through a link, never a FIFO or a device (ValueError naming it)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        return f.read()
+
+
 def read_artifact(adir: Path) -> tuple[dict[str, bytes], dict] | None:
     """(files, manifest), or None when there is no captured artifact. Files are checked against the manifest."""
     adir = Path(adir)
     mpath = adir / MANIFEST
     if not mpath.exists():
         return None
-    manifest = orjson.loads(mpath.read_bytes())
+    manifest = orjson.loads(_regular_bytes(mpath))
     files = {}
     for rel, info in manifest["files"].items():
-        body = (adir / FILES / rel).read_bytes()
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or "\0" in rel:
+            raise ValueError(f"{mpath}: {rel!r} is not a path inside the artifact")
+        body = _regular_bytes(adir / FILES / rel)
         if hashlib.sha256(body).hexdigest() != info["sha256"]:
             raise ValueError(f"{adir / FILES / rel}: content does not match its recorded sha256")
         files[rel] = body

@@ -42,6 +42,17 @@ class VolatilePath(Strict):
     def _plain(cls, v):
         return {"glob": v} if isinstance(v, str) else v
 
+    @field_validator("glob", "why")
+    @classmethod
+    def _printable(cls, v: str, info):
+        if not v.isprintable():
+            raise ValueError(f"{info.field_name} {v!r}: printable characters only (no control, format or bidi "
+                             "character)")
+        if info.field_name == "glob" and (v.startswith("/") or ".." in v.split("/") or v.strip("*/") == ""):
+            raise ValueError(f"glob {v!r}: a path inside the artifact's repo/ naming some files (not absolute, "
+                             "no '..', not everything)")
+        return v
+
 
 class GatewayConfig(Strict):
     """The head's gate for sandboxes on other nodes (fleet/gateway.py): the one port of the driver's machine those

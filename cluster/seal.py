@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import orjson
@@ -44,7 +45,7 @@ def _private_key(create: bool = True):
             f.write(data)
         return key
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(_read_regular(path, "the seal key", 64 * 1024), password=None)
     except (OSError, ValueError, TypeError) as exc:
         raise SealError(f"seal key {path} cannot be read as an Ed25519 PEM private key: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
@@ -62,22 +63,66 @@ def fingerprint(public_hex: str) -> str:
     return hashlib.sha256(bytes.fromhex(public_hex)).hexdigest()[:16]
 
 
+MAX_SEAL_BYTES = 64 * 1024 * 1024  # a manifest, a seal or a key file is never read past this
+
+
+def _read_regular(path: Path, what: str, cap: int = MAX_SEAL_BYTES) -> bytes:
+    """A regular file's bytes, never through a link, never a FIFO or a device, at most `cap` (SealError otherwise)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SealError(f"{path}: {what} cannot be opened as a regular file ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SealError(f"{path}: {what} is not a regular file")
+        if st.st_size > cap:
+            raise SealError(f"{path}: {what} is {st.st_size} bytes, more than {cap}")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(cap + 1)[:cap]
+    finally:
+        os.close(fd)
+
+
 def digests(d: Path) -> dict[str, str]:
-    """sha256 of every regular file under `d` (links not followed), by its path relative to `d`, less the seal's own
-    two files."""
+    """sha256 of every regular file under `d`, by its path relative to `d`, less the seal's own two files; any other
+    entry (a link, a FIFO, a device, an empty dir) is listed as `<kind>` so an added one is named, never followed."""
+    import stat
+
     out = {}
-    for root, dirs, files in os.walk(d, followlinks=False):
+
+    def fail(exc: OSError):
+        raise SealError(f"{exc.filename}: cannot be listed ({exc.strerror or exc})")
+
+    for root, dirs, files in os.walk(d, followlinks=False, onerror=fail):
         dirs.sort()
-        for name in sorted(files):
+        for name in sorted(files) + [x for x in dirs if os.path.islink(os.path.join(root, x))]:
             p = Path(root) / name
             rel = p.relative_to(d).as_posix()
-            if rel in (MANIFEST, SEAL) or p.is_symlink() or not p.is_file():
+            if rel in (MANIFEST, SEAL):
+                continue
+            try:
+                st = os.lstat(p)
+            except OSError as exc:
+                raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+            if not stat.S_ISREG(st.st_mode):
+                out[rel] = "<link>" if stat.S_ISLNK(st.st_mode) else "<not a regular file>"
                 continue
             h = hashlib.sha256()
-            with open(p, "rb") as f:
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+            with os.fdopen(fd, "rb") as f:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
             out[rel] = h.hexdigest()
+        if not files and not dirs and Path(root) != d:
+            out[Path(root).relative_to(d).as_posix() + "/"] = "<empty dir>"
     return out
 
 
@@ -102,16 +147,20 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
 
     d = Path(d)
     try:
-        manifest = (d / MANIFEST).read_bytes()
-        s = orjson.loads((d / SEAL).read_bytes())
+        manifest = _read_regular(d / MANIFEST, "the manifest")
+        raw = _read_regular(d / SEAL, "the seal")
     except FileNotFoundError as exc:
         raise SealError(f"{exc.filename}: missing; the wave was not sealed") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
+    try:
+        s = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise SealError(f"{d / SEAL}: unreadable: {exc}") from None
     if not isinstance(s, dict) or s.get("algorithm") != ALGORITHM or not all(
             isinstance(s.get(k), str) for k in ("public_key", "signature")):
         raise SealError(f"{d / SEAL}: not a sandfleet seal (algorithm {ALGORITHM}, public_key, signature)")
-    if public_key is not None and s["public_key"] != public_key.lower():
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", s["public_key"]) or not re.fullmatch(r"[0-9a-fA-F]{128}", s["signature"]):
+        raise SealError(f"{d / SEAL}: its public_key or signature is not hex of an Ed25519 key and signature")
+    if public_key is not None and s["public_key"].lower() != public_key.lower():
         raise SealError(f"{d / SEAL}: sealed by key {fingerprint(s['public_key'])}, not the key given "
                         f"({fingerprint(public_key)})")
     try:

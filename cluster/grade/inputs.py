@@ -27,9 +27,14 @@ class Inputs:
 
     def _bytes(self, name: str) -> bytes | None:
         try:
-            data = (self.d / name).read_bytes()
+            from cluster.artifacts import _regular_bytes
+
+            data = _regular_bytes(self.d / name)
         except FileNotFoundError:
             return None
+        except ValueError as exc:
+            self.unreadable[name] = str(exc)
+            raise Unreadable(f"{name}: {exc}") from None
         except OSError as exc:
             self.unreadable[name] = str(exc)
             raise Unreadable(f"{name}: {exc}") from None

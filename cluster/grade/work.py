@@ -113,7 +113,7 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
     got, want = tree_digest(got_files), tree_digest(want_files) if "files" in ref else ref["digest"]
     base = {"expected": want, "got": got}
     if left_out:
-        base["volatile"] = {p: why for p, why in sorted(left_out.items())[:20]}
+        base["volatile"] = {printable(p, 200): printable(str(why), 200) for p, why in sorted(left_out.items())[:20]}
     note = (f" (left out as volatile: {', '.join(printable(p, 80) for p in sorted(left_out)[:5])}"
             f"{' ...' if len(left_out) > 5 else ''})") if left_out else ""
     if got == want:

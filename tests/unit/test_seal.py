@@ -76,3 +76,36 @@ def test_a_damaged_forged_or_foreign_seal_is_exit_2_named(wave):
     (wave / SEAL).write_text("[1, 2]")
     r = _verify(wave)
     assert r.exit_code == 2 and "not a sandfleet seal" in r.output
+
+
+def test_links_fifos_and_empty_dirs_added_are_named_and_a_fifo_seal_never_hangs(wave):
+    """A hostile review's finds: an added link, FIFO or empty dir verified `intact`, and a FIFO in place of the
+    manifest hung `verify`."""
+    import os
+
+    seal(wave)
+    os.symlink("/etc/passwd", wave / "passwd")
+    os.mkfifo(wave / "pipe")
+    (wave / "emptydir").mkdir()
+    got = verify(wave)
+    assert not got["ok"] and {"passwd", "pipe", "emptydir/"} <= set(got["added"]), got
+    (wave / MANIFEST).unlink()
+    os.mkfifo(wave / MANIFEST)
+    r = _verify(wave)
+    assert r.exit_code == 2 and "not a regular file" in r.output, r.output
+
+
+def test_an_artifact_manifest_naming_a_path_outside_is_unreadable(tmp_path):
+    """A hostile review's find: an artifact.json listing /etc/passwd (with its sha256) had the grader read it."""
+    import hashlib
+
+    from cluster.artifacts import read_artifact, write_artifact
+
+    d = tmp_path / "a"
+    write_artifact(d, {"x.txt": b"x"}, {})
+    m = orjson.loads((d / "artifact.json").read_bytes())
+    body = Path("/etc/hostname").read_bytes() if Path("/etc/hostname").exists() else b""
+    m["files"]["../../../../../../../../etc/hostname"] = {"sha256": hashlib.sha256(body).hexdigest(), "size": 1}
+    (d / "artifact.json").write_bytes(orjson.dumps(m))
+    with pytest.raises(ValueError, match="not a path inside"):
+        read_artifact(d)
