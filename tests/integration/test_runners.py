@@ -121,6 +121,11 @@ def test_a_runner_whose_own_reference_hangs_fails_as_the_runner_not_as_the_harne
     result, d = run_wave(runner=defective("hang_always"), faults=["PK1"], tasks=1, concurrency=1, seed=139,
                          liveness_s=3, max_attempts=2, workload={"steps": 4, "think_ms": 20}, deadline_s=120)
     refs = result["references"]
+    if any(g.get("overloaded") for g in refs):
+        # the machine running this was itself overloaded while the reference was silent (a loaded suite): starved
+        # or hung cannot be told, so the honest outcome is unknown (exit 2), named, never the runner's fail
+        assert all(g["verdict"] != "fail" for g in refs) and exit_code(result) == 2, refs
+        return
     assert refs and all(g["checks"]["liveness"]["verdict"] == "fail" for g in refs), refs
     assert not result["harness_errors"], result["harness_errors"]
     assert result["runner_failures"] and all("liveness" in f and "hung" in f for f in result["runner_failures"]), \
