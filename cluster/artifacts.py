@@ -135,11 +135,13 @@ def seed_cached_references(cache: ReferenceCache, plan: dict, out) -> None:
 
 
 def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: dict) -> None:
-    """Every reference that completed goes into the cache, for later waves of the same runner, workload and seed."""
+    """Every reference that passed whole goes into the cache, for later waves of the same runner, workload and seed.
+    One that completed only after the harness ended it (a hang, a second attempt) is no uninterrupted run: caching it
+    would hide that from every later wave, so it is run again there."""
     from cluster.grade.verdicts import PASS  # lazily: the grader reads artifacts through this module
 
     for g in result.get("references", []):
-        if (g["checks"].get("completed") or {}).get("verdict") != PASS:
+        if g.get("verdict") != PASS or (g["checks"].get("completed") or {}).get("verdict") != PASS:
             continue
         got = read_artifact(out.artifact(g["task_id"]))
         if got is not None:

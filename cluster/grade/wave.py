@@ -178,9 +178,13 @@ def wave_checks_of(w: WaveRecord, leaks: dict, ref_grades: list[dict], harness_e
     # answer, a cancel that timed out), a sweep actor that did not report or could not list the containers
     sweep, sweeper, audit = w.sweep, w.sweeper, w.audit
     # (or a sandbox node whose own scan did not answer at the sweep actor's last pass: nothing is known of it)
+    # (containers not listed leave it open only for a wave that makes containers: a process-backend wave's sandboxes
+    # are cgroups, processes and mounts, all looked at, and a stopped engine beside it hides none of them)
+    cfg = w.plan.get("config") if isinstance(w.plan.get("config"), dict) else {}
+    docker = not isinstance(cfg.get("sandbox"), dict) or cfg["sandbox"].get("backend") != "process"
     looked = (sweep is not None and not sweep.get("problems")) and (sweeper is None or not (
         sweeper.get("unavailable") or sweeper.get("unanswered_nodes") or
-        any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or [])))
+        (docker and any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or []))))
     return {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
         "no_leaked_sandbox": (UNKNOWN if w.hfault is not None else FAIL) if (leaks["sandboxes"] or

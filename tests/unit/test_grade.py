@@ -483,14 +483,20 @@ def test_a_sandbox_node_whose_scan_did_not_answer_makes_no_leaked_sandbox_unknow
 
     from cluster.grade.wave import leaks_of, wave_checks_of
 
-    def checks(sweeper: dict) -> str:
+    def checks(sweeper: dict, plan: dict | None = None) -> str:
         w = SimpleNamespace(sweep={"leaked": [], "problems": []}, audit={"incomplete_uploads": []}, hfault=None,
-                            sweeper=dict({"reaped": [], "left_at_end": [], "errors": []}, **sweeper))
+                            plan=plan or {}, sweeper=dict({"reaped": [], "left_at_end": [], "errors": []}, **sweeper))
         return wave_checks_of(w, leaks_of(w), [], [])["no_leaked_sandbox"]
 
     assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {}}) == "pass"
     assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {"node-2": "ActorDiedError"}}) == \
         "unknown"
+    # containers not listed (a stopped docker engine beside the wave) leave a docker wave open, and a wave of unknown
+    # backend too; a process-backend wave makes no container, so its look is whole
+    unlisted = {"errors": ["docker engine: containers at unix:///x were not listed (ConnectionRefusedError)"]}
+    assert checks(unlisted, {"config": {"sandbox": {"backend": "docker"}}}) == "unknown"
+    assert checks(unlisted, {"config": "garbage"}) == "unknown"
+    assert checks(unlisted, {"config": {"sandbox": {"backend": "process"}}}) == "pass"
 
 
 def test_a_silent_attempt_is_judged_by_its_own_nodes_load():
