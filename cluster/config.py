@@ -119,6 +119,14 @@ class WaveConfig(Strict):
                     raise ValueError(f"sandbox.disk {self.sandbox.disk!r} with fault {fid}: {fid} takes the node or "
                                      f"leaves a zombie on the old disk, so its tasks cannot keep it; set "
                                      f"fault_timing.{fid}.disk: wipe")
+        if self.sandbox.disk in ("lose-unsynced", "torn") and not self.enumerate_boundaries and not any(
+                len(getattr(CATALOG.get(fid), "disk_modes", ())) > 1 for fid in wants):
+            raise ValueError(f"sandbox.disk {self.sandbox.disk!r}: a crash-mode disk loses what was not synced when "
+                             "an interruption kills the sandbox, and "
+                             + (f"faults {', '.join(wants)} kill none that keeps its disk" if wants else
+                                "no fault is planned")
+                             + "; add PK1, "
+                             "PK2, PK4 or PK5, or leave sandbox.disk wipe")
         for fid, t in self.fault_timing.items():
             if fid != "PK3" and (t.mode is not None or t.down_s is not None):
                 raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")
@@ -278,7 +286,10 @@ def _format(err: ValidationError, source: str) -> str:
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
         path, value = tuple(e["loc"]), e.get("input")
-        if e["type"] == "value_error" and isinstance(value, dict):  # a check across fields: name the one it is about
+        named = _path_in_message(msg) if e["type"] == "value_error" and not path else None
+        if named is not None:  # a check across fields whose message starts with the field's path: name that
+            path, value = named, _value_at(e.get("input"), named)
+        elif e["type"] == "value_error" and isinstance(value, dict):  # a check across fields: name the one
             key = msg.split(":", 1)[0]
             if path == ("fault_timing",) and isinstance(value.get(key), dict):  # "PK5: ...": about fault_timing.PK5
                 path, value = path + (key,), value[key]
@@ -292,6 +303,28 @@ def _format(err: ValidationError, source: str) -> str:
             msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
         lines.append(f"  field `{loc}`: value {value!r}: {msg}")
     return "\n".join(lines)
+
+
+def _path_in_message(msg: str) -> tuple | None:
+    """The field path a check's message starts with (`fault_timing.PK1.after_disk_writes: ...`, `sandbox.disk 'torn'
+    ...`), when its first part is a wave config field; None otherwise."""
+    import re
+
+    m = re.match(r"([a-z_]+(?:\.[A-Za-z0-9_]+)+)(?=[ :])", msg)
+    if m is None or m.group(1).split(".")[0] not in WaveConfig.model_fields:
+        return None
+    return tuple(m.group(1).split("."))
+
+
+def _value_at(data, path: tuple):
+    """The value given at `path` in the raw config, else the field's default (a field not given is checked at it)."""
+    for i, part in enumerate(path):
+        if not isinstance(data, dict) or part not in data:
+            default = getattr(_model_at(path[:i]).model_fields.get(path[i]), "default", None) if i == len(path) - 1 \
+                else None
+            return default if not callable(default) else None
+        data = data[part]
+    return data
 
 
 def _model_at(loc: tuple) -> type[BaseModel]:

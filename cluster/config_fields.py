@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from fleet.runners import BUILTIN, builtin_command
 
@@ -256,6 +256,7 @@ class RequestTrigger(Strict):
         return v
 
 
+Count = tuple[StrictInt, StrictInt]  # a boundary's [lo, hi]: integers only (`true` or "3" is refused, never cast)
 DISK_BOUNDARIES = ("after_disk_writes", "after_disk_fsyncs", "after_disk_renames")  # counted by the lazy layer
 STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
 
@@ -263,20 +264,20 @@ STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1"
 class FaultTiming(Strict):
     at_s: tuple[float, float] | None = None
     window_s: tuple[float, float] | None = None
-    after_model_calls: tuple[int, int] | None = Field(
+    after_model_calls: Count | None = Field(
         None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
-    after_effects: tuple[int, int] | None = Field(
+    after_effects: Count | None = Field(
         None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
-    after_store_writes: tuple[int, int] | None = Field(
+    after_store_writes: Count | None = Field(
         None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
-    after_disk_writes: tuple[int, int] | None = Field(
+    after_disk_writes: Count | None = Field(
         None, description="PK1 on a crash-mode disk (lose-unsynced, torn): kill while the runner's Nth write to its "
                           "disk is in flight (DCP-2.0's SENTINEL_WRITE), N counted over the volume's life, seeded")
-    after_disk_fsyncs: tuple[int, int] | None = Field(
+    after_disk_fsyncs: Count | None = Field(
         None, description="PK1 on a crash-mode disk: kill right before the Nth fsync returns (its data persisted)")
-    after_disk_renames: tuple[int, int] | None = Field(
+    after_disk_renames: Count | None = Field(
         None, description="PK1 on a crash-mode disk: kill right after the Nth rename was applied")
-    after_checkpoints: tuple[int, int] | None = Field(
+    after_checkpoints: Count | None = Field(
         None, description="PK5: kill right after the runner's Nth named window announced through "
                           "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
     window: str | None = Field(None, min_length=1, max_length=200,
