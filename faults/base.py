@@ -127,6 +127,33 @@ class Fault(Protocol):
         watch over to the next attempt (with what this one consumed) until it fires."""
 
 
+# What an interruption that ends an attempt leaves of the task's disk (its workspace and HOME): `sandbox.disk` for a
+# wave, `fault_timing.<id>.disk` for one fault; each fault lists the modes it accepts in its `disk_modes`
+DISK_MODES = {
+    "wipe": "the next attempt starts on a fresh disk with the task's repo (a new machine: spot reclaim, eviction)",
+    "keep": "the next attempt starts on the same disk, on the same node, as the killed attempt left it, synced or "
+            "not (a restarted container, a rebooted VM)",
+    "move": "not built yet (refused): a network disk re-attached on another node after a node loss",
+    "lose-unsynced": "a power loss: file data stays up to its last fsync/fdatasync, a create/rename/unlink once its "
+                     "directory was fsynced (the lazy file system, FUSE)",
+    "torn": "as lose-unsynced, and the write in flight keeps a seeded prefix of its bytes (FUSE)",
+}
+# PK1's boundaries on the runner's own disk (fault_timing.PK1, and --enumerate-boundaries), counted by the lazy file
+# system that serves a kept volume (a crash mode, or keep with a disk boundary planned) over the volume's life
+DISK_BOUNDARIES = {
+    "after_disk_writes": "kill while the runner's Nth write to its disk is held in flight (a torn journal append)",
+    "after_disk_fsyncs": "kill right before its Nth fsync returns (the data already persisted)",
+    "after_disk_renames": "kill right after its Nth rename was applied (before its directory's fsync)",
+}
+
+
+def disk_mode_rows() -> list[str]:
+    """One markdown row per fault that ends attempts, `| PK1 | wipe, keep, ... |`: the table README and
+    docs/runner-contract.md carry (a unit test holds them to the catalog)."""
+    return [f"| {fid} | {', '.join(f.disk_modes)} |" for fid, f in sorted(CATALOG.items())
+            if getattr(f, "disk_modes", ())]
+
+
 CATALOG: dict[str, Fault] = {}
 
 
