@@ -21,6 +21,7 @@ class TaskHistory:
     receipts: list[dict] = field(default_factory=list)
     calls: list[dict] | None = None
     effects: list[dict] | None = None
+    effects_error: str | None = None  # effects.jsonl exists but is damaged: what needs it is unknown, never fail
     writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
     artifact: dict[str, bytes] | None = None
     artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
@@ -179,6 +180,7 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
         calls=None if w.calls is None else [c for c in _of_task(w.calls, tid) if c.get("kind") != "refused"],
         refused=[c for c in _of_task(w.calls, tid) or [] if c.get("kind") == "refused"],
         effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),
+        effects_error=w.inp.unreadable.get(results.EFFECTS) if w.effects is None else None,
         artifact=art, artifact_error=None if art is not None or why.startswith("no artifact") else why,
         harness_fault=w.hfault, foreign_writes=at.foreign.get(tid, []) if at.owner else None,
         leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))
