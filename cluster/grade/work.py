@@ -46,6 +46,10 @@ def _every_step_done(h: TaskHistory, facts: Facts) -> dict | None:
     missing_fx = [s.step for s in script if s.kind == "effect" and s.arguments["effect_id"] not in applied_fx]
     if not (missing or missing_fx):
         return None
+    if missing_fx and not missing and h.effects_error:  # the log that would show them cannot be read
+        return {"verdict": UNKNOWN, "missing_effects": missing_fx,
+                "detail": f"every workspace step is there, but effects.jsonl is unreadable ({h.effects_error}), so "
+                          f"whether the effects of steps {missing_fx} were applied cannot be told"}
     extra = (f"; effects {swallowed} were swallowed by an Idempotency-Key reused from another effect"
              if swallowed else "")
     noticed = facts.noticed[-1:] if facts.noticed and facts.noticed[-1] is facts.attempts[-1] else []
