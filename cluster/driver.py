@@ -227,6 +227,8 @@ class WaveRun:
         if self.parts.fleet.remote:
             self.launch.update(remote_launch(self.parts, self.plan["runner"], binds, [self.results_root, self.private],
                                              gate_port=self.cfg.gateway.port))
+            if self.launch.get("shipped"):
+                self.timeline("code_shipped", **self.launch.pop("shipped"))
         self._write_json(results.NODES, nodes_record(self.parts.fleet))
 
         # the sweep actor watches the wave from now on

@@ -45,6 +45,37 @@ def is_venv(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
 
 
+def is_env(path: str) -> bool:
+    """An installed environment, built per machine from a lock file beside it: a Python venv, or a Node
+    `node_modules` dir (npm, yarn and pnpm all install there; its packages carry per-platform binaries). Never
+    shipped: each node has its own at the same path, bound read-only over the shipped code."""
+    return is_venv(path) or (os.path.basename(path) == "node_modules" and os.path.isdir(path)
+                             and not os.path.islink(path))
+
+
+def environments(workdir: str, exclude=()) -> list[str]:
+    """The environments (`is_env`) the snapshot of `workdir` leaves out, as absolute paths: what every node must
+    have at the same path (the wave checks each one before any task, and each node binds its own)."""
+    root = os.path.abspath(workdir)
+    skip = {os.path.realpath(e) for e in exclude}
+    globs = ignored(Path(root))
+    out = []
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+        keep = []
+        for d in sorted(dirnames):
+            full = os.path.join(dirpath, d)
+            rel = os.path.relpath(full, root)
+            if (os.path.realpath(full) in skip or d in NEVER or os.path.islink(full)
+                    or any(fnmatch.fnmatchcase(rel, g) for g in globs)):
+                continue
+            if is_env(full):
+                out.append(full)
+            else:
+                keep.append(d)
+        dirnames[:] = keep
+    return out
+
+
 def _entries(root: Path, exclude=()) -> list[Path]:
     out = []
     skip = {os.path.realpath(e) for e in exclude}
@@ -52,7 +83,7 @@ def _entries(root: Path, exclude=()) -> list[Path]:
 
     def left_out(full: str) -> bool:
         rel = os.path.relpath(full, root)
-        return (os.path.realpath(full) in skip or os.path.basename(full) in NEVER or is_venv(full)
+        return (os.path.realpath(full) in skip or os.path.basename(full) in NEVER or is_env(full)
                 or any(fnmatch.fnmatchcase(rel, g) for g in globs))
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -65,8 +96,8 @@ def _entries(root: Path, exclude=()) -> list[Path]:
 
 def snapshot(workdir: str, exclude=()) -> tuple[str, bytes]:
     """(sha256 hex, tar bytes) of `workdir` without the dirs in `exclude` (results, the wave's private dir), its
-    virtual environments, caches and `.git`, and what its `.sandfleetignore` names; ShipError past MAX_BYTES or
-    MAX_FILES."""
+    environments (`is_env`: venvs, node_modules), caches and `.git`, and what its `.sandfleetignore` names;
+    ShipError past MAX_BYTES or MAX_FILES."""
     root = Path(workdir)
     buf = io.BytesIO()
     total = 0

@@ -19,7 +19,7 @@ def remote_launch(parts, runner: dict, binds: list[str], never=(), gate_port: in
     `gate_port` of the cluster address (0: a free one)."""
     import ray
 
-    from fleet.codeship import ShipError, snapshot
+    from fleet.codeship import ShipError, environments, snapshot
     from fleet.gateway import Gateway
 
     fleet = parts.fleet
@@ -41,15 +41,19 @@ def remote_launch(parts, runner: dict, binds: list[str], never=(), gate_port: in
             digest, data = snapshot(workdir, never)
         except (ShipError, OSError) as exc:
             raise HarnessError(f"runner workdir {workdir}: cannot be shipped to the nodes: {exc}") from exc
-        out["code"] = {"digest": digest, "path": workdir}
+        envs = environments(workdir, never)  # (a venv, node_modules: each node's own, at the same path)
+        out["code"] = {"digest": digest, "path": workdir, "envs": envs}
+        out["shipped"] = {"bytes": len(data), "digest": digest, "node_envs": envs}
         stage(fleet.node_ids, fleet.hosts, digest, data)
         fleet.on_restore = lambda name, host: stage([name], [host], digest, data)
-    need = [b for b in binds if b != workdir]
+    need = [b for b in binds if b != workdir] + list((out["code"] or {}).get("envs", []))
     for name, missing in zip(fleet.node_ids, ray.get([h.missing_paths.remote(need) for h in fleet.hosts],
                                                      timeout=60)):
         if missing:
-            raise HarnessError(f"node {name}: {missing[0]} is not there; the runner's interpreter and venv must be at "
-                               "the same path on every node (or inside --runner-workdir, which is shipped)")
+            raise HarnessError(f"node {name}: {missing[0]} is not there; the runner's interpreter and its installed "
+                               "environments (a venv, node_modules: never shipped) must be at the same path on every "
+                               "node: build them there (`make examples` on each node, or the cluster's "
+                               "setup_commands), or put them on a filesystem every node mounts at that path")
     return out
 
 

@@ -22,6 +22,7 @@ class Event(str, enum.Enum):
     PARTS_READY = "parts_ready"
     FLEET_HEALED = "fleet_healed"
     FLEET_WARNING = "fleet_warning"  # e.g. every sandbox on the driver's machine of an --address cluster
+    CODE_SHIPPED = "code_shipped"  # remote nodes: the runner's snapshot (bytes) and the envs each node has its own
     TASK_START = "task_start"
     ATTEMPT_START = "attempt_start"
     LEASE_BUSY = "lease_busy"

@@ -83,3 +83,26 @@ def test_venvs_caches_git_and_what_sandfleetignore_names_are_left_out(tmp_path):
     assert {"agent.py", "pkg/mod.py", "notes/keep.txt", "sub", codeship.IGNORE_FILE} <= names, names
     assert not [n for n in names if n.startswith(("venv-any-name", "sub/.venv", "__pycache__", ".git", "data"))
                 or n.endswith(".log")], names
+
+
+def test_node_modules_is_an_environment_left_out_and_named_for_the_nodes(tmp_path):
+    """A Node runner's `node_modules` (Codex CLI's: 404 MB with its per-platform binary) is an installed
+    environment as a venv is: never shipped, and named (absolute path, as every node must have it) beside the
+    venvs, so the wave checks each node for it and each node binds its own. Ignored or excluded ones are not."""
+    import io
+    import tarfile
+
+    src = tmp_path / "agent"
+    _tree(src)
+    for env in ("node_modules/.bin", ".venv", "web/node_modules/pkg", "skip/node_modules", "results/.venv"):
+        (src / env).mkdir(parents=True)
+    (src / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (src / "results" / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (src / "node_modules" / ".bin" / "codex").write_bytes(b"\0" * (65 * 1024 * 1024))
+    (src / "web" / "app.js").write_text("x")
+    (src / codeship.IGNORE_FILE).write_text("skip\n")
+    _, data = codeship.snapshot(str(src), [str(src / "results")])
+    names = set(tarfile.open(fileobj=io.BytesIO(data)).getnames())
+    assert "web/app.js" in names and not [n for n in names if "node_modules" in n or ".venv" in n], names
+    assert codeship.environments(str(src), [str(src / "results")]) == [
+        str(src / ".venv"), str(src / "node_modules"), str(src / "web" / "node_modules")]
