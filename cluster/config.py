@@ -22,27 +22,34 @@ from fleet.workloads import WORKLOADS
 
 
 class WaveConfig(Strict):
-    name: str = Field("wave", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")
-    tasks: int = Field(4, ge=1, le=100000, strict=True)
-    concurrency: int = Field(4, ge=1, le=4096, strict=True)
+    name: str = Field("wave", pattern=r"^[a-z0-9][a-z0-9-]{0,30}$",
+                      description="part of the wave id (results/<wave id>/)")
+    tasks: int = Field(4, ge=1, le=100000, strict=True,
+                       description="tasks of the wave (ignored with enumerate_boundaries)")
+    concurrency: int = Field(4, ge=1, le=4096, strict=True, description="tasks in flight at once (and as many "
+                             "reference runs beside them)")
     seed: int = Field(1, ge=0, lt=2**63, strict=True, description="0 to 2^63-1 (it names the wave's directories)")
     runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
-    faults: list[str] = Field(default_factory=list)
-    fault_timing: dict[str, FaultTiming] = Field(default_factory=dict)
-    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
-    store: StoreConfig = Field(default_factory=StoreConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    faults: list[str] = Field(default_factory=list, description="fault ids (docs/reference/faults.md), or `none`; "
+                              "`A+B` puts both on one task, e.g. ST1+PK1")
+    fault_timing: dict[str, FaultTiming] = Field(default_factory=dict,
+                                                 description="per fault id: when it fires and its knobs")
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="what the tasks do")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="how the scripted model speaks")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="backend, limits and disk mode")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="the S3 store (default: embedded)")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="when a silent harness part is hung")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the head's gate for other nodes")
     deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
-    max_attempts: int = Field(6, strict=True, ge=1, le=100)
+    max_attempts: int = Field(6, strict=True, ge=1, le=100, description="attempts per task before it fails "
+                              "`attempt_budget`")
     liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "
                                                                "effect or store request) before it counts as hung")
     retry_loop_n: int = Field(3, strict=True, ge=1, le=100,
                               description="attempts ending the same way more than this many times in a row fail "
                                           "`retry_loop`")
-    lease_ttl_s: float = Field(6.0, gt=0.5, le=3600)
+    lease_ttl_s: float = Field(6.0, gt=0.5, le=3600, description="an attempt's lease lasts this long unless "
+                               "renewed; an expired lease is fenced")
     address: str = Field("local", description="'local' starts a private Ray; 'fleet' attaches to the fleet of "
                          "`sandfleet up`; else an existing cluster")
     nodes: int = Field(1, ge=1, le=16, strict=True,

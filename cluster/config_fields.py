@@ -174,9 +174,10 @@ class SandboxConfig(Strict):
     image: str | None = Field(None, min_length=1, max_length=300, pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$",
                               description="docker: a local image to run in (never pulled); default: the base image "
                                           "built from Debian's python3 packages")
-    workspace_mb: int = Field(64, ge=1, le=4096)
-    memory_mb: int = Field(512, ge=64, le=65536)
-    pids_max: int = Field(256, ge=16, le=65536)
+    workspace_mb: int = Field(64, ge=1, le=4096, description="size of the workspace tmpfs (the only writable "
+                              "place)")
+    memory_mb: int = Field(512, ge=64, le=65536, description="memory limit of each sandbox (its cgroup)")
+    pids_max: int = Field(256, ge=16, le=65536, description="process limit of each sandbox (its cgroup)")
     cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
     cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
                                                                  "the kernel's smallest quota is 1 ms per 100 ms)")
@@ -201,8 +202,9 @@ STORE_SECRET_ENV = "SANDFLEET_STORE_SECRET_KEY"
 
 class StoreConfig(Strict):
     url: str | None = Field(None, description="existing S3 endpoint; empty = embedded SeaweedFS")
-    access_key: str | None = None
-    secret_key: str | None = None
+    access_key: str | None = Field(None, description="with url: the key id")
+    secret_key: str | None = Field(None, description="with url: the secret (never written to plan.json; resume "
+                                                     "and replay read it from $SANDFLEET_STORE_SECRET_KEY)")
 
     @model_validator(mode="after")
     def _keys(self):
@@ -238,7 +240,7 @@ S3_OPS = ("PutObject", "UploadPart", "CreateMultipartUpload", "CompleteMultipart
 class RequestTrigger(Strict):
     ops: list[str] | None = Field(None, description="S3 operation names, e.g. [UploadPart]")
     key_prefix: str = Field("", max_length=500, description="under the task's prefix, e.g. snapshots/")
-    methods: list[Literal["GET", "PUT", "POST", "DELETE", "HEAD"]] | None = None
+    methods: list[Literal["GET", "PUT", "POST", "DELETE", "HEAD"]] | None = Field(None, description="HTTP methods")
 
     @field_validator("ops")
     @classmethod
@@ -262,8 +264,10 @@ STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1"
 
 
 class FaultTiming(Strict):
-    at_s: tuple[float, float] | None = None
-    window_s: tuple[float, float] | None = None
+    at_s: tuple[float, float] | None = Field(None, description="fire a seeded [lo, hi] s after the runner started")
+    window_s: tuple[float, float] | None = Field(
+        None, description="how long the fault lasts, seeded in [lo, hi] s (PK3: the drain's deadline; PK6: thaw "
+                          "this long after the new attempt started; NP1: the cut)")
     after_model_calls: Count | None = Field(
         None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
     after_effects: Count | None = Field(

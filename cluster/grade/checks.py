@@ -26,6 +26,7 @@ class Check:
     name: str
     fn: Callable[["TaskHistory", Facts], dict]
     applies: Callable[["TaskHistory", Facts], bool]
+    when: str = "every task and reference"  # what `applies` says, in words (docs/reference/checks.md)
 
 
 def _always(h, facts) -> bool:
@@ -39,31 +40,51 @@ def _not_reference(h, facts) -> bool:
 # in the order a grade lists them
 REGISTRY: list[Check] = [
     Check("completed", completed, _always),
-    Check("resume_equivalent", resume_equivalent, _not_reference),
+    Check("resume_equivalent", resume_equivalent, _not_reference, "every task but the references"),
     Check("no_double_apply", no_double_apply, _always),
     Check("no_model_recall", no_model_recall, _always),
-    Check("no_torn_apply", no_torn_apply, lambda h, f: any(s.files for s in f.script)),  # multi-file applies
-    Check("fault_applied", fault_applied, _not_reference),
+    Check("no_torn_apply", no_torn_apply, lambda h, f: any(s.files for s in f.script),
+          "tasks of a workload with multi-file applies"),
+    Check("fault_applied", fault_applied, _not_reference, "every task but the references"),
     Check("diagnosable", diagnosable, _always),
     Check("retry_loop", retry_loop, _always),
     Check("liveness", liveness, _always),
     Check("attempt_budget", attempt_budget, _always),
     # the host looked at what outlived each attempt's runner (the process backend's wrapper)
     Check("no_outliving_process", no_outliving_process,
-          lambda h, f: any(a.get("outlived") is not None for a in f.attempts)),
+          lambda h, f: any(a.get("outlived") is not None for a in f.attempts),
+          "tasks whose host listed what outlived the runner (the process backend)"),
     # the store audit ran: a leaked upload fails the task that started it
-    Check("no_leaked_upload", no_leaked_upload, lambda h, f: h.leaked_uploads is not None),
+    Check("no_leaked_upload", no_leaked_upload, lambda h, f: h.leaked_uploads is not None,
+          "tasks of a wave whose store audit ran"),
     # attributable (per-attempt keys): the writer answers for its writes
-    Check("no_foreign_writes", no_foreign_writes, lambda h, f: h.foreign_writes is not None),
+    Check("no_foreign_writes", no_foreign_writes, lambda h, f: h.foreign_writes is not None,
+          "tasks of a wave with per-attempt keys (the embedded store)"),
     # a fault that brings a check of its own (PK6: the thawed zombie's writes are refused)
     Check("fenced_writes_rejected", fenced_writes_rejected,
           lambda h, f: any(adds_check(x.get("fault_id"), "fenced_writes_rejected")
-                           for x in f.task.get("faults") or [])),
+                           for x in f.task.get("faults") or []),
+          "tasks with a fault that adds it (PK6, NP1)"),
     # a key rotated under an attempt (CR1): the runner re-resolved its credentials rather than keep the dead key
     Check("credentials_reresolved", credentials_reresolved,
           lambda h, f: any(adds_check(x.get("fault_id"), "credentials_reresolved")
-                           for x in f.task.get("faults") or [])),
+                           for x in f.task.get("faults") or []),
+          "tasks with a fault that adds it (CR1)"),
 ]
+
+# the checks of the whole wave (`wave_checks_of` in cluster/grade/wave.py gives one verdict for each)
+WAVE_CHECKS: dict[str, str] = {
+    "no_leaked_sandbox": "no sandbox left behind, by the hosts' sweep at the wave's end and the sweep actor "
+                         "(`unknown` when either could not look everywhere; after a harness fault a lost part's "
+                         "sandboxes are the harness's, `unknown`)",
+    "no_leaked_upload": "no multipart upload left incomplete in the store (from the store audit)",
+    "positive_control": "the references (uninterrupted, fault-free runs of the same runner and seeds) passed; a wave "
+                        "with faults whose positive control is not 1.0 is a harness error, exit 2, unless the "
+                        "reference fails on the runner's own (then the runner fails, exit 1)",
+    "store_audit": "every object read back through a second client (`minio`) is what its writer sent: no short "
+                   "read, no key outside the tasks",
+    "harness": "no harness error: every part of the harness stayed up and answered",
+}
 
 
 def applicable(h: "TaskHistory", facts: Facts) -> list[Check]:

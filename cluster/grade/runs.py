@@ -112,6 +112,7 @@ def no_outliving_process(h: TaskHistory, facts: Facts) -> dict:
 
 
 def attempt_budget(h: TaskHistory, facts: Facts) -> dict:
+    """The task finished within `max_attempts` attempts."""
     attempts, end = facts.attempts, facts.end
     budget = int(h.limits.get("max_attempts") or 0)
     used = len(attempts)
@@ -140,6 +141,9 @@ def exercised(h: TaskHistory, facts: Facts, r: dict) -> str | None:
 
 
 def fault_applied(h: TaskHistory, facts: Facts) -> dict:
+    """Every planned fault's receipt says applied. A kill that landed before its attempt did anything durable (no
+    model answer, effect or store write yet) is `not_exercised`: `not_applied`, and the task is left out of the
+    resume survival rate. A task whose attempt died with another task's lost node (PK3) was interrupted all the same."""
     task, tid = facts.task, facts.tid
     if not task["faults"]:
         return {"verdict": PASS, "detail": "no fault planned"}

@@ -201,6 +201,9 @@ def _retry_storm(h: TaskHistory, facts: Facts) -> dict | None:
 
 
 def no_foreign_writes(h: TaskHistory, facts: Facts) -> dict:
+    """Every S3 request is attributed to the attempt whose key signed it: a write outside the task's own prefix fails
+    the writer, even when the store refused it (a task whose prefix another task wrote into is `unknown`, not
+    `fail`)."""
     fw = h.foreign_writes or []
     if not fw:
         return {"verdict": PASS, "detail": "every write of its attempts stayed under its own prefix"}
@@ -212,6 +215,8 @@ def no_foreign_writes(h: TaskHistory, facts: Facts) -> dict:
 
 
 def no_leaked_upload(h: TaskHistory, facts: Facts) -> dict:
+    """No multipart upload the task started under its prefix was left incomplete (neither completed nor aborted), from
+    the store audit."""
     ups = h.leaked_uploads or []
     if not ups:
         return {"verdict": PASS, "detail": "no multipart upload of this task was left incomplete"}

@@ -155,6 +155,8 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
 
 
 def no_double_apply(h: TaskHistory, facts: Facts) -> dict:
+    """No step's marker twice in the artifact, and no external effect applied twice in the effects log (a repeated
+    Idempotency-Key is a deduplicated retry, not a second apply)."""
     wl = facts.wl
     twice, fx_twice = [], []
     if h.artifact is not None:
@@ -184,6 +186,9 @@ def no_double_apply(h: TaskHistory, facts: Facts) -> dict:
 
 
 def no_model_recall(h: TaskHistory, facts: Facts) -> dict:
+    """Asking the model again for a step whose result had been recorded is a recall. Only the answer in flight at an
+    interruption is forgiven: not delivered, or delivered to an attempt that then ended with no later model call,
+    no effect of that step and no store write."""
     if h.calls is None:
         return {"verdict": UNKNOWN, "detail": "no readable model call log"}
     if h.writes is None:
