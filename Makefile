@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint bench examples clean
+.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint bench examples examples-codex clean
 
 setup: system $(STAMP)
 
@@ -90,6 +90,13 @@ bench: setup docker
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.
 examples:
 	@$(PYTHON) examples/mkvenv.py $(EXAMPLES)
+
+# Opt-in example rows, not in `make test` (their installs are heavy; their tests skip, naming the target):
+# Codex CLI 0.169.0 from npm (its native binary is ~400 MB), pinned by package.json + package-lock.json; node and
+# npm from Debian's packages when missing. Install scripts are off: the binary comes as an optional dependency.
+examples-codex:
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
+	cd examples/codex_cli && npm ci --no-audit --no-fund --ignore-scripts
 
 clean:
 	rm -rf $(VENV) results build *.egg-info

@@ -1,5 +1,6 @@
 """The agent configs (configs/agents/*.yaml, configs/league-agents.yaml) are valid wave and league configs, each runs
 an unmodified agent from examples/ with pinned requirements, and no such agent implements a workload tool."""
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,11 @@ def test_there_are_three_agents_or_more_each_pinned():
     dirs = _agent_dirs()
     assert len(dirs) >= 3, dirs
     for d in dirs:
+        if (d / "package.json").is_file():  # an npm agent (Codex CLI): exact versions, and a lock file beside them
+            deps = json.loads((d / "package.json").read_text())["dependencies"]
+            assert deps and all(re.fullmatch(r"\d+\.\d+\.\d+", v) for v in deps.values()), (d, deps)
+            assert (d / "package-lock.json").is_file(), d
+            continue
         req = (d / "requirements.txt").read_text().split()
         assert req and all("==" in r for r in req if not r.startswith("#")), (d, req)
 
