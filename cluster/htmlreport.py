@@ -31,7 +31,11 @@ LANE, LEFT, WIDTH = 18, 150, 900
 
 
 def _e(x) -> str:
-    return html.escape(str(x), quote=True)
+    """HTML-escaped, and every control or format character (ESC, BEL, a bidi override: a results folder's name, a
+    runner's text) shown as `\\x1b`, never raw (`results.terminal_safe`)."""
+    from cluster.results import terminal_safe
+
+    return html.escape(terminal_safe(str(x)), quote=True)
 
 
 def script_hashes() -> list[str]:

@@ -22,7 +22,6 @@ with sendfile, never read whole.
 from __future__ import annotations
 
 import hashlib
-import html
 import math
 import os
 import socket
@@ -35,7 +34,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from cluster import results
-from cluster.htmlreport import CSS, _verdict, page_csp
+from cluster.htmlreport import CSS, _e, _verdict, page_csp
 
 FLAKY = "flaky"
 IDLE_S = 10.0  # a connection that sends (or takes) nothing for this long is closed
@@ -186,7 +185,7 @@ def cell_trends(rows: list[dict]) -> dict[str, dict]:
 
 
 def _index_row(r: dict) -> str:
-    e = html.escape
+    e = _e
     c = categories(r)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created"])) if _when(r["created"]) is not None else "?"
     passed = sum(1 for t in r["tasks"] if t["verdict"] == "pass")
@@ -199,7 +198,7 @@ def _index_row(r: dict) -> str:
 
 
 def index_html(root: Path, rows: list[dict]) -> str:
-    e = html.escape
+    e = _e
     body = [f"<h1>Waves under <code>{e(str(root))}</code></h1>",
             f"<p>{len(rows)} wave(s). A cell is <b>flaky</b> when its verdict flips between pass and fail across waves "
             "on the same manifest.</p>", "<h2>Waves</h2><table><tr><th>date</th><th>wave</th><th>runner</th>"
