@@ -57,6 +57,20 @@ def check_results_root(results: Path) -> None:
                           "give a directory you can write")
 
 
+def _dir_arg(value: str, name: str, what: str = "a wave's results directory (e.g. results/latest)") -> Path | None:
+    """A directory argument, checked before anything reads it: None (after naming the argument on stderr) when it
+    is empty (`''` is not the current directory), does not exist, or is not a directory."""
+    if not value or not value.strip() or "\0" in value:
+        _err(f"error: argument {name}: value {value!r}: empty; pass {what}")
+        return None
+    p = Path(value)
+    if not p.is_dir():
+        why = "is not a directory" if p.exists() or p.is_symlink() else "does not exist"
+        _err(f"error: argument {name}: {value!r} {why}; pass {what}")
+        return None
+    return p
+
+
 def _seal(results_dir: Path) -> None:
     """Seal a wave's folder again after its files were rewritten (a seal that fails is said, never fatal)."""
     from cluster.seal import SealError, seal
@@ -333,13 +347,19 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
 
 
 @app.command("verify")
-def verify_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory"),
+def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory"),
                public_key: Optional[str] = typer.Option(None, "--public-key",
                                                        help="the sealer's Ed25519 public key (hex): refuse a seal "
                                                             "made with any other")) -> int:
     """Check that a wave's folder is the one its seal names: the seal's signature, and every file's sha256 (exit 0
-    intact, 1 a file changed, added or missing, each named; 2 no seal, or a damaged or foreign one)."""
+    intact, 1 a file changed, added or missing, each named; 2 no seal, or a damaged or foreign one; 254 RESULTS_DIR
+    empty, missing or not a directory). A link is named with its target's digest, never followed; a file the seal
+    does not list is named without being read."""
     from cluster.seal import SealError, verify
+
+    results_dir = _dir_arg(results_dir, "RESULTS_DIR")
+    if results_dir is None:
+        return EXIT_BAD_INPUT
 
     if public_key is not None and not (len(public_key) == 64 and all(c in "0123456789abcdefABCDEF"
                                                                      for c in public_key)):

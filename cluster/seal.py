@@ -88,13 +88,30 @@ def _read_regular(path: Path, what: str, cap: int = MAX_SEAL_BYTES) -> bytes:
         os.close(fd)
 
 
-def digests(d: Path) -> dict[str, str]:
-    """sha256 of every regular file under `d`, by its path relative to `d`, less the seal's own two files; any other
-    entry (a link, a FIFO, a device, an empty dir) is listed as `<kind>` so an added one is named, never followed."""
-    import stat
+def _name(rel: str) -> str:
+    """A path as the manifest (JSON) can hold it: a name that is not UTF-8 keeps its bytes as \\xNN escapes."""
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        return os.fsencode(rel).decode("utf-8", "backslashreplace")
 
-    out = {}
 
+def _hash_file(p: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _entries(d: Path):
+    """(name in the manifest, path, lstat) of every entry under `d` but the seal's own files, never through a link;
+    an empty dir is yielded as `dir/` with its lstat."""
     def fail(exc: OSError):
         raise SealError(f"{exc.filename}: cannot be listed ({exc.strerror or exc})")
 
@@ -109,27 +126,43 @@ def digests(d: Path) -> dict[str, str]:
                 st = os.lstat(p)
             except OSError as exc:
                 raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
-            if not stat.S_ISREG(st.st_mode):
-                out[rel] = "<link>" if stat.S_ISLNK(st.st_mode) else "<not a regular file>"
-                continue
-            h = hashlib.sha256()
-            try:
-                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as exc:
-                raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
-            with os.fdopen(fd, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            out[rel] = h.hexdigest()
+            yield _name(rel), p, st
         if not files and not dirs and Path(root) != d:
-            out[Path(root).relative_to(d).as_posix() + "/"] = "<empty dir>"
-    return out
+            yield _name(Path(root).relative_to(d).as_posix() + "/"), Path(root), None
+
+
+def _digest(p: Path, st) -> str:
+    """A file's sha256; a link's target (never followed) as `<link> sha256 of the target's bytes`; `<kind>` else."""
+    import stat
+
+    if st is None:
+        return "<empty dir>"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(p)
+        except OSError as exc:
+            raise SealError(f"{p}: its link cannot be read ({exc.strerror or exc})") from None
+        return "<link> " + hashlib.sha256(os.fsencode(target)).hexdigest()
+    if not stat.S_ISREG(st.st_mode):
+        return "<not a regular file>"
+    return _hash_file(p)
+
+
+def digests(d: Path) -> dict[str, str]:
+    """sha256 of every regular file under `d`, by its path relative to `d`, less the seal's own two files; a link is
+    listed with a digest of its target (`<link> ...`: named and covered, never followed), any other entry (a FIFO, a
+    device, an empty dir) as `<kind>`, so an added one is named."""
+    return {name: _digest(p, st) for name, p, st in _entries(d)}
 
 
 def seal(d: str | Path) -> dict:
     """Write MANIFEST.json and SEAL.json for the wave in `d`; returns the seal."""
     d = Path(d)
-    manifest = orjson.dumps({"wave_dir": d.name, "files": digests(d)},
+    entries = list(_entries(d))
+    files = {name: _digest(p, st) for name, p, st in entries}
+    size = {name: st.st_size for name, p, st in entries if files[name] not in ("<empty dir>", "<not a regular file>")
+            and not files[name].startswith("<link>")}
+    manifest = orjson.dumps({"wave_dir": _name(d.name), "files": files, "sizes": size},
                             option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
     key = _private_key()
     out = {"algorithm": ALGORITHM, "public_key": _public_hex(key), "fingerprint": fingerprint(_public_hex(key)),
@@ -170,13 +203,25 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
         raise SealError(f"{d / MANIFEST}: its signature in {SEAL} does not verify (the manifest or the seal was "
                         "changed)") from None
     try:
-        listed = orjson.loads(manifest)["files"]
-        if not isinstance(listed, dict):
-            raise TypeError("files is not a mapping")
+        m = orjson.loads(manifest)
+        listed, listed_sizes = m["files"], m.get("sizes") or {}
+        if not isinstance(listed, dict) or not isinstance(listed_sizes, dict):
+            raise TypeError("files or sizes is not a mapping")
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise SealError(f"{d / MANIFEST}: not a manifest ({exc})") from None
-    now = digests(d)
-    changed = sorted(k for k in listed if k in now and now[k] != listed[k])
-    added, missing = sorted(set(now) - set(listed)), sorted(set(listed) - set(now))
+    # an entry the seal does not list is named unread (a huge file added is never hashed); a listed file whose size
+    # differs from the sealed one is changed unread; only a listed file of its sealed size is hashed
+    now, changed = set(), []
+    for name, p, st in _entries(d):
+        now.add(name)
+        if name not in listed:
+            continue
+        want = listed_sizes.get(name)
+        if isinstance(want, int) and st is not None and st.st_size != want and not str(listed[name]).startswith("<"):
+            changed.append(name)
+        elif _digest(p, st) != listed[name]:
+            changed.append(name)
+    changed.sort()
+    added, missing = sorted(now - set(listed)), sorted(set(listed) - now)
     return {"ok": not (changed or added or missing), "fingerprint": fingerprint(s["public_key"]),
             "changed": changed, "added": added, "missing": missing}

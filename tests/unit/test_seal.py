@@ -109,3 +109,52 @@ def test_an_artifact_manifest_naming_a_path_outside_is_unreadable(tmp_path):
     (d / "artifact.json").write_bytes(orjson.dumps(m))
     with pytest.raises(ValueError, match="not a path inside"):
         read_artifact(d)
+
+
+@pytest.mark.parametrize("arg, why", [("", "empty"), ("   ", "empty"), ("{missing}", "does not exist"),
+                                      ("{file}", "is not a directory")])
+def test_verify_of_an_empty_missing_or_file_argument_is_254_named(wave, tmp_path, monkeypatch, arg, why):
+    """A hostile review's finds: `sandfleet verify ''` verified the current directory, and a path that does not
+    exist was exit 2 (a harness error) instead of bad input."""
+    seal(wave)
+    monkeypatch.chdir(wave)  # '' must not mean this (sealed, intact) folder
+    (tmp_path / "f").write_text("x")
+    r = _verify(arg.format(missing=tmp_path / "nope", file=tmp_path / "f"))
+    assert r.exit_code == 254 and "argument RESULTS_DIR" in r.output and why in r.output, r.output
+
+
+def test_a_link_retargeted_after_the_seal_is_named_changed_never_followed(wave, tmp_path):
+    """A hostile review's find: the seal listed a link as `<link>` only, so pointing it elsewhere verified intact."""
+    import os
+
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "b").write_text("b")
+    os.symlink(tmp_path / "a", wave / "artifacts" / "ln")
+    os.symlink(tmp_path / "a", wave / "lndir")
+    seal(wave)
+    assert verify(wave)["ok"]
+    for name in ("artifacts/ln", "lndir"):
+        os.unlink(wave / name)
+        os.symlink(tmp_path / "b", wave / name)
+    got = verify(wave)
+    assert not got["ok"] and got["changed"] == ["artifacts/ln", "lndir"], got
+    r = _verify(wave)
+    assert r.exit_code == 1 and "changed: artifacts/ln" in r.output, r.output
+
+
+def test_an_added_or_resized_file_is_named_without_being_read(wave, monkeypatch):
+    """A hostile review's find: verify hashed every file it found, so a huge file added to a sealed folder was read
+    whole before it was named. A file the seal does not list, or of another size than the sealed one, is named
+    unread (tested with small files and a spy on the hashing: never a giant file in a test)."""
+    from cluster import seal as seal_mod
+
+    seal(wave)
+    (wave / "added.bin").write_bytes(b"x" * 4096)
+    with open(wave / "plan.json", "ab") as f:
+        f.write(b" ")
+    hashed = []
+    real = seal_mod._hash_file
+    monkeypatch.setattr(seal_mod, "_hash_file", lambda p: hashed.append(p.name) or real(p))
+    got = verify(wave)
+    assert got["added"] == ["added.bin"] and got["changed"] == ["plan.json"], got
+    assert "added.bin" not in hashed and "plan.json" not in hashed and hashed, hashed
