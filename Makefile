@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint bench examples examples-codex clean
+.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint docs bench examples examples-codex clean
 
 setup: system $(STAMP)
 
@@ -40,7 +40,7 @@ RELAY_SRC := relay/Cargo.toml relay/Cargo.lock relay/pyproject.toml relay/src/ma
 $(STAMP): pyproject.toml $(RELAY_SRC)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,docs]'
 	@if [ -z "$(CARGO)" ]; then echo "no cargo here: the fault proxy serves alone (relay/ not built)"; \
 	elif ! PATH="$(dir $(CARGO)):$$PATH" $(BIN)/python -m pip install -q --force-reinstall ./relay; then \
 		$(BIN)/python -m pip uninstall -q -y sandfleet-relay; \
@@ -65,6 +65,12 @@ test-cgroup2: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# The docs site (mkdocs.yml) into site/, --strict: a broken link or anchor is an error. The reference pages under
+# docs/reference/ are generated from the code (`$(BIN)/python -m cluster.docgen`; a unit test checks them). Never
+# add -q: it hides the warnings that --strict counts.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # the edit-test loop: the unit and harness tiers only (no Ray, no store, no sandbox; well under a minute)
 test-quick: setup
@@ -99,4 +105,4 @@ examples-codex:
 	cd examples/codex_cli && npm ci --no-audit --no-fund --ignore-scripts
 
 clean:
-	rm -rf $(VENV) results build *.egg-info
+	rm -rf $(VENV) results build site *.egg-info
