@@ -269,7 +269,10 @@ class FaultTiming(Strict):
         None, description="how long the fault lasts, seeded in [lo, hi] s (PK3: the drain's deadline; PK6: thaw "
                           "this long after the new attempt started; NP1: the cut)")
     after_model_calls: Count | None = Field(
-        None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]")
+        None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]; the "
+                          "storage faults, CR1 and DF1: armed right after it instead of at a clock time (where in "
+                          "the run the fault lands then does not move with the machine's load; campaigns arm their "
+                          "storage fault so by default)")
     after_effects: Count | None = Field(
         None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
     after_store_writes: Count | None = Field(
@@ -291,7 +294,7 @@ class FaultTiming(Strict):
                           "forwarded, while the sandbox is killed)")
     kills: int | None = Field(None, ge=1, le=50, strict=True,
                               description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
-                                          "[lo, hi], one after the other")
+                                          "[lo, hi], one after the other; PK4: K attempts killed")
     strength: float | None = Field(None, gt=0, le=1e6, description=(
         "one knob per fault, for campaigns: ST1/ST5 window seconds, ST2 added latency ms, ST3 error share "
         "(0-1), ST7 lag seconds, ST8 PUTs throttled, CR1 seconds the old key is still served"))

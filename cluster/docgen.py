@@ -24,6 +24,7 @@ from cluster.config_fields import STRENGTH_FAULTS, FaultTiming, RequestTrigger, 
 from cluster.grade.checks import REGISTRY, WAVE_CHECKS
 from cluster.grade.verdicts import RANK
 from faults import CATALOG
+from fleet.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reference"
@@ -112,7 +113,12 @@ def config_page() -> str:
             lines.append(f"| `{name}` | {_type(f.annotation)} | {_cell(_default(f))} | {_cell(_bounds(f))} | "
                          f"{_cell(f.description or '')} |")
         lines.append("")
-    return "\n".join(lines)
+    lines += ["## Workloads\n", "The values of `workload.name` (`--workload`): what the scripted model asks a task to "
+              "do.\n", "| workload | what it is |", "|---|---|"]
+    for name, wl in WORKLOADS.items():
+        doc = _doc(sys.modules[type(wl).__module__]).split("\n\n")[0]
+        lines.append(f"| `{name}` | {_cell(doc.split(': ', 1)[-1] if doc.startswith('`') else doc)} |")
+    return "\n".join(lines) + "\n"
 
 
 def undescribed_fields() -> list[str]:
