@@ -205,6 +205,16 @@ class StoreConfig(Strict):
     access_key: str | None = Field(None, description="with url: the key id")
     secret_key: str | None = Field(None, description="with url: the secret (never written to plan.json; resume "
                                                      "and replay read it from $SANDFLEET_STORE_SECRET_KEY)")
+    # the per-task quota, enforced at the fault proxy (storage/quota.py): a write past it is answered
+    # 403 QuotaExceeded and the task's grade says so (`within_store_quota`)
+    quota_objects: int = Field(10000, strict=True, ge=1, le=100_000_000,
+                               description="objects one task's prefix may hold (1 to 100,000,000)")
+    quota_mb: int = Field(1024, strict=True, ge=1, le=100_000_000,
+                          description="MiB one task's prefix may hold, open multipart parts included "
+                                      "(1 to 100,000,000)")
+    audit_max_objects: int = Field(10000, strict=True, ge=1, le=100_000_000,
+                                   description="objects the end-of-wave store audit reads back at most; past it, a "
+                                               "sample of this many seeded by the wave's seed (1 to 100,000,000)")
 
     @model_validator(mode="after")
     def _keys(self):

@@ -255,8 +255,17 @@ def _audit(d: Path) -> str:
         return "unknown (no readable store-audit.json)"
     checked = sum(1 for recs in a.get("tasks", {}).values() for r in recs if r.get("checked_against_write"))
     f = [x for x in a.get("findings") or [] if x["signature"] != "incomplete_multipart_upload"]
-    out = (f"{a.get('objects_checked', '?')} object(s) read back through {a.get('client', '?')}, {checked} checked "
-           f"against what their writer sent; {len(a.get('aborted_uploads') or [])} incomplete upload(s) aborted")
+    listed = a.get("objects_listed")
+    if a.get("sampled"):  # a bounded audit says what it did not read
+        read = (f"{a.get('objects_checked', '?')} of {listed if listed is not None else '?'} objects checked "
+                f"(read back through {a.get('client', '?')}; a sample past the cap of {a.get('max_objects', '?')}, "
+                f"sample seed {a.get('sample_seed', '?')}: the others were listed, not read)")
+    elif listed is not None:
+        read = f"{a.get('objects_checked', '?')} of {listed} objects checked (read back through {a.get('client', '?')})"
+    else:  # an audit from before the cap
+        read = f"{a.get('objects_checked', '?')} object(s) read back through {a.get('client', '?')}"
+    out = (f"{read}, {checked} checked against what their writer sent; "
+           f"{len(a.get('aborted_uploads') or [])} incomplete upload(s) aborted")
     if f:
         out += "; **findings**: " + "; ".join(f"`{x['signature']}` {x['key']}: {x['detail']}" for x in f[:5])
     return out

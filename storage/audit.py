@@ -4,6 +4,12 @@ the proxy relayed and, when the writer signed its payload, the sha256 in `x-amz-
 multipart object the sum of its last accepted parts), keys outside every task's prefix are listed, and
 incomplete multipart uploads are listed page by page, reported, then aborted.
 
+Bounded: the listing is whole (a key outside every task's prefix is found wherever it is), but at most
+`max_objects` objects are read back; past that a seeded sample of `max_objects` of them is (`random.Random` of
+the wave's seed, so a re-run reads the same ones). The report says how many of how many it read and the seed
+(`objects_listed`, `objects_checked`, `sample_seed`, `sampled`): an audit that read a sample never claims it
+read everything. (Reading back costs ~1.1 ms an object here: BENCHMARKS.md, "Store audit".)
+
 Findings carry a named signature: `store_object_differs_from_write`, `store_object_short_read`,
 `store_key_outside_task_prefixes`, `incomplete_multipart_upload`.
 
@@ -15,11 +21,21 @@ markers at all, so the audit drains the list (abort each page, ask again) instea
 from __future__ import annotations
 
 import hashlib
+import random
 import urllib.parse
 
 from minio import Minio
 
 WRITE_OK = range(200, 300)
+MAX_OBJECTS = 10000  # objects read back at most (the config's `store.audit_max_objects`)
+
+
+def sample_keys(keys: list[str], max_objects: int, seed: int) -> set[str] | None:
+    """The keys to read back: None (every one) when they fit `max_objects`, else a seeded sample of that many
+    (the same keys for the same listing and seed, whatever order the store listed them in)."""
+    if len(keys) <= max_objects:
+        return None
+    return set(random.Random(f"store-audit:{seed}").sample(sorted(keys), max_objects))
 
 
 def committed_writes(proxy_log: list[dict], bucket: str) -> dict[str, dict]:
@@ -115,29 +131,40 @@ def _differs_from_write(exp: dict, n: int, sha256: str) -> list[str]:
 
 
 def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: list[dict] | None,
-          abort: bool = True, page: int = 1000, shared: bool = False) -> dict:
-    """`shared`: the bucket holds other waves' keys too (a lent fleet's store): only the wave's prefix is read."""
+          abort: bool = True, page: int = 1000, shared: bool = False, max_objects: int = MAX_OBJECTS,
+          seed: int = 0) -> dict:
+    """`shared`: the bucket holds other waves' keys too (a lent fleet's store): only the wave's prefix is read.
+    `max_objects`: read back at most this many, a sample seeded by `seed` past it."""
     scope = f"{wave_id}/" if shared else None
     expected = committed_writes(proxy_log or [], bucket) if proxy_log is not None else None
     prefixes = {tid: f"{wave_id}/{tid}/" for tid in task_ids}
     tasks: dict[str, list] = {tid: [] for tid in task_ids}
     findings: list[dict] = []
     outside: list[str] = []
-    for obj in mc.list_objects(bucket, prefix=scope, recursive=True):
-        key = obj.object_name
-        owner = next((t for t, p in prefixes.items() if key.startswith(p)), None)
-        digest, n = _read_back(mc, bucket, key)
-        rec = {"key": key[len(prefixes[owner]):] if owner else key, "size": obj.size, "read": n,
-               "sha256": digest, "etag": (obj.etag or "").strip('"')}
-        if owner is None:
+    # (name, size, etag) only: the SDK's objects are ~10x larger, and a listing may hold a flood's keys
+    listed = [(o.object_name, o.size, (o.etag or "").strip('"'))
+              for o in mc.list_objects(bucket, prefix=scope, recursive=True)]
+    chosen = sample_keys([k for k, _, _ in listed], max_objects, seed)
+    owners = {p: t for t, p in prefixes.items()}
+    seen_outside: set[str] = set()
+    for key, size, etag in listed:
+        segs = key.split("/", 2)
+        owner = owners.get(f"{segs[0]}/{segs[1]}/") if len(segs) == 3 else None
+        if owner is None and key not in seen_outside:
+            seen_outside.add(key)
             outside.append(key)
             findings.append({"signature": "store_key_outside_task_prefixes", "key": key,
                              "detail": f"{key} is under no task's prefix {wave_id}/<task>/"})
-        else:
+        if chosen is not None and key not in chosen:
+            continue
+        digest, n = _read_back(mc, bucket, key)
+        rec = {"key": key[len(prefixes[owner]):] if owner else key, "size": size, "read": n,
+               "sha256": digest, "etag": etag}
+        if owner is not None:
             tasks[owner].append(rec)
-        if n != obj.size:
+        if n != size:
             findings.append({"signature": "store_object_short_read", "key": key, "task": owner,
-                             "detail": f"listed as {obj.size} bytes, read back {n}"})
+                             "detail": f"listed as {size} bytes, read back {n}"})
         exp = (expected or {}).get(key)
         bad = _differs_from_write(exp, n, rec["sha256"]) if exp is not None and not exp.get("cut") else []
         if bad:
@@ -152,5 +179,6 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
     aborted = [u["upload_id"] for u in uploads if u.get("aborted")]
     return {"bucket": bucket, "scope": scope or "", "client": "minio", "tasks": tasks, "incomplete_uploads": uploads,
             "aborted_uploads": aborted, "outside_task_prefixes": outside, "findings": findings,
-            "objects_checked": sum(len(v) for v in tasks.values()) + len(outside),
+            "objects_listed": len(listed), "objects_checked": len(listed) if chosen is None else len(chosen),
+            "sampled": chosen is not None, "sample_seed": seed, "max_objects": max_objects,
             "checked_against_writes": expected is not None}

@@ -39,6 +39,7 @@ import orjson
 
 from storage import relay
 from storage.process import stop_process
+from storage.quota import Quota
 
 CHUNK = 256 * 1024
 # The proxy's one clock: rule windows (time-triggered or opened by a request), hits and lags all read it, and
@@ -355,7 +356,15 @@ def _error_body(rule: Rule, req: S3Request, code: str | None = None) -> bytes:
 
 
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 500: "Internal Server Error",
-            503: "Service Unavailable", 429: "Too Many Requests"}
+            503: "Service Unavailable", 429: "Too Many Requests", 411: "Length Required", 501: "Not Implemented"}
+
+
+def _xml_error(code: str, message: str, req: S3Request, request_id: str) -> bytes:
+    esc = {ord("<"): "&lt;", ord(">"): "&gt;", ord("&"): "&amp;"}
+    resource = f"/{req.bucket}/{req.key}" if req.key else f"/{req.bucket}"
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message.translate(esc)}</Message>"
+            f"<Resource>{resource.translate(esc)}</Resource><RequestId>{request_id}</RequestId></Error>").encode()
 
 
 def error_response(rule: Rule, req: S3Request, close: bool, answer: tuple[int, str] | None = None) -> bytes:
@@ -632,7 +641,7 @@ def _xml_unescape(s: str) -> str:
 
 # --------------------------------------------------------------------------- proxy
 class FaultProxy:
-    def __init__(self, upstream_host: str, upstream_port: int, log_path: str | None):
+    def __init__(self, upstream_host: str, upstream_port: int, log_path: str | None, quota: Quota | None = None):
         self.upstream = (upstream_host, upstream_port)
         self.rules = RuleSet()
         self.closed_rules: list[dict] = []
@@ -646,6 +655,7 @@ class FaultProxy:
         self._pending: list[bytes] = []
         self.relay: relay.Relay | None = None  # the compiled front, when it owns the port (storage/relay.py)
         self._adopted: set[asyncio.Task] = set()
+        self.quota = quota  # the store's per-task quota (storage/quota.py): None = no bound
 
     @staticmethod
     async def _upstream_head(ureader, uwriter, body_task) -> Head:
@@ -874,11 +884,22 @@ class FaultProxy:
                     if done == CLOSE:
                         return
                     shaping = done
-                if upstream is None:
-                    upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
-                    uwriter = upstream[1]
-                if not await self._relay(head, req, base, shaping, creader, cwriter, *upstream):
-                    return
+                res = None
+                if self.quota is not None:
+                    res, refusal = self.quota.admit(req, head)
+                    if refusal is not None:
+                        if await self._refuse_quota(head, req, base, refusal, creader, cwriter) == CLOSE:
+                            return
+                        continue
+                try:
+                    if upstream is None:
+                        upstream = await asyncio.open_connection(*self.upstream, limit=MAX_HEAD)
+                        uwriter = upstream[1]
+                    if not await self._relay(head, req, base, shaping, creader, cwriter, *upstream, res):
+                        return
+                finally:
+                    if res is not None:
+                        self.quota.release(res)  # never answered by the store (settled in _relay when it was)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             return
         finally:
@@ -886,8 +907,26 @@ class FaultProxy:
                 if w is not None:
                     w.close()
 
+    async def _refuse_quota(self, head: Head, req: S3Request, base: dict, refusal: tuple, creader,
+                            cwriter) -> str:
+        """The store quota refuses the write (storage/quota.py): the S3 error in place of the store's answer, the
+        body read and dropped (or never sent: a 100-continue is refused and the connection closes)."""
+        status, code, why = refusal
+        expect = head.get("expect").lower() == "100-continue"
+        req_bytes = 0 if expect or head.chunked else await copy_body(creader, None, head)
+        body = _xml_error(code, why, req, "sandfleet-quota")
+        cwriter.write((f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/xml\r\n"
+                       f"Content-Length: {len(body)}\r\nx-amz-request-id: sandfleet-quota\r\n"
+                       f"Connection: {'close' if expect or head.chunked else 'keep-alive'}\r\n\r\n").encode()
+                      + (b"" if req.method == "HEAD" else body))
+        await cwriter.drain()
+        self.record(**base, op=req.op, status=status, code=code, req_bytes=req_bytes, resp_bytes=0, rule=None,
+                    fault=None, quota=dict(self.quota.usage(req.bucket, req.key or req.list_prefix or ""), why=why),
+                    ms=round((clock() - base["t"]) * 1000, 3))
+        return CLOSE if expect or head.chunked else NEXT
+
     async def _relay(self, head: Head, req: S3Request, base: dict, shaping: Shaping | None, creader, cwriter,
-                     ureader, uwriter) -> bool:
+                     ureader, uwriter, res=None) -> bool:
         """Forward one request to the store and its answer to the client (bodies streamed; a small request body
         held whole first; ST7 listings rewritten; a boundary counted). True: the connection reads its next
         request."""
@@ -929,6 +968,8 @@ class FaultProxy:
                     cwriter.write(rhead.raw)
                     await cwriter.drain()
                 continue
+            if res is not None:  # the store has answered: the quota counts what it applied
+                self.quota.settle(res, status, held)
             if self.rules.lag:
                 self._lag_note(req, status)
             fired = await self._boundary(req, status)
@@ -1008,10 +1049,10 @@ class FaultProxy:
                 if self.relay is not None:  # the relay's log written too, and before a rule opens every
                     # request whose head it reads from now on comes here
                     opening = method == "POST" and path == "/rules"
-                    await self.relay.sync((lambda: b"1") if opening else self.rules.route)
+                    await self.relay.sync((lambda: b"1") if opening else self.route)
                 status, payload = self.dispatch(method, path, body)
-                if self.relay is not None and self.relay.route != self.rules.route():
-                    await self.relay.sync(self.rules.route)  # only what the open rules may meet comes here
+                if self.relay is not None and self.relay.route != self.route():
+                    await self.relay.sync(self.route)  # only what the open rules (and a quota) may meet comes here
         except Exception as exc:  # noqa: BLE001 - the control API answers every error as JSON
             status, payload = 400, {"error": str(exc)}
         data = orjson.dumps(payload)
@@ -1031,7 +1072,8 @@ class FaultProxy:
         if method == "GET" and path == "/stats":
             relayed = self.relay.relayed if self.relay is not None else 0
             return 200, dict(self.counts, requests=self.counts["requests"] + relayed, relayed=relayed,
-                             open_rules=len(self.rules))
+                             open_rules=len(self.rules),
+                             quota_refused=sum(u.refused for u in self.quota.use.values()) if self.quota else None)
         if method == "POST" and path == "/rules":
             spec = orjson.loads(body)
             rule = Rule(**spec)
@@ -1057,6 +1099,11 @@ class FaultProxy:
             return 200, {"closed": closed}
         return 404, {"error": f"no route {method} {path}"}
 
+    def route(self) -> bytes:
+        """What the relay hands over: the open rules' route, and every write while a quota is on (`W`)."""
+        r = self.rules.route()
+        return r if self.quota is None or r == b"1" else b"W" + r
+
     def _adopt(self, fd: int, data: bytes) -> None:
         """A connection the relay handed over, served here from its next request on."""
         task = asyncio.ensure_future(self._serve_adopted(fd, data))
@@ -1077,6 +1124,8 @@ class FaultProxy:
             self.relay = relay.Relay(path, self.upstream, self.log_path)
             self.port = self.relay.start(port)
             self.relay.attach(self._adopt)
+            if self.quota is not None:  # before READY: no one knows the port yet, so no write passes the quota
+                await self.relay.sync(self.route)
         else:
             server = await asyncio.start_server(self.handle, "127.0.0.1", port, limit=MAX_HEAD)
             self.port = server.sockets[0].getsockname()[1]
@@ -1149,8 +1198,10 @@ class ProxyControl:
 class ProxyProcess:
     """The proxy as a child process of the harness, ended by PID in `stop()`."""
 
-    def __init__(self, upstream_url: str, log_path: str, relay: bool = True, merge_slashes: bool = False):
+    def __init__(self, upstream_url: str, log_path: str, relay: bool = True, merge_slashes: bool = False,
+                 quota: tuple[int, int] | None = None):
         parts = urllib.parse.urlsplit(upstream_url)
+        self.quota = quota  # (objects, bytes) per task (storage/quota.py), or None: no bound
         self.merge_slashes = merge_slashes  # the store is SeaweedFS (MERGE_SLASHES)
         self.relay = relay  # False: the proxy serves alone even where the relay is installed (a bench's "before")
         self.upstream = f"{parts.hostname}:{parts.port or 80}"
@@ -1172,7 +1223,8 @@ class ProxyProcess:
             env["SANDFLEET_PROXY_RELAY"] = "off"
         self.proc = subprocess.Popen(  # the token goes through the environment, never argv (ps shows argv)
             [sys.executable, "-m", "storage.proxy", "--upstream", self.upstream, "--log", self.log_path]
-            + (["--merge-slashes"] if self.merge_slashes else []),
+            + (["--merge-slashes"] if self.merge_slashes else [])
+            + (["--quota-objects", str(self.quota[0]), "--quota-bytes", str(self.quota[1])] if self.quota else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
         return self
 
@@ -1219,6 +1271,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--control-port", type=int, default=0)
     ap.add_argument("--log", default=None, help="JSON-lines request log")
     ap.add_argument("--merge-slashes", action="store_true", help="match and log keys as SeaweedFS stores them")
+    ap.add_argument("--quota-objects", type=int, default=0, help="objects a task's prefix may hold (0: no quota)")
+    ap.add_argument("--quota-bytes", type=int, default=0, help="bytes a task's prefix may hold (0: no quota)")
     args = ap.parse_args(argv)
     global MERGE_SLASHES
     MERGE_SLASHES = args.merge_slashes
@@ -1230,7 +1284,21 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    sys.exit(asyncio.run(FaultProxy(host, int(port), args.log).serve(args.port, args.control_port)))
+    quota = None
+    if args.quota_objects or args.quota_bytes:
+        quota = Quota(args.quota_objects or 2 ** 62, args.quota_bytes or 2 ** 62)
+        if args.log and os.path.exists(args.log):  # a resumed wave: what the store already holds counts
+            with open(args.log, "rb") as f:
+                quota.preload(_log_lines(f))
+    sys.exit(asyncio.run(FaultProxy(host, int(port), args.log, quota).serve(args.port, args.control_port)))
+
+
+def _log_lines(f):
+    for line in f:
+        try:
+            yield orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
 
 
 if __name__ == "__main__":

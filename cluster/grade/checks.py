@@ -17,7 +17,7 @@ from cluster.grade.history import TaskHistory
 from cluster.grade.facts import Facts, adds_check, kills_attempt, takes_node  # noqa: F401 (the registry's vocabulary)
 from cluster.grade.runs import attempt_budget, fault_applied, liveness, no_outliving_process
 from cluster.grade.store import (credentials_reresolved, diagnosable, fenced_writes_rejected, no_foreign_writes,
-                                 no_leaked_upload, retry_loop)
+                                 no_leaked_upload, retry_loop, within_store_quota)
 from cluster.grade.work import completed, no_double_apply, no_model_recall, no_torn_apply, resume_equivalent
 
 
@@ -57,6 +57,9 @@ REGISTRY: list[Check] = [
     # the store audit ran: a leaked upload fails the task that started it
     Check("no_leaked_upload", no_leaked_upload, lambda h, f: h.leaked_uploads is not None,
           "tasks of a wave whose store audit ran"),
+    # the wave had a store quota (a plan from before it has none) and the proxy's log: a refused write fails
+    Check("within_store_quota", within_store_quota,
+          lambda h, f: h.requests is not None and bool(h.limits.get("store_quota"))),
     # attributable (per-attempt keys): the writer answers for its writes
     Check("no_foreign_writes", no_foreign_writes, lambda h, f: h.foreign_writes is not None,
           "tasks of a wave with per-attempt keys (the embedded store)"),

@@ -168,7 +168,9 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     prefix = f"{w.plan['wave_id']}/{tid}/"
     cfg = w.plan.get("config") or {}
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
-              "retry_loop_n": cfg.get("retry_loop_n")}
+              "retry_loop_n": cfg.get("retry_loop_n"),
+              "store_quota": (cfg.get("store") or {}).get("quota_objects") if isinstance(cfg.get("store"), dict)
+              else None}
     art, why = _read_artifact_safe(w.out.artifact(tid))
     leaked = None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
                                            if u["key"].startswith(prefix)]

@@ -1,5 +1,5 @@
 """Checks of the task's store traffic: an exit the store explains, retry hygiene (no loop, no storm), no write
-outside its prefix, no leaked upload, and a fenced zombie's writes refused."""
+outside its prefix, no leaked upload, a fenced zombie's writes refused, and the per-task store quota kept."""
 from __future__ import annotations
 
 from cluster import results
@@ -276,3 +276,20 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
                       "refused (revoked key / stale fence); none took effect"}
 
 
+
+
+def within_store_quota(h: TaskHistory, facts: Facts) -> dict:
+    """The per-task store quota (storage/quota.py): a write the proxy refused for it (logged with `quota`) fails
+    the task, whatever its artifact: the runner stored more than the wave allows a task, and what it would have
+    written past the bound is not in the store. A flood is never a silent pass."""
+    refused = [q for q in h.requests or [] if isinstance(q.get("quota"), dict)]
+    if not refused:
+        return {"verdict": PASS, "detail": "no write of this task was refused by the store quota"}
+    first, q = refused[0], refused[0]["quota"]
+    return {"verdict": FAIL, "refused": len(refused),
+            "requests": [{"t": r.get("t"), "method": r.get("method"), "key": r.get("key"), "status": r.get("status"),
+                          "code": r.get("code")} for r in refused[:20]],
+            "detail": f"{len(refused)} write(s) refused {first.get('status')} {first.get('code')} by the per-task "
+                      f"store quota ({q.get('max_objects')} objects, {q.get('max_bytes')} bytes); at the first it "
+                      f"held {q.get('objects')} objects and {q.get('bytes')} bytes; first: {first.get('method')} "
+                      f"{first.get('key')}"}

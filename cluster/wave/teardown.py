@@ -1,9 +1,9 @@
 """The end of a wave, in order: every fault cleared at the proxy, the hosts sweep what no lease covers (a stopped
-wave ends all its sandboxes and leases), the sweep actor's last pass, the store audited (every object read back and
-checked against what its writer sent), then the parts stopped and the wave's private dir removed. A part that is
-lost gets no grace; a lost host or ledger does not stop the sweep (the driver then reaps by marker). The health
-watch runs on until the parts are stopped, and every wait on a part has a bound and ends early once the watch finds
-that part (or the wave's Ray) lost."""
+wave ends all its sandboxes and leases), the sweep actor's last pass, the store audited (every object, or a seeded
+sample past a cap, read back and checked against what its writer sent), then the parts stopped and the wave's
+private dir removed. A part that is lost gets no grace; a lost host or ledger does not stop the sweep (the driver
+then reaps by marker). The health watch runs on until the parts are stopped, and every wait on a part has a bound
+and ends early once the watch finds that part (or the wave's Ray) lost."""
 from __future__ import annotations
 
 import os
@@ -188,10 +188,11 @@ class Teardown:
                 out.append({"sandbox_id": sid, "error": str(exc)})
         return out
 
-    def audit_store(self) -> None:
+    def audit_store(self, max_objects: int | None = None, seed: int = 0) -> None:
         """The store audit (storage/audit.py, a second client): every object read back and checked against
-        what its writer sent, keys outside task prefixes, incomplete uploads reported then aborted."""
-        from storage.audit import audit, client_for
+        what its writer sent (at most `max_objects`, a sample seeded by `seed` past it), keys outside task
+        prefixes, incomplete uploads reported then aborted."""
+        from storage.audit import MAX_OBJECTS, audit, client_for
 
         log = []
         try:
@@ -208,7 +209,7 @@ class Teardown:
         mc = client_for(self.parts.endpoint.url, creds.access_key, creds.secret_key,
                         getattr(self.parts.endpoint, "region", None) or "us-east-1")
         out = audit(mc, self.parts.bucket, self.wave_id, sorted(self.runs), log,
-                    shared=self.parts.store_lent)
+                    shared=self.parts.store_lent, max_objects=max_objects or MAX_OBJECTS, seed=seed)
         self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def stop_parts(self) -> None:

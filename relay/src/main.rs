@@ -15,6 +15,8 @@
 //!                   `M0`               relay every plain request again (no rule open)
 //!                   `MS<slots>`        only requests in these slots go to the proxy: `bucket/seg0/seg1`, one a
 //!                                      line, the proxy's RuleSet slots (a rule pinned to a task's prefix)
+//!                   `MW<any of those>` the same, and every write (any method but GET and HEAD) to the proxy: a
+//!                                      store quota is on and only the proxy counts a task's objects and bytes
 //! The relay writes its log and exits when the proxy's end closes (the proxy stopped or died).
 //!
 //! std only (no crates): threads, one per client connection, blocking sockets.
@@ -189,6 +191,23 @@ enum Route {
     Slots(HashSet<String>), // only rules pinned to these `bucket/seg0/seg1`
 }
 
+/// The route and whether every write goes to the proxy too (a store quota is on: only the proxy counts a task's
+/// objects and bytes, so no PUT, POST or DELETE may pass it here). `MW<route>` sets it; an older relay reads `W` as
+/// anything else, the safe side (`All`).
+struct Routing {
+    route: Route,
+    writes: bool,
+}
+
+impl Routing {
+    fn parse(msg: &[u8]) -> Routing {
+        match msg {
+            [b'W', rest @ ..] => Routing { route: Route::parse(rest), writes: true },
+            _ => Routing { route: Route::parse(msg), writes: false },
+        }
+    }
+}
+
 impl Route {
     fn parse(msg: &[u8]) -> Route {
         match msg {
@@ -218,7 +237,7 @@ impl Route {
 struct State {
     upstream: SocketAddr,
     ctl: RawFd,
-    route: RwLock<Arc<Route>>, // which requests the proxy must serve (the rules it has open)
+    route: RwLock<Arc<Routing>>, // which requests the proxy must serve (the rules it has open, a quota)
     relayed: AtomicU64,
     live: AtomicUsize, // connections served by a thread of the relay now
     log: Mutex<Vec<u8>>,
@@ -668,7 +687,7 @@ fn serve(st: Arc<State>, s: TcpStream) {
         };
         // should the proxy take the connection, the head goes back in front of what is pending
         let route = st.route.read().unwrap().clone();
-        if matches!(*route, Route::All) {
+        if matches!(route.route, Route::All) {
             client.unread(&raw);
             return hand_off(&st, client);
         }
@@ -695,7 +714,7 @@ fn serve(st: Arc<State>, s: TcpStream) {
 
 /// One request relayed as the proxy's `_relay` does with no rule; HandOff before anything is read or sent when
 /// the proxy must serve it.
-fn relay_one(st: &State, route: &Route, head: &Head, client: &mut Conn, upstream: &mut Option<Conn>)
+fn relay_one(st: &State, route: &Routing, head: &Head, client: &mut Conn, upstream: &mut Option<Conn>)
     -> io::Result<Next> {
     let mut parts = head.start.splitn(3, ' ');
     let method = parts.next().unwrap_or("");
@@ -709,11 +728,11 @@ fn relay_one(st: &State, route: &Route, head: &Head, client: &mut Conn, upstream
         && target.as_bytes() != HEALTH_PATH
         && !head.chunked()
         && (cl.is_empty() || length.map_or(false, |n| n <= HOLD_MAX));
-    if !plain {
-        return Ok(Next::HandOff);
+    if !plain || (route.writes && method != "GET" && method != "HEAD") {
+        return Ok(Next::HandOff); // a write under a quota: the proxy counts it before the store sees it
     }
     let req = match parse_target(target) {
-        Some(r) if !route.takes(&r) => r,
+        Some(r) if !route.route.takes(&r) => r,
         _ => return Ok(Next::HandOff),
     };
     let t0 = now();
@@ -894,7 +913,7 @@ fn control(st: Arc<State>) {
         }
         let msg = &buf[..n as usize];
         if msg.len() >= 2 && msg[0] == b'M' {
-            *st.route.write().unwrap() = Arc::new(Route::parse(&msg[1..]));
+            *st.route.write().unwrap() = Arc::new(Routing::parse(&msg[1..]));
             st.flush_log();
             let answer = format!("A{}", st.relayed.load(Ordering::SeqCst));
             let _ = send_packet(st.ctl, answer.as_bytes(), None);
@@ -947,7 +966,7 @@ fn main() {
     let st = Arc::new(State {
         upstream,
         ctl,
-        route: RwLock::new(Arc::new(Route::Direct)),
+        route: RwLock::new(Arc::new(Routing { route: Route::Direct, writes: false })),
         relayed: AtomicU64::new(0),
         live: AtomicUsize::new(0),
         log: Mutex::new(Vec::with_capacity(64 * 1024)),
