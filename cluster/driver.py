@@ -174,7 +174,8 @@ class WaveRun:
             self.parts.store = EmbeddedStore(self.private / "store")
             self.parts.endpoint = self.parts.store.launch()
         self.parts.proxy = ProxyProcess(self.parts.endpoint.url, str(self.out.proxy_requests),
-                                        merge_slashes=not self.cfg.store.url).launch()  # SeaweedFS's keys
+                                        merge_slashes=not self.cfg.store.url,  # SeaweedFS's keys
+                                        quota=(self.cfg.store.quota_objects, self.cfg.store.quota_mb << 20)).launch()
         self.parts.model = ModelEndpoint(self.parts.registry, think_ms=self.cfg.workload.think_ms,
                                          log_path=self.out.model_calls, dialect=self.cfg.model.dialect,
                                          finish=self.cfg.model.finish).start()
@@ -460,7 +461,8 @@ class WaveRun:
         td.sweep_actor_report()
         try:
             if self.parts.endpoint is not None and self.runs and not self.lost("store"):
-                td.audit_store()  # (a lost store has nothing to read back: the fault says so)
+                # (a lost store has nothing to read back: the fault says so)
+                td.audit_store(self.cfg.store.audit_max_objects, self.cfg.seed)
         except Exception as exc:  # noqa: BLE001
             harness_error = harness_error or f"store snapshot failed: {exc}"
             self.timeline("harness_error", error=f"store snapshot: {exc}")
