@@ -6,7 +6,8 @@ size, the tree digest, the attempt, files that were not regular and were
 skipped). Each capture is written to a fresh directory and moved into place, so
 two captures are never merged. The reference of a task is the artifact of an
 uninterrupted run of the same runner on the same seed (`artifacts/ref-<task>/`),
-cached across waves under `<results root>/.reference-cache/<key>/`.
+cached across waves under `<results root>/.reference-cache/<key>/`, keyed by the runner's content (its code,
+interpreter, env and workdir's files; never their paths), the workload, its steps and the seed.
 """
 from __future__ import annotations
 
@@ -74,36 +75,141 @@ def read_artifact(adir: Path) -> tuple[dict[str, bytes], dict] | None:
     return files, manifest
 
 
+_DIGESTS: dict[tuple, str] = {}  # (real path, size, mtime_ns) -> sha256: a wave keys every task from a few files
+CONTENT_LIMIT = 4 * 1024 * 1024  # a file bigger than this is keyed by its size and mtime, not read
+
+
+_read: list[str] | None = None  # while runner_digest runs: every path its digest depends on
+
+
+def _stamp(paths: list[str]) -> tuple:
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def file_digest(path: str) -> str | None:
+    """sha256 of a regular file's bytes (remembered while its size and mtime stay), None when it is not one. A file
+    over CONTENT_LIMIT is keyed by name, size and mtime instead."""
+    if _read is not None:
+        _read.append(path)
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    if not os.path.isfile(real):
+        return None
+    sig = (real, st.st_size, st.st_mtime_ns)
+    if sig not in _DIGESTS:
+        if st.st_size > CONTENT_LIMIT:
+            _DIGESTS[sig] = f"big:{st.st_size}:{st.st_mtime_ns}"
+        else:
+            try:
+                _DIGESTS[sig] = hashlib.sha256(Path(real).read_bytes()).hexdigest()
+            except OSError:
+                return None
+    return _DIGESTS[sig]
+
+
 def dir_digest(path: str | None) -> str:
-    """Digest of a runner's code directory (names, sizes, mtimes; virtualenvs and caches skipped)."""
+    """Digest of a runner's code directory by content: relative names and each file's bytes (virtualenvs and caches
+    skipped), so a copy elsewhere keys the same."""
     h = hashlib.sha256()
     if not path:
         return h.hexdigest()
     for dirpath, dirnames, filenames in os.walk(path):
+        if _read is not None:
+            _read.append(dirpath)
         dirnames[:] = sorted(d for d in dirnames if d not in (".venv", "__pycache__", ".git", "node_modules"))
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue
-            h.update(f"{os.path.relpath(full, path)}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
+            h.update(f"{os.path.relpath(full, path)}\0{file_digest(full)}\n".encode())
     return h.hexdigest()
 
 
-def reference_key(runner: dict, workload: str, steps: int, seed: int) -> str:
+def _interpreter(word: str) -> str:
+    """The command's first word by what it is, not where: a file's content digest (a venv's python: the real
+    interpreter's, with the names and versions of the packages the venv holds); a bare name stays a name."""
+    if os.sep not in word:
+        return word
+    digest = file_digest(word)
+    if digest is None:
+        return word
+    venv = Path(word).parent.parent
+    if (venv / "pyvenv.cfg").is_file():
+        digest += ":" + ",".join(_packages(str(d)) for d in sorted(venv.glob("lib/python*/site-packages")))
+    return f"{os.path.basename(word)}@{digest}"
+
+
+def _packages(site: str) -> str:
+    """Digest of the names (with versions) of the packages a site-packages dir holds; remembered while the dir's
+    mtime stays (installing or removing one changes it)."""
+    if _read is not None:
+        _read.append(site)
+    try:
+        sig = ("site", site, os.stat(site).st_mtime_ns)
+    except OSError:
+        return "none"
+    if sig not in _DIGESTS:
+        names = sorted(n for n in os.listdir(site) if n.endswith(".dist-info"))
+        _DIGESTS[sig] = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return _DIGESTS[sig]
+
+
+_RUNNERS: dict[bytes, tuple[list[str], tuple, str]] = {}  # runner spec -> (paths read, their stamp, digest)
+
+
+def runner_digest(runner: dict) -> str:
+    """What the runner is, by content and never by path: its command with every file it names replaced by the
+    file's digest (the name kept), the interpreter by its own, the built-in runners' code, the workloads' code, its
+    env and its workdir's files. The same runner copied or checked out elsewhere has the same digest. Remembered
+    while none of the paths it read changed (a plan keys every task: one stat per path, not a read)."""
+    global _read
+    spec = orjson.dumps(runner, option=orjson.OPT_SORT_KEYS, default=str)
+    got = _RUNNERS.get(spec)
+    if got is not None and _stamp(got[0]) == got[1]:
+        return got[2]
+    _read = []
+    try:
+        digest = _runner_digest(runner)
+        paths = list(dict.fromkeys(_read))
+    finally:
+        _read = None
+    _RUNNERS[spec] = (paths, _stamp(paths), digest)
+    return digest
+
+
+def _runner_digest(runner: dict) -> str:
+    words = list(runner["command"])
+    command = [_interpreter(words[0])] if words else []
+    for a in words[1:]:  # scripts named on the command line
+        d = file_digest(a) if os.path.isabs(a) or os.path.isfile(a) else None
+        command.append(f"{os.path.basename(a)}@{d}" if d else a)
     code = []
-    for a in runner["command"][1:]:  # scripts named on the command line (not the interpreter itself)
-        if os.path.isfile(a) and os.path.getsize(a) < 4 * 1024 * 1024:
-            code.append(hashlib.sha256(Path(a).read_bytes()).hexdigest())
     if runner.get("builtin"):
         here = Path(runner["command"][-1]).parent
-        code += [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(here.glob("*.py"))]
+        _read.append(str(here))
+        code += [f"{p.name}@{file_digest(str(p))}" for p in sorted(here.glob("*.py"))]
     wl = Path(__file__).resolve().parents[1] / "fleet" / "workloads"  # the test's world is part of the key
-    code += [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(wl.glob("*.py"))]
-    blob = orjson.dumps({"command": runner["command"], "env": runner.get("env", {}), "code": code,
-                         "workdir": dir_digest(runner.get("workdir")), "workload": workload, "steps": steps,
-                         "seed": seed}, option=orjson.OPT_SORT_KEYS)
+    _read.append(str(wl))
+    code += [f"{p.name}@{file_digest(str(p))}" for p in sorted(wl.glob("*.py"))]
+    blob = orjson.dumps({"command": command, "env": runner.get("env", {}), "code": code,
+                         "builtin": runner.get("builtin"), "workdir": dir_digest(runner.get("workdir"))},
+                        option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()
+
+
+def reference_key(runner: dict, workload: str, steps: int, seed: int) -> str:
+    """The cache key of a seed's reference: the runner's content digest (`runner_digest`), the workload, its steps
+    and the seed."""
+    blob = orjson.dumps({"runner": runner_digest(runner), "workload": workload, "steps": steps, "seed": seed},
+                        option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
