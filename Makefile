@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint docs bench examples examples-codex clean
+.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint docs bench examples examples-codex examples-crewai clean
 
 setup: system $(STAMP)
 
@@ -103,6 +103,10 @@ examples:
 examples-codex:
 	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
 	cd examples/codex_cli && npm ci --no-audit --no-fund --ignore-scripts
+
+# CrewAI 1.15.30 (~1 GB of dependencies, ~2 min): its pins in requirements-optin.txt, which `make examples` skips
+examples-crewai:
+	@$(PYTHON) examples/mkvenv.py --requirements requirements-optin.txt examples/crewai
 
 clean:
 	rm -rf $(VENV) results build site *.egg-info

@@ -1,11 +1,14 @@
 """Make (or refresh) `<example>/.venv` for each example directory given: `make examples` runs this.
 
+`--requirements NAME` installs `<example>/NAME` instead of `requirements.txt`: an opt-in example keeps its pins in
+`requirements-optin.txt`, which `make examples` (and so `make test`) never installs; its own make target does.
+
 Standard library only, so it runs on a bare `python3`. For each directory:
-- skip it when `.venv/.requirements.sha256` matches requirements.txt (and the interpreter);
+- skip it when `.venv/.requirements.sha256` matches its requirements file (and the interpreter);
 - else create the venv with `python3 -m venv`. On Debian without the python3-venv package
   (no ensurepip) the venv is made without pip and pip is bootstrapped from its wheel on the
   package index (PIP_INDEX_URL, default PyPI): nothing but the index is needed;
-- `pip install -r requirements.txt` with its output kept back unless it fails.
+- `pip install -r <requirements file>` with its output kept back unless it fails.
 """
 from __future__ import annotations
 
@@ -73,8 +76,8 @@ def create(env_dir: str) -> None:
         subprocess.run([py, os.path.join(wheel, "pip"), "install", "-q", "--no-index", wheel], check=True)
 
 
-def ensure(example: str) -> None:
-    req = os.path.join(example, "requirements.txt")
+def ensure(example: str, requirements: str = "requirements.txt") -> None:
+    req = os.path.join(example, requirements)
     env_dir = os.path.join(example, ".venv")
     py = os.path.join(env_dir, "bin", "python")
     stamp = os.path.join(env_dir, STAMP)
@@ -97,10 +100,13 @@ def ensure(example: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    requirements = "requirements.txt"
+    if argv[:1] == ["--requirements"] and len(argv) >= 2:
+        requirements, argv = argv[1], argv[2:]
     if not argv:
-        raise SystemExit("usage: python3 examples/mkvenv.py examples/<name> ...")
+        raise SystemExit("usage: python3 examples/mkvenv.py [--requirements NAME] examples/<name> ...")
     for example in argv:
-        ensure(example.rstrip("/"))
+        ensure(example.rstrip("/"), requirements)
 
 
 if __name__ == "__main__":
