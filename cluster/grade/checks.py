@@ -59,7 +59,8 @@ REGISTRY: list[Check] = [
           "tasks of a wave whose store audit ran"),
     # the wave had a store quota (a plan from before it has none) and the proxy's log: a refused write fails
     Check("within_store_quota", within_store_quota,
-          lambda h, f: h.requests is not None and bool(h.limits.get("store_quota"))),
+          lambda h, f: h.requests is not None and bool(h.limits.get("store_quota")),
+          "tasks of a wave with a store quota (store.quota_objects) and the proxy's log"),
     # attributable (per-attempt keys): the writer answers for its writes
     Check("no_foreign_writes", no_foreign_writes, lambda h, f: h.foreign_writes is not None,
           "tasks of a wave with per-attempt keys (the embedded store)"),
