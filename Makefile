@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.sandfleet-installed
 
 EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.txt))
 
-.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint docs bench examples examples-codex examples-crewai clean
+.PHONY: setup system docker browser wave test test-quick test-unit test-cgroup2 lint docs bench examples clean
+.PHONY: examples-codex examples-crewai examples-claude-code test-claude-code league-claude-code
 
 setup: system $(STAMP)
 
@@ -107,6 +108,22 @@ examples-codex:
 # CrewAI 1.15.30 (~1 GB of dependencies, ~2 min): its pins in requirements-optin.txt, which `make examples` skips
 examples-crewai:
 	@$(PYTHON) examples/mkvenv.py --requirements requirements-optin.txt examples/crewai
+
+# Claude Code 2.1.328 (npm, 356 MB): its license is Anthropic's commercial terms, not open source, so it is never
+# installed by `make examples` or run by `make test`. Its postinstall (which puts the native binary in place) is run
+# on its own, as its error message says, with every other install script off. `test-claude-code` runs its
+# integration test (SANDFLEET_CLAUDE_CODE=1 opts in); `league-claude-code` its league beside `durable`.
+examples-claude-code:
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
+	cd examples/claude_code && npm ci --no-audit --no-fund --ignore-scripts && \
+		node node_modules/@anthropic-ai/claude-code/install.cjs
+
+test-claude-code: setup examples-claude-code
+	SANDFLEET_CLAUDE_CODE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/integration/test_league_agents.py \
+		-k claude_code
+
+league-claude-code: setup examples-claude-code
+	$(BIN)/sandfleet league configs/league-claude-code.yaml
 
 clean:
 	rm -rf $(VENV) results build site *.egg-info

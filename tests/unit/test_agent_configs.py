@@ -53,3 +53,13 @@ def test_the_agents_league_runs_every_agent_config_at_every_boundary_and_under_s
     assert {load_config(p).runner_spec()["name"] for p in AGENTS} <= runners and "durable" in runners
     assert any(c.enumerate_boundaries for _, _, c in waves)
     assert any(f.startswith("ST") for _, fs, _ in waves for f in fs.faults)
+
+
+def test_the_claude_code_league_is_opt_in_and_valid():
+    """Claude Code is not open source: its league is a config of its own (`make league-claude-code`), and it is in no
+    league `make test` or the agents league runs."""
+    league = load_league(ROOT / "configs" / "league-claude-code.yaml")
+    assert {n for n, _, _ in league.waves()} == {"durable", "claude-code"}
+    assert "claude-code" not in {n for n, _, _ in load_league(ROOT / "configs" / "league-agents.yaml").waves()}
+    pins = json.loads((ROOT / "examples" / "claude_code" / "package.json").read_text())["dependencies"]
+    assert pins == {"@anthropic-ai/claude-code": "2.1.328"}
