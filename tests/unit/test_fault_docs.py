@@ -1,5 +1,5 @@
-"""The disk modes each fault accepts are the catalog's (`disk_modes`): `sandfleet faults`, the README's table and the
-runner contract's table say the same, so adding a fault (or a mode to one) cannot leave the docs behind."""
+"""The disk modes each fault accepts are the catalog's (`disk_modes`): `sandfleet faults`, the disk table of docs/waves.md
+(moved there from the README) and the runner contract's table say the same, so adding a fault (or a mode to one) cannot leave the docs behind."""
 from __future__ import annotations
 
 import re
@@ -28,10 +28,10 @@ def _table(text: str) -> list[str]:
     return rows
 
 
-def test_the_readme_and_the_contract_list_each_faults_disk_modes_as_the_catalog_does():
+def test_the_guide_and_the_contract_list_each_faults_disk_modes_as_the_catalog_does():
     want = disk_mode_rows()
     assert any("keep" in r for r in want) and "| PK6 | wipe |" in want
-    for doc in ("README.md", "docs/runner-contract.md"):
+    for doc in ("docs/waves.md", "docs/runner-contract.md"):
         assert _table((ROOT / doc).read_text()) == want, doc
 
 
