@@ -108,10 +108,10 @@ class WaveConfig(Strict):
             disk_kinds = [k for k in DISK_BOUNDARIES if getattr(t, k)]
             if disk_kinds and fid != "PK1":
                 raise ValueError(f"fault_timing.{fid}.{disk_kinds[0]}: the disk's boundaries arm PK1 only")
-            if disk_kinds and not self.lazy_disks():
+            if disk_kinds and not self.lazy_volumes():
                 raise ValueError(f"fault_timing.{fid}.{disk_kinds[0]}: the disk's writes, fsyncs and renames are "
-                                 "counted by the lazy file system, which serves the volume only in a crash mode: set "
-                                 "sandbox.disk (or this fault's disk) to lose-unsynced or torn")
+                                 "counted by the lazy file system, which serves a kept volume only: set "
+                                 "sandbox.disk (or this fault's disk) to keep, lose-unsynced or torn")
             modes = getattr(CATALOG[fid], "disk_modes", ())
             if t.disk is not None and t.disk not in modes:
                 raise ValueError(f"fault_timing.{fid}.disk {t.disk!r}: " + (
@@ -243,6 +243,14 @@ class WaveConfig(Strict):
         """Whether a crash mode is in play: every task's volume is then served through the lazy file system
         (fleet/lazyfs.py), which can drop or tear what was not synced."""
         return bool(self.disk_modes() & {"lose-unsynced", "torn"})
+
+    def lazy_volumes(self) -> bool:
+        """Whether every task's volume is served through the lazy file system: a crash mode is in play, or a kept
+        disk whose writes, fsyncs and renames are boundaries (PK1 at one, or enumerated): the layer counts them
+        (under keep it drops nothing)."""
+        boundaries = self.enumerate_boundaries or any(getattr(t, k) for t in self.fault_timing.values()
+                                                      for k in DISK_BOUNDARIES)
+        return self.lazy_disks() or (self.keeps_disks() and boundaries)
 
     def fault_params(self) -> dict[str, dict]:
         return {k: {kk: vv for kk, vv in t.model_dump().items() if vv is not None}

@@ -342,6 +342,8 @@ class WaveRun:
         model, effects = self.parts.model.log.snapshot(), self.parts.effects.log.snapshot()
         counts = {"model_call": sum(1 for c in model if c["task"] == ref and c.get("delivered")),
                   "effect": sum(1 for e in effects if e["task"] == ref), "store_write": writes}
+        if g.disk_ops is not None:  # a lazy volume (a kept disk): the runner's own writes, fsyncs and renames
+            counts.update({f"disk_{op}": int(g.disk_ops.get(op, 0)) for op in ("write", "fsync", "rename")})
         self.plan["tasks"] = enumerate_tasks(self.plan, counts, self.cfg.boundaries)
         self.plan["enumerate"] = {"pending": False, "counts": counts, "tasks": len(self.plan["tasks"]),
                                   "sampled": self.cfg.boundaries}

@@ -296,7 +296,7 @@ class SandboxHost:
         held = self._hold(sspec.key, lease, ttl_s) if self.ledger is not None and lease else None
         if self._relay_watch is None:
             self._relay_watch = asyncio.create_task(self._watch_relay())
-        artifact = None
+        artifact = disk_ops = None
         watches: dict = {}
         disk_arms = [a for a in arms if a.get("kind") == "disk"]
         if disk_arms:  # armed on the lazy layer before the runner can reach them (fleet/sandbox.py)
@@ -331,6 +331,8 @@ class SandboxHost:
                                                             "error": f"{type(w).__name__}: {str(w)[:300]}"}
                            for r, w in zip(watches, watched)}
                 self.held.pop(sspec.key, None)
+                if sspec.volume_lazy:  # what the lazy layer counted on the volume so far (boundary enumeration)
+                    disk_ops = await asyncio.to_thread(self._disk_ops, sspec.workspace)
                 if capture and sb.exit_code == 0:
                     artifact = await self.backend.collect(sb, capture)
             finally:
@@ -346,6 +348,8 @@ class SandboxHost:
             out["artifact"] = artifact
         if watches:
             out["watches"] = watches
+        if disk_ops is not None:
+            out["disk_ops"] = disk_ops
         out["node"] = self.node_id
         return out
 
@@ -394,6 +398,16 @@ class SandboxHost:
         return {"applied": killed, "state_before": before, "pid": sb.pid, "at": t, "node": self.node_id,
                 "exit_code": sb.exit_code, "why": why, "sigterm_at": stop.get("sigterm_at"),
                 "sigkill": stop.get("sigkill"), "ended_at": sb.ended_at}
+
+    @staticmethod
+    def _disk_ops(workspace: str) -> dict | None:
+        from fleet.sandbox import lazy_of
+
+        lazy = lazy_of(workspace)
+        try:
+            return dict(lazy.stats()["boundaries"]) if lazy is not None else None
+        except Exception:  # noqa: BLE001 - a lost layer is found by its own check (alive); no count then
+            return None
 
     async def watch_disk(self, key: str, op: str, nth: int, reason: str) -> dict:
         """Kill the sandbox while its runner's `nth` disk `op` (write, fsync, rename; counted over the volume's life)

@@ -61,6 +61,7 @@ class AttemptResult:
     outlived: list | None = None
     harness_part: str | None = None
     disk: dict | None = None  # a crash mode's receipt: what dropping or tearing the kept volume did before it started
+    disk_ops: dict | None = None  # a lazy volume's boundaries at the attempt's end: {write, fsync, rename} so far
     error: str | None = None  # the host could not run it ("wave cancelled", "sandbox host lost: ...")
     start_error: str | None = None  # the sandbox could not start (the runner's command, the engine)
     host_lost: bool = False

@@ -178,7 +178,7 @@ class Attempts:
             disk = dict(disk, kept=kept, **({} if kept or disk["mode"] == "wipe" or run.attempts == 1 else
                                             {"why": f"its node {run.node} is gone"}))
             crash = CRASH.get(disk["mode"]) if kept else None
-            spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept, volume_lazy=self.cfg.lazy_disks(),
+            spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept, volume_lazy=self.cfg.lazy_volumes(),
                                        volume_crash=crash,
                                        volume_seed=derive(self.plan["seed"], tid, "disk", attempt).randrange(2**31))
             self._disk_receipt(disk)
@@ -416,6 +416,8 @@ class Attempts:
         if result.disk:  # the crash the last attempt's end left, done to the volume before this attempt started
             self._disk_receipt({"after": run.last_killed_by, "done": result.disk})
         run.last_killed_by = result.killed_by
+        if result.disk_ops is not None:  # the lazy layer's count of the volume's writes, fsyncs, renames so far
+            run.disk_ops = dict(result.disk_ops)
         if node in self.nodes.faults and not (result.cause or "").startswith("killed"):
             result = result.but(cause=f"{result.cause or f'exit {code}'} (node {node} draining for "
                                       f"preemption: {self.nodes.faults[node]})")

@@ -65,13 +65,13 @@ def preflight(cfg: WaveConfig) -> None:
             DockerBackend().image(SandboxSpec("", "", "", 0, [], {}, "", image=cfg.sandbox.image, backend="docker"))
         if not cfg.store.url:
             find_weed()
-        if cfg.lazy_disks():  # lose-unsynced / torn: a FUSE layer of our own on each task's volume
+        if cfg.lazy_volumes():  # lose-unsynced / torn, or disk boundaries: a FUSE layer of our own on each volume
             from fleet.lazyfs import check_available
 
             why = check_available()
             if why:
-                raise HarnessError(f"sandbox.disk / fault_timing disk {sorted(cfg.disk_modes() - {'wipe', 'keep'})}: "
-                                   f"{why}", bad_input=True)
+                what = sorted(cfg.disk_modes() - {"wipe", "keep"}) or "keep with disk boundaries (counted by it)"
+                raise HarnessError(f"sandbox.disk / fault_timing disk {what}: {why}", bad_input=True)
     except CgroupSetupError as exc:  # the machine's set-up, for the user to change: exit 254
         raise HarnessError(str(exc), bad_input=True) from None
     except (CgroupError, SandboxError, StoreError, RuntimeError) as exc:

@@ -94,16 +94,30 @@ def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCach
                 extra={"replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}).to_dict()
 
 
+DISK_KINDS = ("disk_write", "disk_fsync", "disk_rename")  # counted on a lazy volume (fleet/lazyfs.py)
+
+
 def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
     """One PK1 task per boundary of the uninterrupted reference run (and per variant of a store write), all on
-    the reference's seed; a seeded sample of `limit` when there are more."""
+    the reference's seed; a seeded sample of `limit` when there are more. The runner's own disk boundaries (its
+    writes, fsyncs and renames on a kept volume) outnumber the rest many times: a sample gives them half (rounded
+    up) and takes one of each disk kind first, so a small sample still kills mid-write, mid-fsync and at a rename."""
     ref = plan["references"][0]
     points = [("model_call", n, None) for n in range(1, counts["model_call"] + 1)]
     points += [("effect", n, None) for n in range(1, counts["effect"] + 1)]
     points += [("store_write", n, v) for n in range(1, counts["store_write"] + 1) for v in ("ambiguous", "after")]
-    if limit is not None and len(points) > limit:
-        keep = set(derive(plan["seed"], "boundaries").sample(range(len(points)), limit))
+    disk = [(k, n, None) for k in DISK_KINDS for n in range(1, counts.get(k, 0) + 1)]
+    if limit is not None and len(points) + len(disk) > limit:
+        rng = derive(plan["seed"], "boundaries")
+        share = min(len(disk), max(limit - len(points), (limit + 1) // 2))
+        take = min(len(points), limit - share)
+        keep = set(rng.sample(range(len(points)), take))  # (no disk boundaries: the sample it always was)
         points = [p for i, p in enumerate(points) if i in keep]
+        firsts = [rng.choice([p for p in disk if p[0] == k]) for k in DISK_KINDS if counts.get(k)][:share]
+        rest = [p for p in disk if p not in firsts]
+        chosen = set(firsts) | set(rng.sample(rest, share - len(firsts)))
+        disk = [p for p in disk if p in chosen]
+    points += disk
     tasks = []
     for i, (kind, n, variant) in enumerate(points):
         tid = f"t{i:03d}"

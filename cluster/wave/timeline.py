@@ -97,6 +97,7 @@ class TaskRun:
     attempts: int = 0
     finished_before: bool = False  # a resumed wave: it ended before the driver died (kept, not run again)
     last_killed_by: str | None = None  # what ended its last attempt (a fault's instance): the disk mode it leaves
+    disk_ops: dict | None = None  # a lazy volume's boundaries so far ({write, fsync, rename}), as its host counted
 
     def running_sandbox(self) -> str | None:
         return self.current[1] if self.current is not None else None
