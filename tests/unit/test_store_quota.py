@@ -143,3 +143,60 @@ def test_a_resumed_wave_starts_from_what_its_log_says_the_store_holds():
 def test_bounds_must_be_positive():
     with pytest.raises(ValueError, match="quota bounds"):
         Quota(0, 10)
+
+
+def test_the_proxy_answers_a_write_past_the_quota_itself_and_counts_what_the_store_applied(tmp_path):
+    """Through a real FaultProxy on 127.0.0.1 in front of a tiny upstream: writes within the quota reach the store,
+    the one past it is answered 403 QuotaExceeded by the proxy (its body read and dropped, the kept-alive connection
+    going on) and never forwarded, a DeleteObjects the store answered frees room, and the refusal is logged with
+    `quota`."""
+    import asyncio
+
+    import orjson
+
+    from storage import proxy as px
+
+    async def main():
+        seen = []
+
+        async def upstream(r, w):
+            while True:
+                head = await px.read_head(r)
+                if head is None:
+                    break
+                await r.readexactly(head.length or 0)
+                seen.append(head.start)
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await w.drain()
+            w.close()
+
+        up = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        proxy = px.FaultProxy("127.0.0.1", up.sockets[0].getsockname()[1], str(tmp_path / "log.jsonl"),
+                              Quota(max_objects=2, max_bytes=10**6))
+        front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        answers = []
+        delete = b"<Delete><Object><Key>w/t000/a</Key></Object></Delete>"
+        for method, target, body in (("PUT", "/b/w/t000/a", b"1"), ("PUT", "/b/w/t000/b", b"22"),
+                                     ("PUT", "/b/w/t000/c", b"333"), ("POST", "/b?delete", delete),
+                                     ("PUT", "/b/w/t000/c", b"333")):
+            w.write(f"{method} {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            await w.drain()
+            head = await px.read_head(r)
+            got = await r.readexactly(head.length or 0)
+            answers.append((int(head.start.split()[1]), got))
+        w.close()
+        front.close()
+        up.close()
+        proxy.flush_log()
+        return answers, seen
+
+    answers, seen = asyncio.run(main())
+    assert [a for a, _ in answers] == [200, 200, 403, 200, 200]
+    assert b"<Code>QuotaExceeded</Code>" in answers[2][1] and b"2 objects" in answers[2][1]
+    assert seen == ["PUT /b/w/t000/a HTTP/1.1", "PUT /b/w/t000/b HTTP/1.1", "POST /b?delete HTTP/1.1",
+                    "PUT /b/w/t000/c HTTP/1.1"]  # the refused write never reached the store
+    log = [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
+    refused = [e for e in log if e.get("quota")]
+    assert len(refused) == 1 and refused[0]["key"] == "w/t000/c" and refused[0]["code"] == "QuotaExceeded"
+    assert refused[0]["quota"]["objects"] == 2 and refused[0]["req_bytes"] == 3
