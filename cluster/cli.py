@@ -218,24 +218,34 @@ def _report(wave, result: dict) -> int:
 
 @wave_app.command("resume")
 def wave_resume(
-    results_dir: Path = typer.Argument(..., help="the results directory of a wave whose driver died"),
+    results_dir: str = typer.Argument(..., help="the results directory of a wave whose driver died"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
 ) -> int:
-    """Continue a wave whose driver died: finished tasks keep their results, the others run on (next fence)."""
+    """Continue a wave whose driver died: finished tasks keep their results, the others run on (next fence). Exit
+    254 when RESULTS_DIR is not a wave's results directory, 2 when its plan.json is damaged (file and field named)."""
     import orjson
 
-    from cluster import sweep
+    from cluster import planfile, sweep
     from cluster.config import ConfigError, build_config
     from cluster.driver import WaveRun
 
+    where = results_dir
+    results_dir = _dir_arg(results_dir, "RESULTS_DIR", "results/<wave id> of a wave whose driver died")
+    if results_dir is None:
+        return EXIT_BAD_INPUT
     try:
         plan = orjson.loads((results_dir / results.PLAN).read_bytes())
-        wave_id = plan["wave_id"]
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        _err(f"error: argument RESULTS_DIR: {results_dir} is not a wave's results directory ({exc}); "
+    except (OSError, orjson.JSONDecodeError) as exc:
+        _err(f"error: argument RESULTS_DIR: {where} is not a wave's results directory ({exc}); "
              "pass results/<wave id>")
         return EXIT_BAD_INPUT
+    try:
+        planfile.check(plan, results_dir / results.PLAN)
+    except planfile.PlanError as exc:
+        _err(f"error: cannot resume: {exc}")
+        return EXIT_HARNESS
+    wave_id = plan["wave_id"]
     try:
         ended = b'"event":"wave_end"' in (results_dir / results.TIMELINE).read_bytes()
     except OSError:
@@ -243,25 +253,33 @@ def wave_resume(
     if ended:
         _err(f"error: wave {wave_id} already ended; grade it again with `sandfleet grade {results_dir}`")
         return EXIT_HARNESS
-    private = Path(f"/tmp/sandfleet-{wave_id}")
-    if sweep.driver_alive(private):
-        d = orjson.loads((private / results.DRIVER_RECORD).read_bytes())
-        _err(f"error: wave {wave_id} is still running (driver pid {d['pid']}); resume only a wave whose driver died")
-        return EXIT_HARNESS
-    if plan["config"].get("address") == "fleet":  # its data is in the fleet's store and ledger, not its own
-        _err(f"error: cannot resume {wave_id}: it ran on the fleet of `sandfleet up` (--address fleet), and a wave "
-             "on a fleet cannot be resumed yet; run it again, and grade what finished with "
-             f"`sandfleet grade {results_dir}`")
-        return EXIT_HARNESS
-    if not (private / "store").is_dir() and not plan["config"].get("store", {}).get("url"):
-        _err(f"error: cannot resume {wave_id}: its store data ({private}/store) is gone (was it swept?). "
-             f"Grade what finished with `sandfleet grade {results_dir}`")
+    private = _private_dir(wave_id)
+    try:
+        alive = sweep.driver_alive(private)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a damaged driver record: no driver it names runs
+        alive = False
+    if alive:
+        try:
+            pid = orjson.loads((private / results.DRIVER_RECORD).read_bytes()).get("pid")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            pid = "?"
+        _err(f"error: wave {wave_id} is still running (driver pid {pid}); resume only a wave whose driver died")
         return EXIT_HARNESS
     try:
+        ran = build_config(plan["config"], source=f"{results_dir / results.PLAN}, field config")
         cfg = build_config(plan["config"], {"address": address}, source=str(results_dir / results.PLAN))
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
+    if ran.address == "fleet":  # its data is in the fleet's store and ledger, not its own
+        _err(f"error: cannot resume {wave_id}: it ran on the fleet of `sandfleet up` (--address fleet), and a wave "
+             "on a fleet cannot be resumed yet; run it again, and grade what finished with "
+             f"`sandfleet grade {results_dir}`")
+        return EXIT_HARNESS
+    if not (private / "store").is_dir() and not ran.store.url:
+        _err(f"error: cannot resume {wave_id}: its store data ({private}/store) is gone (was it swept?). "
+             f"Grade what finished with `sandfleet grade {results_dir}`")
+        return EXIT_HARNESS
     def before():
         found = sweep.find(wave_id)
         for line in sweep.remove(found, keep_data=True) if found["waves"] else []:
@@ -270,33 +288,47 @@ def wave_resume(
     return _run(cfg, lambda: WaveRun(cfg, progress=not no_progress, resume_dir=results_dir), before)
 
 
-def _task_of_wave(task_path: Path, address: Optional[str]):
+def _private_dir(wave_id: str) -> Path:
+    """A wave's private dir (the driver's `/tmp/sandfleet-<wave id>`), of a wave id cluster/planfile.py checked: a
+    plain name, never a path."""
+    return Path(f"/tmp/sandfleet-{wave_id}")
+
+
+def _task_of_wave(task_path: str, address: Optional[str]):
     """`results/<wave>/<task>` read for replay and shrink: (wave dir, task id, plan, config, planned task), or the
-    exit code after an error that names what is wrong."""
+    exit code after an error that names what is wrong (254 a bad argument, 2 a damaged plan.json)."""
     import orjson
 
+    from cluster import planfile
     from cluster.config import ConfigError, build_config
 
+    if not task_path or not task_path.strip() or "\0" in task_path:
+        _err(f"error: argument TASK_PATH: value {task_path!r}: empty; pass results/<wave id>/<task id>, "
+             "e.g. results/latest/t003")
+        return EXIT_BAD_INPUT
     # `results/latest/t003` is the wave `latest` names now: a shrink's runs move `latest`, and linking it back to
     # `latest` itself made it a loop
-    wave_dir, task_id = task_path.parent.resolve(), task_path.name
+    wave_dir, task_id = Path(task_path).parent.resolve(), Path(task_path).name
     try:
         plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
-        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, orjson.JSONDecodeError) as exc:
         _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
              "results/<wave id>/<task id>, e.g. results/latest/t003")
         return EXIT_BAD_INPUT
+    try:
+        planfile.check(plan, wave_dir / results.PLAN)
+    except planfile.PlanError as exc:
+        _err(f"error: {exc}")
+        return EXIT_HARNESS
+    try:
+        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
     except ConfigError as exc:
         _err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    tasks = plan.get("tasks") if isinstance(plan, dict) else None
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
-        _err(f"error: {wave_dir / results.PLAN} is damaged: its `tasks` is not a list of planned tasks")
-        return EXIT_HARNESS
+    tasks = plan["tasks"]
     task = next((t for t in tasks if t["task_id"] == task_id), None)
     if task is None:
-        _err(f"error: argument TASK_PATH: wave {plan.get('wave_id')} has no task {task_id!r}; its tasks: "
+        _err(f"error: argument TASK_PATH: wave {plan['wave_id']} has no task {task_id!r}; its tasks: "
              f"{', '.join(str(t['task_id']) for t in tasks[:20])}")
         return EXIT_BAD_INPUT
     return wave_dir, task_id, plan, cfg, task
@@ -304,7 +336,7 @@ def _task_of_wave(task_path: Path, address: Optional[str]):
 
 @wave_app.command("replay")
 def wave_replay(
-    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: the task to run again"),
+    task_path: str = typer.Argument(..., help="results/<wave>/<task>: the task to run again"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
 ) -> int:
@@ -319,16 +351,25 @@ def wave_replay(
 
 
 @app.command("grade")
-def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory")) -> int:
-    """Re-grade a finished wave from its stored files (runs nothing)."""
+def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory")) -> int:
+    """Re-grade a finished wave from its stored files (runs nothing). Exit as a wave does (0, 1, 2); 2 also when a
+    stored file it needs is damaged (named), 254 when RESULTS_DIR is empty, missing or not a wave's directory."""
     from cluster.grade import exit_code, grade_wave
     from cluster.report import write_summary
 
+    results_dir = _dir_arg(results_dir, "RESULTS_DIR") if isinstance(results_dir, str) else results_dir
+    if results_dir is None:
+        return EXIT_BAD_INPUT
     if not (results_dir / results.PLAN).is_file():
         _err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
         return EXIT_BAD_INPUT
     from cluster.grade import Unreadable
 
+    damaged = _damaged_plan(results_dir)  # the plan is the grade's spine: one of another shape is named, not guessed
+    if damaged:
+        _err(f"error: cannot grade {results_dir}: {damaged} (the file is damaged; nothing was graded, SUMMARY.md and "
+             "the grade files there are from before)")
+        return EXIT_HARNESS
     try:
         result = grade_wave(results_dir)
     except Unreadable as exc:
@@ -336,14 +377,30 @@ def grade_cmd(results_dir: Path = typer.Argument(..., help="a wave's results dir
              "SUMMARY.md and the grade files there are from before)")
         return EXIT_HARNESS
     except Exception as exc:  # noqa: BLE001 - a damaged wave dir is a harness problem, never a verdict
-        _err(f"error: cannot grade {results_dir}: {type(exc).__name__}: {exc} (a results file has unexpected "
-             "content; nothing was graded)")
+        _err(f"error: cannot grade {results_dir}: {_damaged_plan(results_dir) or f'{type(exc).__name__}: {exc}'} "
+             "(a results file has unexpected content; nothing was graded)")
         return EXIT_HARNESS
     write_summary(results_dir, result)
     _seal(results_dir)
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
     out.print(f"SUMMARY: {results_dir / results.SUMMARY}", highlight=False, soft_wrap=True)
     return exit_code(result)
+
+
+def _damaged_plan(results_dir: Path) -> str | None:
+    """What is wrong with a wave's plan.json (file and field, cluster/planfile.py), or None when it has the shape the
+    planner writes: said when the grader could not read a wave, rather than the error it stumbled on."""
+    import orjson
+
+    from cluster import planfile
+
+    try:
+        planfile.check(orjson.loads((results_dir / results.PLAN).read_bytes()), results_dir / results.PLAN)
+    except planfile.PlanError as exc:
+        return str(exc)
+    except (OSError, orjson.JSONDecodeError) as exc:
+        return f"{results_dir / results.PLAN}: {exc}"
+    return None
 
 
 @app.command("verify")
@@ -382,9 +439,12 @@ def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
 
 
 @app.command("report")
-def report_cmd(results_dir: Path = typer.Argument(..., help="a wave's results directory")) -> int:
+def report_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory")) -> int:
     """Render a finished wave's SUMMARY.md and index.html again from its stored files (graded again from them, as
-    `sandfleet grade` does; runs nothing)."""
+    `sandfleet grade` does, with its exit codes; runs nothing)."""
+    results_dir = _dir_arg(results_dir, "RESULTS_DIR")
+    if results_dir is None:
+        return EXIT_BAD_INPUT
     code = grade_cmd(results_dir)
     if code in (0, 1, 2) and (results_dir / results.INDEX_HTML).is_file():
         out.print(f"REPORT: {results_dir / results.INDEX_HTML}", highlight=False, soft_wrap=True)
@@ -431,16 +491,15 @@ def league_cmd(
 
 @app.command("serve")
 def serve_cmd(
-    results_root: Path = typer.Argument(Path("results"), help="a results root (every wave under it)"),
+    results_root: str = typer.Argument("results", help="a results root (every wave under it)"),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="the port on 127.0.0.1 (0: one it picks)"),
 ) -> int:
     """Every wave under a results root as a web page on 127.0.0.1: by date, runner, faults and verdict, each
     cell's trend across waves, flaky cells marked."""
     from cluster.serve import serve
 
-    if not results_root.is_dir():
-        what = "does not exist" if not results_root.exists() else "is not a directory"
-        _err(f"error: argument RESULTS_ROOT: {results_root} {what}; pass a results root (e.g. results)")
+    results_root = _dir_arg(results_root, "RESULTS_ROOT", "a results root (e.g. results)")
+    if results_root is None:
         return EXIT_BAD_INPUT
     try:
         serve(results_root, port, lambda url: out.print(f"serving {results_root.resolve()} at {url} (Ctrl-C stops)",
@@ -455,7 +514,7 @@ def serve_cmd(
 
 @app.command("shrink")
 def shrink_cmd(
-    task_path: Path = typer.Argument(..., help="results/<wave>/<task>: a task that failed"),
+    task_path: str = typer.Argument(..., help="results/<wave>/<task>: a task that failed"),
     budget: int = typer.Option(20, "--budget", min=1, max=200, help="at most this many runs (the first replays "
                                                                     "the task as it ran)"),
     anyway: bool = typer.Option(False, "--anyway", help="shrink even if the runner's code changed since the wave"),

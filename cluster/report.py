@@ -19,22 +19,32 @@ def _cell(g: dict) -> str:
     return f"{g['runner']} × {g.get('workload') or '?'} × {'+'.join(faults) or 'none'}"
 
 
+class _Shown(dict):
+    """A stored mapping read for a report: a field that is not there reads `?` (a hand-edited plan is named by
+    `sandfleet grade`; the report still says what it can)."""
+
+    def __missing__(self, key):
+        return "?"
+
+
 def _head(d: Path, result: dict) -> list[str]:
     """The title, the verdict and the wave's inputs, figures, resumes and harness errors."""
     plan = result["plan"]
-    cfg = plan["config"]
+    cfg = _Shown(plan.get("config") if isinstance(plan.get("config"), dict) else {})
     lines = [f"# Wave {result['wave_id']}", ""]
-    if plan.get("replay_of"):
-        r = plan["replay_of"]
+    if isinstance(plan.get("replay_of"), dict):
+        r = _Shown(plan["replay_of"])
         lines += [f"Replay of task {r['task_id']} of wave {r['wave_id']} (same seed, same faults).", ""]
     if result.get("interrupted"):
         how = "" if "at once" in result["interrupted"] else " the wave was stopped in order;"
         lines += [f"**Interrupted by {result['interrupted']}**:{how} tasks that had not finished are `unknown`.", ""]
+    runner = plan.get("runner") if isinstance(plan.get("runner"), dict) else {}
+    faults = cfg["faults"] if isinstance(cfg["faults"], list) else [cfg["faults"]]
     lines += [f"**Verdict: {result['verdict']}**  ",
-             f"runner `{plan.get('runner', {}).get('name', cfg['runner'])}`, {cfg['tasks']} tasks, "
+             f"runner `{runner.get('name', cfg['runner'])}`, {cfg['tasks']} tasks, "
              f"concurrency {cfg['concurrency']}, "
-             f"seed {cfg['seed']}, faults {', '.join(cfg['faults']) or 'none'}, "
-             f"{cfg['workload']['steps']} steps per task", ""]
+             f"seed {cfg['seed']}, faults {', '.join(str(f) for f in faults) or 'none'}, "
+             f"{_Shown(cfg['workload'] if isinstance(cfg['workload'], dict) else {})['steps']} steps per task", ""]
     fig = result.get("figures") or {}
     if fig.get("wave_wall_s") is not None:
         fleet = (f"Ray and actors {fig['fleet_start_s']} s" if "fleet_start_s" in fig

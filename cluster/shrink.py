@@ -23,9 +23,9 @@ MIN_STEPS = 3  # fewer steps than this leave a kill nothing to land between
 
 def size(task: dict) -> tuple:
     """How big a task's plan is (smaller sorts first): faults, kills, boundaries, windows, times, steps."""
-    fs = task.get("faults") or []
-    return (len(fs), sum(int(f.get("params", {}).get("kills", 1)) for f in fs),
-            sum(int(f.get("params", {}).get("after", 0) or 0) for f in fs),
+    fs = task.get("faults") or []  # of the shape cluster/planfile.py checks
+    return (len(fs), sum(int((f.get("params") or {}).get("kills", 1)) for f in fs),
+            sum(int((f.get("params") or {}).get("after", 0) or 0) for f in fs),
             round(sum(float(f.get("window_s") or 0) for f in fs), 3),
             round(sum(float(f.get("at_s") or 0) for f in fs if f.get("trigger") == "time"), 3), task.get("steps", 0))
 
@@ -40,7 +40,7 @@ def candidates(task: dict, runner: dict) -> list[tuple[str, dict]]:
         params = change.pop("params", None)
         t["faults"][i].update(change)
         if params:
-            t["faults"][i]["params"].update(params)
+            t["faults"][i].setdefault("params", {}).update(params)
         return t
 
     if len(faults) > 1:
@@ -84,13 +84,17 @@ def code_changed(plan: dict) -> list[str]:
     if not m:
         return ["the wave has no manifest (made before manifests): its runner's code cannot be compared"]
     out = []
+
+    def then(part: str):  # a field of the manifest as stored; any other shape reads as absent (and so differs)
+        x = m.get(part) if isinstance(m, dict) else None
+        return x.get("code_digest") if isinstance(x, dict) else None
+
     now = reference_key(plan["runner"], "", 0, 0)
-    if m.get("runner", {}).get("code_digest") != now:
-        out.append(f"runner.code_digest: {m.get('runner', {}).get('code_digest')!r} != {now!r} (the runner's code "
-                   "or command changed)")
+    if then("runner") != now:
+        out.append(f"runner.code_digest: {then('runner')!r} != {now!r} (the runner's code or command changed)")
     wl = manifest._workload_digest()
-    if m.get("workload", {}).get("code_digest") != wl:
-        out.append(f"workload.code_digest: {m.get('workload', {}).get('code_digest')!r} != {wl!r}")
+    if then("workload") != wl:
+        out.append(f"workload.code_digest: {then('workload')!r} != {wl!r}")
     return out
 
 
@@ -104,7 +108,10 @@ def manifest_drift(plan: dict, cfg) -> list[str]:
     if not plan.get("manifest"):
         return []  # `code_changed` already says the wave has none
     now = manifest.build(cfg, plan["runner"], reference_key(plan["runner"], "", 0, 0))
-    return manifest.differences(plan["manifest"], now, ignore=("runner.code_digest", "workload.code_digest"))
+    try:
+        return manifest.differences(plan["manifest"], now, ignore=("runner.code_digest", "workload.code_digest"))
+    except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # a hand-edited manifest
+        return [f"manifest: the wave's is damaged and cannot be compared ({type(exc).__name__})"]
 
 
 class Shrinker:

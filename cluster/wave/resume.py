@@ -8,16 +8,31 @@ from cluster.wave.errors import HarnessError
 from cluster.wave.timeline import Timeline
 
 
+NEEDS = {"attempt_start": ("task", "sandbox", "attempt", "fence", "wall"), "task_end": ("task",),
+         "fault_clear": ("instance", "fault", "task", "status", "wall")}  # what a resume reads of each event
+NUMS, NAMES = ("wall",), ("task", "sandbox", "instance", "fault", "status")
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def prepare_resume(out: results.ResultsDir, plan: dict, wave_id: str) -> tuple[dict, list[dict], Timeline]:
     """Returns (resumed: the tasks that ended, attempts per task, fault instances that fired; the receipts of
     those faults; the timeline, reopened to go on). Tasks that ended keep their results; attempts the dead driver
     left running are closed in the timeline (they were reaped); faults that fired keep their receipts."""
     try:
-        events = results.read_jsonl(out.timeline)  # a torn last line is the dead driver's last write
+        events = results.read_jsonl(out.timeline, ("event",))  # a torn last line is the dead driver's last write
     except ValueError as exc:
         raise HarnessError(f"{exc}: the timeline is damaged, cannot resume") from None
-    if not events or events[0].get("event") != "wave_start":
-        raise HarnessError(f"{out.timeline} has no wave_start: not a wave that ran")
+    if not events or events[0].get("event") != "wave_start" or not _is_num(events[0].get("wall")):
+        raise HarnessError(f"{out.timeline} has no wave_start (with its wall time): not a wave that ran")
+    for i, e in enumerate(events):
+        lacks = [k for k in NEEDS.get(e["event"], ()) if k not in e or (k in NUMS and not _is_num(e[k]))
+                 or (k in NAMES and not isinstance(e[k], str))]
+        if lacks:
+            raise HarnessError(f"{out.timeline} record {i + 1} ({str(e['event'])[:40]!r}): field {lacks[0]} is "
+                               "missing or of another type: the timeline is damaged, cannot resume")
     if any(e["event"] == "wave_end" for e in events):
         raise HarnessError(f"wave {wave_id} already ended; grade it again with `sandfleet grade {out.path}`")
     finished = {e["task"] for e in events if e["event"] == "task_end"}
@@ -28,7 +43,7 @@ def prepare_resume(out: results.ResultsDir, plan: dict, wave_id: str) -> tuple[d
             attempts[e["task"]] = attempts.get(e["task"], 0) + 1
             open_attempts[e["sandbox"]] = e
         elif e["event"] == "attempt_end":
-            open_attempts.pop(e.get("sandbox"), None)
+            open_attempts.pop(e.get("sandbox") if isinstance(e.get("sandbox"), str) else None, None)
     fired = {}
     for e in events:
         if e["event"] == "fault_clear":

@@ -196,10 +196,11 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
 
     cfg = build_config({"faults": ["PK1", "ST1"], "tasks": 1})
     runner = {"name": "naive", "command": [sys.executable, "-c", "pass"], "env": {}}
-    task = {"task_id": "t000", "seed": 3, "steps": 8, "workload": "patch-repo", "reference": {"key": "k"},
-            "faults": [{"fault_id": "PK1", "instance": "t000-PK1", "trigger": "model_call", "at_s": 0.0,
+    task = {"task_id": "t000", "role": "task", "seed": 3, "runner": "naive", "steps": 8, "workload": "patch-repo",
+            "reference": {"task_id": "ref-t000", "key": "k"},
+            "faults": [{"fault_id": "PK1", "instance": "t000-PK1", "task_id": "t000", "trigger": "model_call", "at_s": 0.0,
                         "window_s": None, "params": {"after": 4}},
-                       {"fault_id": "ST1", "instance": "t000-ST1", "trigger": "time", "at_s": 1.0, "window_s": 2.0,
+                       {"fault_id": "ST1", "instance": "t000-ST1", "task_id": "t000", "trigger": "time", "at_s": 1.0, "window_s": 2.0,
                         "params": {}}]}
     cands = candidates(task, runner)
     assert [w for w, _ in cands][:2] == ["without t000-PK1 (PK1)", "without t000-ST1 (ST1)"]
@@ -210,6 +211,7 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     d = tmp_path / "w-1"
     d.mkdir()
     plan = {"wave_id": "w-1", "seed": 3, "config": cfg.public_dump(), "runner": runner, "tasks": [task],
+            "references": [],
             "manifest": manifest.build(cfg, runner, "old")}
     plan["manifest"]["workload"]["code_digest"] = "old"
     plan["manifest"]["machine"]["kernel"] = "5.10.0-other"  # the rest of the manifest: warned about, not refused
