@@ -265,9 +265,12 @@ EXIT_MEANINGS = {
     "EXIT_HARNESS": "a verdict is unknown or a fault was not applied, or a harness error or harness fault (a part "
                     "died: store, proxy, model endpoint, effects service, ledger, host, docker engine; Ray "
                     "unreachable); `sandfleet sweep`: a part of the machine could not be looked at (a docker engine "
-                    "that does not answer)",
+                    "that does not answer); `wave resume`, `wave replay`, `shrink`, `grade`, `report`: a stored file "
+                    "it reads (plan.json, a grade) is damaged, the file and the field named; `verify`: no seal, or a "
+                    "damaged or foreign one",
     "EXIT_BAD_INPUT": "bad arguments or config: the message names the field, the value and what is allowed; nothing "
-                      "is written",
+                      "is written. A directory argument that is empty (never the current directory), missing or not "
+                      "a directory is 254 too",
 }
 SIGNAL_EXITS = [("130 / 143", "the wave was stopped by SIGINT / SIGTERM: sandboxes killed, leases released, faults "
                  "cleared, parts stopped, what finished graded, SUMMARY.md marked interrupted (a second signal "
