@@ -70,6 +70,9 @@ class FleetSession:
         self.names = names  # a prefix: the actors are named (`<prefix>ledger`, ...) for drivers that attach
         self.attached = False  # a fleet of `sandfleet up` this driver attached to (cluster/localfleet.py)
         self.nodes = nodes
+        from fleet.hollow import hollow_nodes
+
+        self.hollow = hollow_nodes()  # the scale bench's hollow nodes (fleet/hollow.py; bench only, never a product)
         # the sandbox nodes are other machines (isolated nodes): nothing a host has is a path or pid here, and the
         # sandboxes reach the head's services through its gate (fleet/gateway.py) at `cluster_ip`
         self.remote = isolation == "namespaces"
@@ -129,6 +132,8 @@ class FleetSession:
                 f"every sandbox ran on the driver's own machine ({ray.util.get_node_ip_address()}): the cluster at "
                 f"{self.ray_session.address} has no other alive node (did the workers join? `ray status` on the "
                 "head lists them); pass --min-sandbox-nodes N to make this an error")
+        elif self.hollow:
+            self.node_ids = [f"hollow-{i}" for i in range(self.hollow)]
         else:
             self.node_ids = ["node-0"] if self.nodes == 1 else [f"node-{i}" for i in range(1, self.nodes)]
         self.hosts = [self._start_host(n) for n in self.node_ids]
@@ -226,7 +231,7 @@ class FleetSession:
         nodes there are and which are lost (again whenever that changes). A shared machine's is scanned in place."""
         import ray
 
-        if self.remote and self.sweeper is not None:
+        if (self.remote or self.hollow) and self.sweeper is not None:
             ray.get(self.sweeper.set_nodes.remote(dict(zip(self.node_ids, self.hosts)),
                                                   {n: "lost (PK3)" for n in self.down}), timeout=60)
 
@@ -253,6 +258,8 @@ class FleetSession:
 
             return start_host_actor(name, self.ledger, None,
                                     NodeAffinitySchedulingStrategy(self.node_placement[name], soft=False))
+        if self.hollow:  # every hollow node's host on the one machine (its actor process is its node)
+            return start_host_actor(name, self.ledger, None, self._affinity(), hollow=True)
         return start_host_actor(name, self.ledger, self._pin(name), self._affinity(), name=self._name(f"host-{name}"))
 
     def _name(self, what: str) -> str | None:

@@ -188,7 +188,7 @@ class SandboxHost:
             inside = spec.code["path"].rstrip("/") + "/"
             # what the snapshot left out (a venv, fleet/codeship.py) is this node's own, at the same path, mounted
             # over the shipped code
-            for b in [*ro_binds, *spec.code.get("envs", ())]:
+            for b in ro_binds:
                 if b.startswith(inside) and not (staged / b[len(inside):]).exists() and os.path.isdir(b):
                     ro_mounts[b] = b
             ro_binds = [b for b in ro_binds if b != spec.code["path"] and not b.startswith(inside)]
@@ -551,7 +551,8 @@ class SandboxHost:
     async def sweep(self, wave_id: str, live_sandbox_ids: list[str]) -> dict:
         """Kill and remove every sandbox of `wave_id` on this node that no active lease covers."""
         live = set(live_sandbox_ids)
-        found = cgroups.list_sandboxes(wave_id)
+        hollow = getattr(self.backend, "hollow", False)  # (the scale bench's: fleet/hollow.py)
+        found = [(wave_id, s) for s in self.backend.listing(wave_id)] if hollow else cgroups.list_sandboxes(wave_id)
         reaped = []
         for wid, sid in found:
             if sid in live:
@@ -567,6 +568,9 @@ class SandboxHost:
                     await self.backend.remove(sb)
                 reaped.append({"wave_id": wid, "sandbox_id": sid, "pids": [sb.pid], "emptied": True,
                                "removed": True, "had_handle": True})
+            elif hollow:
+                reaped.append({"wave_id": wid, "sandbox_id": sid, "pids": [], "emptied": True, "removed": True,
+                               "had_handle": False})
             else:
                 rep = await asyncio.to_thread(reap_leftover, wid, sid)
                 rep["had_handle"] = False
@@ -624,12 +628,19 @@ class SandboxHost:
         markers here (fleet/sweeper.py `scan_here`)."""
         from fleet.sweeper import scan_here
 
+        if getattr(self.backend, "hollow", False):  # the scale bench's hollow sandboxes answer from their table
+            return dict(self.backend.scan(wave_ids), node=self.node_id)
         return dict(await asyncio.to_thread(scan_here, wave_ids, engine_lost), node=self.node_id)
 
     async def reap_marked(self, wave_id: str, sandbox_id: str) -> dict:
         """The sweep actor found this node's sandbox leaked: reap it here, by its markers (pids are this node's)."""
         from fleet.sweeper import reap_here
 
+        if getattr(self.backend, "hollow", False):
+            sb = self.backend.sandboxes.get(sandbox_key(wave_id, sandbox_id))
+            killed = sb is not None and await self.backend.kill(sb, 0.0, reason="sweep: leaked")
+            return {"wave_id": wave_id, "sandbox_id": sandbox_id, "pids": [], "emptied": True, "removed": True,
+                    "killed": bool(killed)}
         return await asyncio.to_thread(reap_here, wave_id, sandbox_id)
 
     async def cancel_wave(self, wave_id: str, timeout_s: float = 20.0, engine_lost: str | None = None) -> int:
@@ -687,6 +698,8 @@ class SandboxHost:
             await asyncio.sleep(0.02)
         for sb in list(self.backend.sandboxes.values()):  # whatever did not go by itself
             await self.backend.remove(sb)
+        if getattr(self.backend, "hollow", False):
+            await self.backend.close()
         from fleet import netns
 
         await asyncio.to_thread(netns.stop_forwarder, True)  # its relay child shares the cgroup it leaves
@@ -863,12 +876,24 @@ class WaveHosts:
         return (WaveHost(h, self.wave_id) for h in self.hosts)
 
 
-def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None, name: str | None = None):
+def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None, name: str | None = None,
+                     hollow: bool = False):
+    """`hollow`: the scale bench's stand-in node (fleet/hollow.py), never a product mode."""
     import ray
 
     if not node_id:
         raise ValueError("node_id must be a non-empty string")
     from fleet.ledger import actor_options
 
-    return ray.remote(SandboxHost).options(**actor_options(1000, name, resources, strategy)).remote(node_id, None,
-                                                                                                ledger)
+    cls = ray.remote(HollowHost if hollow else SandboxHost)
+    return cls.options(**actor_options(10000 if hollow else 1000, name, resources, strategy)).remote(node_id, None,
+                                                                                                   ledger)
+
+
+class HollowHost(SandboxHost):
+    """A real sandbox host whose sandboxes are hollow (fleet/hollow.py): the scale bench's node stand-in."""
+
+    def __init__(self, node_id: str, backend: SandboxBackend | None = None, ledger: Any = None):
+        from fleet.hollow import HollowBackend
+
+        super().__init__(node_id, backend or HollowBackend(), ledger)
