@@ -188,7 +188,7 @@ class SandboxHost:
             inside = spec.code["path"].rstrip("/") + "/"
             # what the snapshot left out (a venv, fleet/codeship.py) is this node's own, at the same path, mounted
             # over the shipped code
-            for b in ro_binds:
+            for b in [*ro_binds, *spec.code.get("envs", ())]:
                 if b.startswith(inside) and not (staged / b[len(inside):]).exists() and os.path.isdir(b):
                     ro_mounts[b] = b
             ro_binds = [b for b in ro_binds if b != spec.code["path"] and not b.startswith(inside)]
