@@ -8,6 +8,8 @@ import math
 import re
 from pathlib import Path
 
+from cluster import results
+
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")  # no '/', no leading '.', no control byte: safe in a path
 TASK_FIELDS = ("task_id", "role", "seed", "runner", "workload", "steps", "faults", "reference", "reference_of",
                "boundary")  # fleet.records.PlannedTask
@@ -62,7 +64,7 @@ def _opt(ok):
     return lambda v: v is None or ok(v)
 
 
-def check(plan, source: str | Path = "plan.json") -> dict:
+def check(plan, source: str | Path = results.PLAN) -> dict:
     """`plan` (parsed JSON) when it has the planner's shape; PlanError naming `source` and the field otherwise."""
     from faults.base import CATALOG
 
