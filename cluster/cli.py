@@ -235,13 +235,11 @@ def wave_resume(
     if results_dir is None:
         return EXIT_BAD_INPUT
     try:
-        plan = orjson.loads((results_dir / results.PLAN).read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        _err(f"error: argument RESULTS_DIR: {where} is not a wave's results directory ({exc}); "
-             "pass results/<wave id>")
+        plan = planfile.read(results_dir / results.PLAN)
+    except FileNotFoundError as exc:
+        _err(f"error: argument RESULTS_DIR: {where} is not a wave's results directory ({exc.strerror}: "
+             f"{results.PLAN}); pass results/<wave id>")
         return EXIT_BAD_INPUT
-    try:
-        planfile.check(plan, results_dir / results.PLAN)
     except planfile.PlanError as exc:
         _err(f"error: cannot resume: {exc}")
         return EXIT_HARNESS
@@ -297,7 +295,6 @@ def _private_dir(wave_id: str) -> Path:
 def _task_of_wave(task_path: str, address: Optional[str]):
     """`results/<wave>/<task>` read for replay and shrink: (wave dir, task id, plan, config, planned task), or the
     exit code after an error that names what is wrong (254 a bad argument, 2 a damaged plan.json)."""
-    import orjson
 
     from cluster import planfile
     from cluster.config import ConfigError, build_config
@@ -310,13 +307,11 @@ def _task_of_wave(task_path: str, address: Optional[str]):
     # `latest` itself made it a loop
     wave_dir, task_id = Path(task_path).parent.resolve(), Path(task_path).name
     try:
-        plan = orjson.loads((wave_dir / results.PLAN).read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc}); pass "
-             "results/<wave id>/<task id>, e.g. results/latest/t003")
+        plan = planfile.read(wave_dir / results.PLAN)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        _err(f"error: argument TASK_PATH: {wave_dir} is not a wave's results directory ({exc.strerror}: "
+             f"{results.PLAN}); pass results/<wave id>/<task id>, e.g. results/latest/t003")
         return EXIT_BAD_INPUT
-    try:
-        planfile.check(plan, wave_dir / results.PLAN)
     except planfile.PlanError as exc:
         _err(f"error: {exc}")
         return EXIT_HARNESS
@@ -390,16 +385,15 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
 def _damaged_plan(results_dir: Path) -> str | None:
     """What is wrong with a wave's plan.json (file and field, cluster/planfile.py), or None when it has the shape the
     planner writes: said when the grader could not read a wave, rather than the error it stumbled on."""
-    import orjson
 
     from cluster import planfile
 
     try:
-        planfile.check(orjson.loads((results_dir / results.PLAN).read_bytes()), results_dir / results.PLAN)
+        planfile.read(results_dir / results.PLAN)
     except planfile.PlanError as exc:
         return str(exc)
-    except (OSError, orjson.JSONDecodeError) as exc:
-        return f"{results_dir / results.PLAN}: {exc}"
+    except OSError as exc:
+        return f"{results_dir / results.PLAN}: {exc.strerror or exc}"
     return None
 
 

@@ -64,6 +64,37 @@ def _opt(ok):
     return lambda v: v is None or ok(v)
 
 
+MAX_PLAN_BYTES = 256 * 1024 * 1024  # a plan of 100k tasks is ~60 MB
+
+
+def read(path: Path) -> dict:
+    """A stored plan.json, read as a regular file only (never through a link, never a FIFO that would hang the read,
+    at most MAX_PLAN_BYTES) and checked (`check`). FileNotFoundError when there is none; PlanError otherwise."""
+    import os
+    import stat
+
+    import orjson
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot be opened as a regular file ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PlanError(f"{path}: not a regular file")
+        if st.st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: {st.st_size} bytes, more than a plan's {MAX_PLAN_BYTES}")
+        data = f.read(MAX_PLAN_BYTES + 1)
+    try:
+        plan = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise PlanError(f"{path}: not valid JSON ({exc})") from None
+    return check(plan, path)
+
+
 def check(plan, source: str | Path = results.PLAN) -> dict:
     """`plan` (parsed JSON) when it has the planner's shape; PlanError naming `source` and the field otherwise."""
     from faults.base import CATALOG

@@ -219,3 +219,19 @@ def test_an_empty_or_missing_directory_argument_is_254_named(tmp_path, stubs, co
             "grade": ("grade", arg), "report": ("report", arg), "verify": ("verify", arg)}[command]
     code, out, err = _cli(*argv)
     assert code == 254 and ("RESULTS_DIR" in err or "TASK_PATH" in err), (code, err)
+
+
+@pytest.mark.parametrize("command", ["resume", "replay", "shrink", "grade", "report"])
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_plan_that_is_a_fifo_or_a_link_is_named_never_read(tmp_path, stubs, command, kind):
+    """A plan.json that is a FIFO would hang a plain read, and a link to a huge file would be read whole: both are
+    named without being read (exit 2, or 254 where the folder is then no wave's)."""
+    d = tmp_path / "w"
+    shutil.copytree(FIXTURE, d)
+    (d / results.PLAN).rename(tmp_path / "real-plan.json")
+    if kind == "fifo":
+        os.mkfifo(d / results.PLAN)
+    else:
+        os.symlink(tmp_path / "real-plan.json", d / results.PLAN)
+    code, out, err = _cli(*COMMANDS[command](d))
+    assert code in (2, 254) and "plan.json" in err, (code, out, err)
