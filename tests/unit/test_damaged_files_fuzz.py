@@ -210,15 +210,16 @@ def test_the_plan_fields_a_review_broke_are_named(tmp_path, stubs, command, chan
     assert code == 2 and field in err and str(d / results.PLAN) in err, (code, err)
 
 
-@pytest.mark.parametrize("command", ["resume", "replay", "shrink", "grade", "report", "verify"])
+@pytest.mark.parametrize("command", ["resume", "replay", "shrink", "grade", "report", "verify", "serve"])
 @pytest.mark.parametrize("arg", ["", "{missing}"])
 def test_an_empty_or_missing_directory_argument_is_254_named(tmp_path, stubs, command, arg):
     """`''` is never the current directory, and a path that does not exist is bad input (254), named."""
     arg = arg.format(missing=tmp_path / "nope")
     argv = {"resume": ("wave", "resume", arg), "replay": ("wave", "replay", arg), "shrink": ("shrink", arg),
-            "grade": ("grade", arg), "report": ("report", arg), "verify": ("verify", arg)}[command]
+            "grade": ("grade", arg), "report": ("report", arg), "verify": ("verify", arg),
+            "serve": ("serve", arg)}[command]
     code, out, err = _cli(*argv)
-    assert code == 254 and ("RESULTS_DIR" in err or "TASK_PATH" in err), (code, err)
+    assert code == 254 and re.search("RESULTS_DIR|TASK_PATH|RESULTS_ROOT", err), (code, err)
 
 
 @pytest.mark.parametrize("command", ["resume", "replay", "shrink", "grade", "report"])
