@@ -97,6 +97,14 @@ class WaveConfig(Strict):
         if "PK3" in wants and self.nodes < 3:
             raise ValueError(f"faults: PK3 loses a sandbox node and needs nodes >= 3 (a head and two sandbox nodes: "
                              f"one is lost while the other runs the tasks), got nodes {self.nodes} (use --nodes 3)")
+        for item in self.faults if isinstance(self.faults, list) else []:
+            node_level = [f for f in item.split("+") if getattr(CATALOG.get(f), "takes_node", False)]
+            if len(node_level) > 1 and self.nodes < len(node_level) + 2:
+                raise ValueError(
+                    f"faults: {item!r} puts {len(node_level)} node-level faults ({', '.join(node_level)}) on one task; "
+                    "each takes the task's node for its window while the task goes on on another, so one task needs "
+                    f"{len(node_level) + 1} sandbox nodes (nodes >= {len(node_level) + 2}), got nodes {self.nodes}: "
+                    f"use --nodes {len(node_level) + 2}, or give each its own item (one node-level fault per task)")
         network = [f for f in wants if f in ("NP1", "NP2")]
         if network and self.node_isolation != "namespaces":
             raise ValueError(f"faults: {', '.join(network)} cut or degrade a sandbox node's own link to the head, and "

@@ -89,7 +89,7 @@ class Attempts:
         if run.finished_before:
             return
         task, tid, tl = run.plan, run.plan.task_id, self.timeline
-        async with sem:
+        async with self.nodes.turn(run), sem:  # (a node-level fault's turn first: a waiting task holds no slot)
             loop = asyncio.get_running_loop()
             launched = loop.time()
             deadline = launched + self.cfg.deadline_s
@@ -152,7 +152,7 @@ class Attempts:
         tid, loop = run.plan.task_id, asyncio.get_running_loop()
         sandbox_id = results.sandbox_id(tid, run.attempts + 1)
         disk = self._disk(run)
-        node = self.nodes.place(prefer=run.node if disk and disk["mode"] == "keep" else None)
+        node = self.nodes.place(prefer=run.node if disk and disk["mode"] == "keep" else None, task_id=tid)
         if node is None:  # every sandbox node is lost or draining: wait for one to come back
             await asyncio.sleep(0.1)
             return WAIT

@@ -5,12 +5,27 @@ lowest number); a draining or lost node gets none. PK3 takes a node ('drain': th
 preemption with a deadline, every sandbox there gets the notice and SIGTERM, and at the deadline the node is lost;
 'abrupt': lost at once) and brings it back `down_s` later as a new Ray node, or as soon as every task of the wave
 has ended.
+
+Node-level faults (PK3, NP1: `takes_node`) take turns: a task that plans k of them waits, before its slot, for k of
+the turns (one fewer than sandbox nodes, so one node always runs the wave), and owns a node of its own that no other
+turn's task is placed on; its attempts go there until a fault took it, then to nodes no other turn owns. It gives its
+turns back when it ended and its faults cleared (a lost node back), so two node-level faults never pre-empt each other
+on one node. A task that needs more turns than there are is refused with the config (cluster/config.py).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Callable
+
+from faults.base import CATALOG
+
+
+def node_faults(task) -> int:
+    """How many node-level faults (PK3, NP1) the planned task (a PlannedTask) has."""
+    return sum(1 for f in task.faults if getattr(CATALOG.get(f["fault_id"]), "takes_node", False))
+
 
 
 class Nodes:
@@ -30,20 +45,77 @@ class Nodes:
         self.back_info: dict[str, dict] = {}
         self.faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
         self.tasks: list[asyncio.Task] = []  # nodes on their way back
+        self.owner: dict[str, str] = {}  # node -> the task whose node-level fault turn owns it
+        self.owned: dict[str, str] = {}  # task id -> the node it owns for its turn
+        self._turns: asyncio.Condition | None = None
+        self.turns_held = 0  # of one fewer than the sandbox nodes
 
     @property
     def fleet(self):
         return self.parts.fleet
 
-    def place(self, prefer: str | None = None) -> str | None:
+    def place(self, prefer: str | None = None, task_id: str | None = None) -> str | None:
         """Least-loaded: the live sandbox node with the fewest attempts running (ties: the lowest number); `prefer`
-        when it is live (a task's kept disk is on its last node)."""
+        when it is live (a task's kept disk is on its last node). A task holding a node-level fault turn goes to
+        the node it owns while that is live, and never to a node another turn owns while one is left."""
         live = [n for n in self.fleet.node_ids if n not in self.out and n not in self.fleet.down]
         if not live:
             return None
+        own = self.owned.get(task_id) if task_id is not None else None
+        if own in live:
+            return own
         if prefer in live:
             return prefer
+        if own is not None:
+            live = [n for n in live if n not in self.owner] or live
         return min(live, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
+
+    TURN_NODE_WAIT_S = 120.0  # how long a turn waits for a live node no other turn owns (one lost may come back)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, run):
+        """A task with k node-level faults holds k turns while it runs (see the module's doc); any other task goes at
+        once."""
+        need = node_faults(run.plan)
+        if not need:
+            yield
+            return
+        if self._turns is None:
+            self._turns = asyncio.Condition()
+        turns = max(1, len(self.fleet.node_ids) - 1)
+        need = min(need, turns)  # (more is refused with the config; a wave lent fewer nodes still runs, in turn)
+        tid, t0 = run.plan.task_id, time.monotonic()
+        async with self._turns:
+            await self._turns.wait_for(lambda: self.turns_held + need <= turns)
+            self.turns_held += need
+        node = None
+        try:
+            while time.monotonic() - t0 < self.TURN_NODE_WAIT_S:
+                node = self._free_node()
+                if node is not None:
+                    break
+                await asyncio.sleep(0.1)
+            if node is not None:
+                self.owner[node], self.owned[tid] = tid, node
+            self.timeline("node_fault_turn", task=tid, node=node, turns=need, waited_s=round(time.monotonic() - t0, 3),
+                          **({} if node else {"why": "no live sandbox node was free of another turn, with another "
+                                                     f"live beside it, within {self.TURN_NODE_WAIT_S:.0f} s"}))
+            yield
+        finally:
+            self.owned.pop(tid, None)
+            if node is not None and self.owner.get(node) == tid:
+                del self.owner[node]
+            async with self._turns:
+                self.turns_held -= need
+                self._turns.notify_all()
+
+    def _free_node(self) -> str | None:
+        """A live sandbox node no turn owns, with another live node beside it; the least loaded."""
+        live = [n for n in self.fleet.node_ids if n not in self.out and n not in self.fleet.down]
+        free = [n for n in live if n not in self.owner]
+        if not free or len(live) < 2:
+            return None
+        return min(free, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
 
     def host(self, node: str):
         return self.parts.hosts[self.fleet.node_ids.index(node)]

@@ -41,6 +41,7 @@ class Event(str, enum.Enum):
     LINK_DEGRADED = "link_degraded"  # NP2
     LINK_RESTORED = "link_restored"
     NODE_NOT_BACK = "node_not_back"
+    NODE_FAULT_TURN = "node_fault_turn"  # a task with a node-level fault got its turn and its node
     BOUNDARIES_ENUMERATED = "boundaries_enumerated"
     SECOND_REFERENCES = "second_references"  # a task differed from its reference: the seed runs once more
     PART_PROBE_FAILED = "part_probe_failed"
