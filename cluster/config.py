@@ -125,15 +125,24 @@ class WaveConfig(Strict):
                 raise ValueError(f"fault_timing.{fid}.disk {t.disk!r}: " + (
                     f"{fid} ends no attempt, so it leaves the disk as it is; a disk mode belongs to an interruption "
                     "that ends one (PK1, PK2, PK4, PK5)" if not modes else
-                    f"{fid} allows {', '.join(modes)} (it takes the node, or leaves a zombie on the old disk)"))
+                    f"{fid} allows {', '.join(modes)}" + ("" if "keep" in modes else
+                                                           " (it takes the node, or leaves a zombie on the old disk)")
+                    + (" (move: a node loss's, PK3)" if t.disk == "move" else "")))
         if self.sandbox.disk != "wipe":
             for fid in wants:
                 t = self.fault_timing.get(fid)
                 modes = getattr(CATALOG.get(fid), "disk_modes", ())
                 if modes and self.sandbox.disk not in modes and (t is None or t.disk is None):
-                    raise ValueError(f"sandbox.disk {self.sandbox.disk!r} with fault {fid}: {fid} takes the node or "
-                                     f"leaves a zombie on the old disk, so its tasks cannot keep it; set "
-                                     f"fault_timing.{fid}.disk: wipe")
+                    raise ValueError(f"sandbox.disk {self.sandbox.disk!r} with fault {fid}: " + (
+                        f"{fid} leaves the task on its node, and move re-attaches a disk on another node after a "
+                        "node loss (set fault_timing.PK3.disk: move instead)" if self.sandbox.disk == "move" else
+                        f"{fid} takes the node or leaves a zombie on the old disk, so its tasks cannot keep it")
+                        + f"; or set fault_timing.{fid}.disk to one of {', '.join(modes)}")
+        if "move" in self.disk_modes() and self.nodes < 3:
+            where = "sandbox.disk" if self.sandbox.disk == "move" else next(
+                f"fault_timing.{fid}.disk" for fid, t in self.fault_timing.items() if t.disk == "move")
+            raise ValueError(f"{where} 'move' re-attaches the task's disk on another node after a node loss: it needs "
+                             f"nodes >= 3 (a head and two sandbox nodes), got nodes {self.nodes} (use --nodes 3)")
         if self.sandbox.disk in ("lose-unsynced", "torn") and not self.enumerate_boundaries and not any(
                 len(getattr(CATALOG.get(fid), "disk_modes", ())) > 1 for fid in wants):
             raise ValueError(f"sandbox.disk {self.sandbox.disk!r}: a crash-mode disk loses what was not synced when "

@@ -181,13 +181,14 @@ class SandboxConfig(Strict):
     cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
     cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
                                                                  "the kernel's smallest quota is 1 ms per 100 ms)")
-    disk: Literal["wipe", "keep", "lose-unsynced", "torn"] = Field(
+    disk: Literal["wipe", "keep", "move", "lose-unsynced", "torn"] = Field(
         "wipe", description="what an interruption leaves of the task's disk (its workspace and HOME): wipe = the next "
                             "attempt starts on a fresh one (a new machine); keep = on the same one, everything "
                             "written still there (a restarted container, a rebooted VM); lose-unsynced = a power "
                             "loss: only what was fsynced stays (a create or rename once its directory was fsynced); "
-                            "torn = lose-unsynced, and the write in flight keeps a seeded prefix; a fault's own "
-                            "fault_timing.<id>.disk overrides it")
+                            "torn = lose-unsynced, and the write in flight keeps a seeded prefix; move = a node "
+                            "loss (PK3) re-attaches it to the next attempt on another node, as a network disk; a "
+                            "fault's own fault_timing.<id>.disk overrides it")
 
     @model_validator(mode="after")
     def _image(self):
@@ -321,9 +322,9 @@ class FaultTiming(Strict):
     fencing: bool | None = Field(
         None, description="NP1: false leaves the cut-off attempts' keys valid (a negative control: their zombies' "
                           "writes land, and the wave must fail); default true")
-    disk: Literal["wipe", "keep", "lose-unsynced", "torn"] | None = Field(
+    disk: Literal["wipe", "keep", "move", "lose-unsynced", "torn"] | None = Field(
         None, description="what this interruption leaves of the task's disk when it ends an attempt (wipe, keep, "
-                          "lose-unsynced, torn); default: sandbox.disk")
+                          "move, lose-unsynced, torn; the fault's own disk_modes); default: sandbox.disk")
     variant: Literal["after", "ambiguous"] | None = Field(
         None, description="after_store_writes: 'after' = once the runner got the answer; 'ambiguous' = the store "
                           "applied the write but the proxy holds its answer")

@@ -133,7 +133,8 @@ DISK_MODES = {
     "wipe": "the next attempt starts on a fresh disk with the task's repo (a new machine: spot reclaim, eviction)",
     "keep": "the next attempt starts on the same disk, on the same node, as the killed attempt left it, synced or "
             "not (a restarted container, a rebooted VM)",
-    "move": "not built yet (refused): a network disk re-attached on another node after a node loss",
+    "move": "PK3: the next attempt starts on another node with the disk as the lost node left it, carried through "
+            "Ray (a network disk re-attached after a node loss)",
     "lose-unsynced": "a power loss: file data stays up to its last fsync/fdatasync, a create/rename/unlink once its "
                      "directory was fsynced (the lazy file system, FUSE)",
     "torn": "as lose-unsynced, and the write in flight keeps a seeded prefix of its bytes (FUSE)",

@@ -47,7 +47,7 @@ class SigkillSandbox:
     # what becomes of the task's disk when this interruption ends its attempt (`sandbox.disk`, fault_timing's `disk`):
     # wipe (a new machine's fresh disk) or keep (the process died, the disk stayed: a restarted container, a
     # rebooted VM), lose-unsynced / torn (a power loss: what was not fsynced is gone, the write in flight torn). A
-    # fault that takes the node, or leaves a zombie on the disk, can only wipe (move: not built)
+    # fault that takes the node can wipe or move it; one that leaves a zombie on the disk can only wipe
     disk_modes = ("wipe", "keep", "lose-unsynced", "torn")
     # its seeded time counts from the runner's start, not the lease's (a container can take seconds to start);
     # storage faults keep launch-relative windows
@@ -342,7 +342,9 @@ class NodeLoss(SigkillSandbox):
     family = "preemption"
     kills_attempt = False  # it takes the node: the tasks it hit are judged by the node's loss
     takes_node = True  # a wave with it runs its reference runs first (a node is never lost under one)
-    disk_modes = ("wipe",)  # the node and its disk are gone
+    # the node and its local disk are gone (wipe), or the disk was a network one, re-attached to the next attempt on
+    # another node (move: the volume read back before the loss, carried through Ray)
+    disk_modes = ("wipe", "move")
     description = ("node loss: the Ray node of the task's attempt dies with every sandbox on it (abrupt, or after "
                    "a PREEMPTION drain with a deadline and a notice), and comes back later")
     default_grace = (1.0, 3.0)

@@ -683,6 +683,32 @@ class SandboxHost:
                 dropped.append(d.name)
         return dropped
 
+    async def detach_volume(self, wave_id: str, sandbox_id: str, task_id: str) -> dict:
+        """`move` (PK3): this node is about to be lost, and the task's volume is a network disk that outlives it. The
+        sandbox is frozen (its runner writes nothing more; the node's loss then ends it), and the volume is read
+        back as a tar that crosses to the driver through Ray, for the task's next attempt on another node:
+        {"image", "files", "bytes", "stopped"}. SIGSTOP, not the cgroup freezer: the node's loss SIGKILLs them next,
+        and a SIGKILL ends a stopped process where a frozen one would linger until thawed."""
+        from fleet.sandbox import pack_volume
+
+        sb = self.backend.sandboxes.get(sandbox_key(wave_id, sandbox_id))
+        stopped: set[int] = set()
+        if sb is not None and sb.spec.backend == "process":
+            cg = cgroups.SandboxCgroup(wave_id, sandbox_id)
+            for _ in range(3):  # (a child forked meanwhile is stopped on the next round)
+                for pid in set(cg.pids()) - stopped:
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.add(pid)
+                    except ProcessLookupError:
+                        pass
+        path = self._volume_dir(wave_id, task_id)
+        if not os.path.ismount(path):
+            return {"image": None, "why": f"no volume of task {task_id} is mounted on {self.node_id}",
+                    "stopped": len(stopped)}
+        image, got = await asyncio.to_thread(pack_volume, str(path))
+        return {"image": image, **got, "stopped": len(stopped), "node": self.node_id}
+
     async def drop_volume(self, wave_id: str, task_id: str) -> dict:
         """The task ended: its kept volume goes (a tmpfs: its memory comes back)."""
         got = await asyncio.to_thread(self._drop_volumes, wave_id, task_id)

@@ -124,6 +124,9 @@ class SandboxSpec:
     volume_lazy: bool = False
     volume_crash: str | None = None
     volume_seed: int = 0
+    # `move` (PK3): the volume as the lost node left it (a tar its host read back, carried through Ray by the
+    # driver): this attempt's host mounts a fresh volume and lays it there, on another node
+    volume_image: bytes | None = None
 
     @property
     def workspace(self) -> str:
@@ -668,6 +671,13 @@ def prepare_workspace(spec: SandboxSpec) -> dict | None:
     """Mount the size-limited tmpfs workspace (owned by the sandbox user) and seed it with the task's files. A kept
     volume already mounted is used as its last attempt left it (a fresh one asked for is mounted anew); a crash-mode
     volume first has its crash done to it (returns what it dropped)."""
+    if spec.volume and spec.volume_image is not None:  # moved here from a lost node
+        if os.path.ismount(spec.workspace):
+            release_workspace(spec.workspace)
+        _mount_and_seed(dataclasses.replace(spec, files={}), spec.mount_source)
+        got = unpack_volume(spec.volume_image, spec.workspace)
+        _harness_files_anew(spec.workspace)
+        return dict(got, moved=True)
     if spec.volume and spec.volume_lazy:
         return _prepare_lazy(spec)
     if spec.volume and os.path.ismount(spec.workspace):
@@ -677,6 +687,50 @@ def prepare_workspace(spec: SandboxSpec) -> dict | None:
         release_workspace(spec.workspace)
     _mount_and_seed(spec, spec.mount_source)
     return None
+
+
+MOVED_SKIP = (".sandfleet",)  # the harness's own files of an attempt: never carried to the next node
+
+
+def pack_volume(path: str) -> tuple[bytes, dict]:
+    """A kept volume read back as a tar (no link followed, the harness's `.sandfleet/` left out): what a network disk
+    carries to another node (`move`). Bounded by the volume's own size limit. Returns (tar, {files, bytes})."""
+    import io
+    import tarfile
+
+    buf, files, size = io.BytesIO(), 0, 0
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(os.listdir(path)):
+            if name in MOVED_SKIP:
+                continue
+            tar.add(os.path.join(path, name), arcname=name, recursive=True)
+        for m in tar.getmembers():
+            files += m.isfile()
+            size += m.size if m.isfile() else 0
+    return buf.getvalue(), {"files": files, "bytes": size}
+
+
+def unpack_volume(image: bytes, path: str) -> dict:
+    """Lay a moved volume's tar into a fresh volume at `path` (tarfile's `data` filter: no absolute path, no `..`,
+    no link out of it, no device, no setuid: what a runner wrote is untrusted), owned by the sandbox user."""
+    import io
+    import tarfile
+
+    members, refused = [], []
+    with tarfile.open(fileobj=io.BytesIO(image), mode="r") as tar:
+        for m in tar.getmembers():
+            if m.name.split("/")[0] in MOVED_SKIP:
+                continue
+            try:
+                members.append(tarfile.data_filter(m, path))
+            except tarfile.FilterError as exc:  # e.g. a symlink to an absolute path: not carried, and said so
+                refused.append(f"{m.name[:200]}: {type(exc).__name__}")
+        tar.extractall(path, members=members, filter="fully_trusted")  # (each member filtered above)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID)
+    out = {"files": sum(m.isfile() for m in members), "bytes": sum(m.size for m in members if m.isfile())}
+    return dict(out, refused=refused[:20]) if refused else out
 
 
 def _mount_and_seed(spec: SandboxSpec, source: str) -> None:

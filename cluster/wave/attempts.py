@@ -83,6 +83,9 @@ class Attempts:
         self.zombie_sids: set[str] = set()  # their sandboxes, until they end
         self.activity = Activity(parts.registry, out.proxy_requests if parts.proxy is not None else None)
         self.logs = LogStream(wave_id, out)  # remote attempts' runner logs, pulled from their nodes as they run
+        self.moved: dict[str, dict] = {}  # task id -> its volume detached from a lost node (`move`), for its next
+        if "move" in cfg.disk_modes():
+            nodes.detach = self._detach_volumes
 
     # ------------------------------------------------------------------ a task
     async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
@@ -174,12 +177,15 @@ class Attempts:
         attempt, fence = lease.attempt, lease.fence
         spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
         if disk is not None:
-            kept = disk["mode"] != "wipe" and run.attempts > 1 and node == run.node
+            moved = self.moved.pop(tid, None) if disk["mode"] == "move" and run.attempts > 1 else None
+            kept = disk["mode"] != "wipe" and run.attempts > 1 and (node == run.node or moved is not None)
             disk = dict(disk, kept=kept, **({} if kept or disk["mode"] == "wipe" or run.attempts == 1 else
                                             {"why": f"its node {run.node} is gone"}))
+            if moved is not None:
+                disk["moved"] = {"from": moved["node"], "to": node, "files": moved["files"], "bytes": moved["bytes"]}
             crash = CRASH.get(disk["mode"]) if kept else None
             spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept, volume_lazy=self.cfg.lazy_volumes(),
-                                       volume_crash=crash,
+                                       volume_crash=crash, volume_image=moved["image"] if moved else None,
                                        volume_seed=derive(self.plan["seed"], tid, "disk", attempt).randrange(2**31))
             self._disk_receipt(disk)
         self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
@@ -396,6 +402,31 @@ class Attempts:
         by = run.last_killed_by
         fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == by), None)
         return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
+
+    async def _detach_volumes(self, node: str, instance: str, sandboxes: list[str]) -> dict:
+        """PK3 with `move`: right before the node goes, each of its running tasks whose disk this loss moves has its
+        volume detached by the node's host (its processes stopped, volume read back) and kept here for its next attempt,
+        on another node: only Ray carries it. Returns what was detached, per task."""
+        from ray.exceptions import RayActorError
+
+        host, out = self.nodes.host(node), {}
+        for tid, run in self.runs.items():
+            if run.current is None or run.current[1] not in sandboxes:
+                continue
+            fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == instance), None)
+            if self.cfg.disk_after(fid) != "move":
+                continue
+            try:
+                got = await asyncio.wait_for(host.detach_volume.remote(self.wave_id, run.current[1], tid), 60)
+            except (RayActorError, asyncio.TimeoutError) as exc:
+                out[tid] = {"moved": False, "why": f"its host could not read the volume back: {first_line(exc)}"}
+                continue
+            if got.get("image") is None:
+                out[tid] = {"moved": False, "why": got.get("why")}
+                continue
+            self.moved[tid] = dict(got, node=node)
+            out[tid] = {"moved": True, "files": got["files"], "bytes": got["bytes"], "stopped": got["stopped"]}
+        return out
 
     def _disk_receipt(self, disk: dict) -> None:
         """The receipt of the fault that ended the last attempt names what became of the disk (a crash mode: what

@@ -27,7 +27,6 @@ def node_faults(task) -> int:
     return sum(1 for f in task.faults if getattr(CATALOG.get(f["fault_id"]), "takes_node", False))
 
 
-
 class Nodes:
     def __init__(self, parts, runs: dict, timeline, wave_id: str, all_ended: Callable[[], bool]):
         """`runs`: the wave's task runs by task id (the same dict the wave fills); `all_ended()`: every task of the
@@ -44,6 +43,9 @@ class Nodes:
         self.events: dict[str, asyncio.Event] = {}  # node -> set when it is back
         self.back_info: dict[str, dict] = {}
         self.faults: dict[str, str] = {}  # node -> the PK3 instance draining or taking it
+        # `move` disks (set by the attempts' room): (node, instance, its running sandboxes) -> what was detached,
+        # called right before PK3 takes the node, so a task's volume outlives it as a network disk does
+        self.detach: Callable | None = None
         self.tasks: list[asyncio.Task] = []  # nodes on their way back
         self.owner: dict[str, str] = {}  # node -> the task whose node-level fault turn owns it
         self.owned: dict[str, str] = {}  # task id -> the node it owns for its turn
@@ -178,6 +180,8 @@ class Nodes:
                 except Exception:  # noqa: BLE001
                     pass
             await asyncio.sleep(max(0.0, t0 + grace_s - time.time()))
+        if self.detach is not None:
+            out["moved"] = await self.detach(node, instance, on_node)
         self.lost[node] = {"instance": instance, "mode": mode, "at": time.time()}
         self.events[node] = asyncio.Event()
         self.timeline("node_lost", node=node, fault=instance, mode=mode, sandboxes=on_node)
