@@ -244,10 +244,15 @@ def wave_resume(
         _err(f"error: cannot resume: {exc}")
         return EXIT_HARNESS
     wave_id = plan["wave_id"]
-    try:
-        ended = b'"event":"wave_end"' in (results_dir / results.TIMELINE).read_bytes()
-    except OSError:
+    from cluster.artifacts import _regular_bytes
+
+    try:  # a regular file only: a FIFO there would hang the read
+        ended = b'"event":"wave_end"' in _regular_bytes(results_dir / results.TIMELINE)
+    except FileNotFoundError:
         ended = False
+    except (OSError, ValueError) as exc:
+        _err(f"error: cannot resume: {results_dir / results.TIMELINE}: not a readable regular file ({exc})")
+        return EXIT_HARNESS
     if ended:
         _err(f"error: wave {wave_id} already ended; grade it again with `sandfleet grade {results_dir}`")
         return EXIT_HARNESS

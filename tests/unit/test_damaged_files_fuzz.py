@@ -236,3 +236,12 @@ def test_a_plan_that_is_a_fifo_or_a_link_is_named_never_read(tmp_path, stubs, co
         os.symlink(tmp_path / "real-plan.json", d / results.PLAN)
     code, out, err = _cli(*COMMANDS[command](d))
     assert code in (2, 254) and "plan.json" in err, (code, out, err)
+
+
+def test_resume_of_a_wave_whose_timeline_is_a_fifo_is_named_never_hangs(tmp_path, stubs):
+    d = tmp_path / "w"
+    shutil.copytree(FIXTURE, d)
+    (d / results.TIMELINE).unlink()
+    os.mkfifo(d / results.TIMELINE)
+    code, out, err = _cli("wave", "resume", d)
+    assert code == 2 and "timeline.jsonl" in err and "not a regular file" in err, (code, err)
