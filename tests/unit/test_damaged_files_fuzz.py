@@ -140,7 +140,7 @@ COMMANDS = {
 }
 
 
-@settings(max_examples=int(os.environ.get("SF_FUZZ_EXAMPLES", "300")), deadline=None,
+@settings(max_examples=int(os.environ.get("SF_FUZZ_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damaged=damage(), command=st.sampled_from(sorted(COMMANDS)))
 def test_every_damaged_input_is_an_error_with_a_name(tmp_path_factory, base, stubs, damaged, command):
