@@ -53,7 +53,8 @@ def remote_launch(parts, runner: dict, binds: list[str], never=(), gate_port: in
             raise HarnessError(f"node {name}: {missing[0]} is not there; the runner's interpreter and its installed "
                                "environments (a venv, node_modules: never shipped) must be at the same path on every "
                                "node: build them there (`make examples` on each node, or the cluster's "
-                               "setup_commands), or put them on a filesystem every node mounts at that path")
+                               "setup_commands), or put them on a filesystem every node mounts at that path (one "
+                               "the runner does not use: name it in the workdir's .sandfleetignore)")
     return out
 
 
