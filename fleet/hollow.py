@@ -10,8 +10,9 @@ sweep actor) meets every request of a large cluster.
 
 Switched on only by the bench's environment variable `SANDFLEET_BENCH_HOLLOW_NODES=N` (cluster/raycluster.py):
 the fleet then runs N sandbox host actors, each a real `SandboxHost` whose backend is this one. A hollow runner
-does not replay its journal on a retry (a killed attempt's task starts its steps again), and `run_command` is
-answered without running anything: no fault is meant for a hollow wave.
+lists its journal and reads its first record as the durable runner starts, but does not replay it on a retry (a
+killed attempt's task starts its steps again), takes no workspace snapshots (the durable runner's multipart upload
+every 3rd step), and answers `run_command` without running anything: no fault is meant for a hollow wave.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from urllib.parse import quote
 
 from fleet.markers import ATTEMPT_CREDENTIALS
 from fleet.sandbox import Sandbox, SandboxBackend, SandboxSpec
@@ -133,7 +135,7 @@ class HollowRunner:
         self.model_url, self.model_key = self._out(e["OPENAI_BASE_URL"]).rstrip("/"), e["OPENAI_API_KEY"]
         self.effects_url, self.effects_key = self._out(e["SANDFLEET_EFFECTS_URL"]).rstrip("/"), \
             e["SANDFLEET_EFFECTS_KEY"]
-        self.s3 = self._out(e["SANDFLEET_S3_ENDPOINT"]).rstrip("/")
+        self.s3_url = self._out(e["SANDFLEET_S3_ENDPOINT"]).rstrip("/")
         self.bucket, self.prefix, self.region = e["SANDFLEET_S3_BUCKET"], e["SANDFLEET_S3_PREFIX"], \
             e.get("AWS_DEFAULT_REGION", "us-east-1")
         self.creds_path = next((os.path.join(host, ATTEMPT_CREDENTIALS) for host, inside in spec.ro_mounts.items()
@@ -166,8 +168,10 @@ class HollowRunner:
             await asyncio.sleep(min(0.5, 0.05 * 2 ** n))
         raise RuntimeError(f"POST {url}: still failing after 20 tries")
 
-    async def put_new(self, key: str, body: bytes) -> bool:
-        """The step's conditional create through the proxy, signed with the attempt's current key."""
+    async def s3(self, method: str, path: str, body: bytes = b"", headers: dict | None = None,
+                 ok: tuple = ()) -> int:
+        """One request to the store through the proxy, signed with the attempt's current key; its status (a 2xx or
+        one of `ok`; anything else is retried, bounded, as the runner's `transient` does)."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
@@ -175,16 +179,14 @@ class HollowRunner:
         for n in range(20):
             with open(self.creds_path, "rb") as f:  # (CR1 rotates it: read at each try, as credential_process)
                 c = json.loads(f.read())
-            url = f"{self.s3}/{self.bucket}/{key}"
-            req = AWSRequest("PUT", url, data=body, headers={"If-None-Match": "*"})
+            url = f"{self.s3_url}/{self.bucket}/{path}"
+            req = AWSRequest(method, url, data=body, headers=headers or {})
             S3SigV4Auth(Credentials(c["AccessKeyId"], c["SecretAccessKey"]), "s3", self.region).add_auth(req)
-            status, _ = await request("PUT", url, body, dict(req.headers.items()))
-            if status < 300:
-                return True
-            if status == 412:
-                return False
+            status, _ = await request(method, url, body, dict(req.headers.items()))
+            if status < 300 or status in ok:
+                return status
             await asyncio.sleep(min(0.5, 0.05 * 2 ** n))
-        raise RuntimeError(f"PUT {key}: still failing after 20 tries")
+        raise RuntimeError(f"{method} {path}: still failing after 20 tries")
 
     def tool(self, call: dict) -> str:
         name = call["function"]["name"]
@@ -210,6 +212,9 @@ class HollowRunner:
         self.say(f"hollow runner attempt={self.attempt} fence={self.fence}")
         messages = [{"role": "system", "content": "hollow"},
                     {"role": "user", "content": f"Task {self.task_id}: carry out the plan step by step."}]
+        # as the durable runner starts: its journal listed, its first record read (none on a first attempt)
+        await self.s3("GET", f"?list-type=2&prefix={quote(self.prefix + 'journal/', safe='')}")
+        await self.s3("GET", f"{self.prefix}journal/0000.json", ok=(404,))
         for step in range(MAX_STEPS):
             await self.go.wait()
             self.announce(f"before-model:{step}")
@@ -225,7 +230,8 @@ class HollowRunner:
                     "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
             self.announce(f"before-commit:{step}")
             record = {"step": step, "call": call, "fence": self.fence, "attempt": self.attempt}
-            await self.put_new(f"{self.prefix}journal/{step:04d}.json", json.dumps(record).encode())
+            await self.s3("PUT", f"{self.prefix}journal/{step:04d}.json", json.dumps(record).encode(),
+                          {"If-None-Match": "*"}, ok=(412,))
             self.announce(f"after-commit:{step}")
             if call["function"]["name"] == "publish":
                 args = json.loads(call["function"]["arguments"] or "{}")

@@ -10,25 +10,31 @@ import pytest
 from fleet.hollow import ENV_NODES, HollowBackend, hollow_nodes
 from fleet.host import HollowHost
 from fleet.ledger import LeaseLedger
+from fleet.markers import ATTEMPT_CREDENTIALS
+from storage.credentials import CredentialSource, Credentials
 from tests.harness.fakes import LocalLedger, wait_for
 
 
 def spec(tmp_path, wave: str, sid: str, port: int) -> dict:
-    url = "http://127.0.0.1:1/v1"  # (inside: relayed to the silent server below)
+    url = "http://127.0.0.1:1/v1"  # (inside: relayed to the silent server of the test)
     env = {"SANDFLEET_TASK_ID": sid.split("-")[0], "SANDFLEET_FENCE": "1", "SANDFLEET_ATTEMPT": "1",
            "OPENAI_BASE_URL": url, "OPENAI_API_KEY": "k", "SANDFLEET_EFFECTS_URL": url,
            "SANDFLEET_EFFECTS_KEY": "k", "SANDFLEET_S3_ENDPOINT": "http://127.0.0.1:1", "SANDFLEET_S3_BUCKET": "b",
            "SANDFLEET_S3_PREFIX": f"{wave}/{sid}/"}
+    creds = tmp_path / "creds" / sid
+    creds.mkdir(parents=True)
+    CredentialSource(creds / ATTEMPT_CREDENTIALS).publish(Credentials("AK" + sid, "secret"))
+    env["AWS_CONFIG_FILE"] = "/creds/aws-config"
     return {"wave_id": wave, "sandbox_id": sid, "task_id": sid.split("-")[0], "attempt": 1, "argv": ["x"],
             "env": env, "state_dir": str(tmp_path / "state" / sid), "files": {"repo/a.txt": "a\n"},
-            "relays": {1: f"127.0.0.1:{port}"}}
+            "relays": {1: f"127.0.0.1:{port}"}, "ro_mounts": {str(creds): "/creds"}}
 
 
 def test_hollow_nodes_start_are_scanned_and_end_with_nothing_left(tmp_path):
     async def main():
         held: list = []
 
-        async def silent(reader, writer):  # a model that never answers: the hollow runners wait in their first call
+        async def silent(reader, writer):  # services that never answer: the hollow runners wait in their first call
             held.append(writer)
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
@@ -41,7 +47,7 @@ def test_hollow_nodes_start_are_scanned_and_end_with_nothing_left(tmp_path):
                 sid = f"t{i}{j}-a1"
                 lease = led.acquire(f"w/t{i}{j}", h.node_id, sid, 4)
                 runs.append(asyncio.create_task(h.run_attempt(spec(tmp_path, "w", sid, port), lease, 4)))
-        await wait_for(lambda: len(held) == 6, "every hollow runner's first model call reached the model")
+        await wait_for(lambda: len(held) == 6, "every hollow runner's first request reached the services")
         assert [len(h.backend.listing("w")) for h in hosts] == [2, 2, 2]
         scans = [await h.scan_markers(["w"]) for h in hosts]
         assert sorted(s for sc in scans for s in sc["waves"]["w"]["cgroups"]) == sorted(
