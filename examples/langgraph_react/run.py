@@ -7,6 +7,10 @@ Persistence, as shipped: the checkpoints are in `--db` (default `.langgraph.sqli
 disk), under one thread id. A run started again finds the thread's last checkpoint and, as LangGraph's docs resume
 an interrupted thread, invokes the graph with `None` on the same `thread_id`: it goes on from the last superstep it
 saved. On a fresh disk there is no checkpoint and it starts over. Exit 0 when the agent ended with a final answer.
+
+`create_react_agent` warns that LangGraph 1.0 moved it to `langchain.agents.create_agent` (the `langchain` package,
+not pinned here); langgraph-prebuilt 1.1.3 still ships it, and it is what DCP-2.0's LangGraph row and most deployed
+LangGraph agents run. The warning is left as shipped.
 """
 import argparse
 import os
