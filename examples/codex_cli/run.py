@@ -41,6 +41,9 @@ def main() -> int:
     else:
         argv = [CODEX, "exec", *conf, *flags, PROMPT]
     print(f"codex_cli: {'resuming' if kept else 'starting'}", file=sys.stderr, flush=True)
+    # codex exec appends a piped stdin to its prompt and reads it to its end: give it none
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
     os.execv(CODEX, argv)
     return 2
 
