@@ -41,17 +41,19 @@ def _needs_the_machine(session) -> bool:
                for item in session.items)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def suite_lock(request):
+_LOCK_FD: list[int] = []
+
+
+def pytest_collection_finish(session):
     """One suite at a time on a machine: the leftover checks below see every sandfleet process,
     cgroup and mount on the host, so a second suite (or CI beside a developer's run) would read
-    the first one's live waves as leaks. Waits (bounded) for the other suite instead."""
+    the first one's live waves as leaks. Waits (bounded, 30 min) for the other suite instead.
+    Taken here, between collection and the first test, so that no per-test timeout cuts the wait
+    short (a wait cut at the first test's 600 s failed every test of a suite queued behind a bench)."""
     import fcntl
 
-    if not _needs_the_machine(request.session):
-        yield
+    if _LOCK_FD or not _needs_the_machine(session):
         return
-
     fd = os.open(SUITE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + 30 * 60
     while True:
@@ -61,11 +63,24 @@ def suite_lock(request):
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(fd)
-                pytest.fail(f"another sandfleet test suite held {SUITE_LOCK} for 30 minutes")
+                pytest.exit(f"another sandfleet test suite held {SUITE_LOCK} for 30 minutes", returncode=3)
             time.sleep(1.0)
+    _LOCK_FD.append(fd)
+
+
+def pytest_sessionfinish(session):
+    import fcntl
+
+    while _LOCK_FD:
+        fd = _LOCK_FD.pop()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_lock(request):
+    """The machine is this session's (taken at the end of collection, see above), when it needs it."""
     yield
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
 
 
 @pytest.fixture(scope="session")
