@@ -43,6 +43,13 @@ class ScopedKeys:
         self.slots: list[dict] = []  # {"name", "creds", "actions", "owner"}
         self.issued = 0
         self.revoked = 0
+        # group commit: changes made while one write of the identities is under way go out together in the next
+        # (each write makes weed reload every identity: per attempt that was O(concurrent attempts) of its CPU)
+        self._written = threading.Condition(self.lock)
+        self._changes = 0  # changes made to the slots
+        self._applied = 0  # of them, how many the store has been given
+        self._applying = False
+        self.writes = 0
 
     def _identities(self) -> list[dict]:
         return [{"name": s["name"], "credentials": [{"accessKey": s["creds"].access_key,
@@ -50,7 +57,27 @@ class ScopedKeys:
                  "actions": s["actions"]} for s in self.slots]
 
     def _apply(self) -> None:
-        self.store.update_identities(self.admin, self.tag, self._identities())
+        """With `self.lock` held, after a change to the slots: returns once a write that holds it reached the store.
+        One writer at a time; whoever comes while a write is under way waits, and the first of them writes every
+        change made meanwhile in one go."""
+        self._changes += 1
+        mine = self._changes
+        while self._applied < mine:
+            if self._applying:
+                self._written.wait()
+                continue
+            self._applying, upto, identities = True, self._changes, self._identities()
+            self.lock.release()
+            try:
+                self.store.update_identities(self.admin, self.tag, identities)
+                done = True
+            finally:
+                self.lock.acquire()
+                self._applying = False
+                self._written.notify_all()
+            if done:
+                self._applied = max(self._applied, upto)
+                self.writes += 1
 
     def _prober(self, creds: Credentials, bucket: str, key: str) -> "_Probe":
         return _Probe(self.store.endpoint.url, self.store.endpoint.region, creds, bucket, key)
