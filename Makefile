@@ -92,6 +92,7 @@ bench: setup docker
 	$(BIN)/python -m tests.bench.report
 	$(BIN)/python -m tests.bench.keys_ab
 	$(BIN)/python -m tests.bench.lazyfs
+	$(BIN)/python -m tests.bench.hollow
 
 # Each example runner (examples/*/) gets its own venv from its pinned requirements.txt (none imports
 # sandfleet). Idempotent: a venv whose requirements are installed (stamp file) is skipped.
