@@ -60,3 +60,48 @@ def test_move_is_a_node_loss_mode_and_needs_nodes():
         build_config({"faults": ["PK1"], "sandbox": {"disk": "move"}})
     with pytest.raises(ConfigError, match="nodes >= 3"):
         build_config({"faults": ["PK1"], "fault_timing": {"PK3": {"disk": "move"}}})
+
+
+def test_only_the_lost_nodes_running_tasks_whose_disk_the_loss_moves_are_detached():
+    """The attempts' room asks the lost node's host for the volume of each task running there whose ending fault
+    moves its disk (its own PK3's `disk`, else sandbox.disk), keeps the image for its next attempt, and says why
+    one was not moved."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from cluster.wave.attempts import Attempts
+
+    cfg = build_config({"faults": ["PK3"], "nodes": 3, "fault_timing": {"PK3": {"disk": "move"}}})
+    asked = []
+
+    class Host:
+        class detach_volume:  # noqa: N801 - a Ray actor method's shape: .remote(...) -> awaitable
+            @staticmethod
+            def remote(wave_id, sandbox_id, task_id):
+                asked.append((wave_id, sandbox_id, task_id))
+
+                async def answer():
+                    if task_id == "t001":
+                        return {"image": None, "why": "no volume of task t001 is mounted on node-1", "stopped": 0}
+                    return {"image": b"tar", "files": 3, "bytes": 12, "stopped": 2, "node": "node-1"}
+                return answer()
+
+    def run(tid, sid, faults):
+        return SimpleNamespace(current=(Host, sid) if sid else None, plan=SimpleNamespace(faults=faults))
+
+    pk3 = [{"fault_id": "PK3", "instance": "t000-PK3"}]
+    room = SimpleNamespace(cfg=cfg, wave_id="w", moved={}, nodes=SimpleNamespace(host=lambda node: Host()),
+                           runs={"t000": run("t000", "t000-a1", pk3), "t001": run("t001", "t001-a1", []),
+                                 "t002": run("t002", "t002-a1", []), "t003": run("t003", None, [])})
+    got = asyncio.run(Attempts._detach_volumes(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
+    # t000: its own PK3 moves it; t001: another task on the node, sandbox.disk (wipe) would say so, not moved
+    assert asked == [("w", "t000-a1", "t000")], asked
+    assert got == {"t000": {"moved": True, "files": 3, "bytes": 12, "stopped": 2}}
+    assert room.moved["t000"]["image"] == b"tar" and room.moved["t000"]["node"] == "node-1"
+
+    room.cfg = build_config({"faults": ["PK3"], "nodes": 3, "sandbox": {"disk": "move"}})
+    room.moved, asked[:] = {}, []
+    got = asyncio.run(Attempts._detach_volumes(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
+    assert [a[2] for a in asked] == ["t000", "t001"]  # sandbox.disk move: every task on the lost node
+    assert got["t001"] == {"moved": False, "why": "no volume of task t001 is mounted on node-1"}
+    assert set(room.moved) == {"t000"}
