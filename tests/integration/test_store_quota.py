@@ -1,0 +1,112 @@
+"""The per-task store quota (storage/quota.py) on real SeaweedFS: enforced at the fault proxy as a real S3 error a
+runner reads (403 QuotaExceeded through boto3), never bypassed through the compiled relay in front of it, and a
+task that hit it is graded so (`within_store_quota`), never a silent pass."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+from pathlib import Path
+
+import botocore.exceptions
+import orjson
+import pytest
+
+from cluster import results
+from cluster.grade import exit_code
+from storage import relay
+from storage.proxy import ProxyProcess
+from storage.store import EmbeddedStore, s3_client
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+FLOOD = str(ROOT / "tests" / "runners" / "store_flood.py")
+B = "sf-quota"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quota")
+    store = EmbeddedStore(d / "store")
+    ep = store.start()
+    s3_client(ep.url, ep.creds).create_bucket(Bucket=B)
+    yield ep, d
+    store.stop()
+
+
+@contextlib.contextmanager
+def _proxy(ep, log: Path, **kw):
+    proxy = ProxyProcess(ep.url, str(log), merge_slashes=True, **kw).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _code(exc_info) -> tuple[int, str]:
+    r = exc_info.value.response
+    return r["ResponseMetadata"]["HTTPStatusCode"], r["Error"]["Code"]
+
+
+@pytest.mark.parametrize("front", [
+    pytest.param("relay", marks=pytest.mark.skipif(relay.binary() is None, reason="sandfleet-relay not installed")),
+    "alone"])
+def test_writes_past_the_quota_get_403_quota_exceeded_through_either_front(store, front):
+    """The compiled relay relays plain requests itself while no rule is open: with a quota on, every write must
+    still reach the proxy's count (a relay that relayed writes let this flood through)."""
+    ep, d = store
+    log = d / f"proxy-{front}.jsonl"
+    with _proxy(ep, log, relay=front == "relay", quota=(5, 64 * 1024)) as proxy:
+        c = s3_client(proxy.url, ep.creds, max_attempts=1)
+        c.list_objects_v2(Bucket=B, Prefix=f"w{front}/t000/")
+        for i in range(5):
+            c.put_object(Bucket=B, Key=f"w{front}/t000/k{i}", Body=b"x" * 100)
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            c.put_object(Bucket=B, Key=f"w{front}/t000/k5", Body=b"x")
+        assert _code(e) == (403, "QuotaExceeded")
+        assert "5 objects" in e.value.response["Error"]["Message"]
+        c.put_object(Bucket=B, Key=f"w{front}/t000/k0", Body=b"y" * 200)  # an overwrite holds no new object
+        c.put_object(Bucket=B, Key=f"w{front}/t001/k0", Body=b"x")  # another task: its own quota
+        with pytest.raises(botocore.exceptions.ClientError) as e:  # bytes: 64 KiB a task
+            c.put_object(Bucket=B, Key=f"w{front}/t001/big", Body=b"z" * (65 * 1024))
+        assert _code(e) == (403, "QuotaExceeded")
+        with pytest.raises(botocore.exceptions.ClientError):  # the store never got the refused object
+            s3_client(ep.url, ep.creds).head_object(Bucket=B, Key=f"w{front}/t001/big")
+        c.delete_objects(Bucket=B, Delete={"Objects": [{"Key": f"w{front}/t000/k{i}"} for i in range(2)]})
+        for k in ("k5", "k6"):  # the room the DeleteObjects freed: full again
+            c.put_object(Bucket=B, Key=f"w{front}/t000/{k}", Body=b"x")
+        # a hand-made keep-alive connection: a read the relay serves itself, then a write on the same connection
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(f"GET /{B}/w{front}/t000/k5 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(65536).startswith(b"HTTP/1.1 ")
+            s.sendall(f"PUT /{B}/w{front}/t000/k7 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".encode())
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 403 ") and b"<Code>QuotaExceeded</Code>" in answer, answer
+        proxy.control().flush()
+        lines = [orjson.loads(x) for x in log.read_bytes().splitlines()]
+        refused = [r for r in lines if r.get("quota")]
+        assert [r["key"] for r in refused] == [f"w{front}/t000/k5", f"w{front}/t001/big", f"w{front}/t000/k7"]
+        assert refused[0]["code"] == "QuotaExceeded" and refused[0]["quota"]["objects"] == 5
+        assert proxy.control().stats()["quota_refused"] == 3
+
+
+def test_a_runner_that_floods_past_its_quota_gets_the_s3_error_and_the_wave_grades_it(run_wave):
+    result, d = run_wave(runner={"name": "store-flood", "command": [sys.executable, FLOOD]}, tasks=1,
+                         concurrency=1, seed=42, workload={"steps": 3, "think_ms": 20}, deadline_s=120,
+                         store={"quota_objects": 40, "quota_mb": 8})
+    logs = "\n".join(p.read_text(errors="replace") for p in results.ResultsDir(d).runner_logs("t000"))
+    assert "then 403 QuotaExceeded" in logs, logs[-2000:]
+    assert "flood: deleted" in logs, logs[-2000:]
+    g = next(g for g in result["tasks"] if g["task_id"] == "t000")
+    c = g["checks"]["within_store_quota"]
+    assert c["verdict"] == "fail" and c["refused"] >= 1 and "QuotaExceeded" in c["detail"], c
+    assert g["checks"]["completed"]["verdict"] == "pass", g["checks"]["completed"]  # the flood's room was freed
+    assert g["verdict"] == "fail" and "within_store_quota" in (g["signature"] or ""), (g["verdict"], g["signature"])
+    ref = next(r for r in result["references"])
+    assert ref["checks"]["within_store_quota"]["verdict"] == "pass"  # the same runner, no flood
+    assert exit_code(result) == 1
+    logged = results.read_jsonl(Path(d) / results.PROXY_REQUESTS)
+    assert any(r.get("quota") and r.get("status") == 403 for r in logged)
+    summary = (Path(d) / results.SUMMARY).read_text()
+    assert "within_store_quota" in summary
+    assert "objects checked" in summary  # the audit says how many of how many it read
