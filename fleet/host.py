@@ -85,8 +85,11 @@ class SandboxHost:
             self.renew_stats["ticks"] += 1
             try:
                 res = await asyncio.wait_for(awaitable(self.ledger.renew_many.remote(
-                    [(h["task_id"], h["fence"], h["version"], h["ttl"]) for _, h in batch])), max(1.0, tick * 2))
-            except Exception:  # noqa: BLE001 - slow or lost ledger: leases run on until expiry; retry next tick
+                    [(h["task_id"], h["fence"], h["version"], h["ttl"], h["holder"]) for _, h in batch])),
+                    max(1.0, tick * 2))
+            except Exception:  # noqa: BLE001 - slow or lost ledger: leases run on until expiry; retry next tick.
+                # The ledger may still apply this batch after we stopped waiting: the next one names the holder,
+                # so the ledger renews a lease whose version moved on by our own renewal instead of fencing it.
                 self.renew_stats["errors"] += 1
                 continue
             for (sid, h), (ok, version) in zip(batch, res):
@@ -105,7 +108,7 @@ class SandboxHost:
 
     def _hold(self, key: str, lease: Lease, ttl_s: float) -> dict:
         h = {"task_id": lease.task_id, "fence": lease.fence, "version": lease.version, "ttl": ttl_s,
-             "sb": None, "refused": False}
+             "holder": lease.holder, "sb": None, "refused": False}
         self.held[key] = h
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_all())

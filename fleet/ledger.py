@@ -110,16 +110,23 @@ class LeaseLedger:
                             (version, self.clock() + ttl_s, task_id, fence))
             return True, version
 
-    def renew_many(self, items: list[tuple[str, int, int, float]]) -> list[tuple[bool, int]]:
-        """Renew many leases in one transaction: [(task_id, fence, expected_version, ttl_s)] -> [(ok, version)].
+    def renew_many(self, items: list[tuple]) -> list[tuple[bool, int]]:
+        """Renew many leases in one transaction: [(task_id, fence, expected_version, ttl_s[, holder])] ->
+        [(ok, version)].
 
         One call per host per tick, whatever the number of attempts it runs: renewals stay cheap under load.
-        A lease renews only while active, at the expected version and not yet expired (no expiry scan)."""
+        A lease renews only while active, at the expected version and not yet expired (no expiry scan). An item
+        that names its `holder` is also renewed at a version newer than it expected, if the lease is still
+        active, unexpired and that holder's: only renewals move an active lease's version, so the holder's own
+        earlier renewal was applied after it stopped waiting for the answer (issue: fenced at 1,000 sandboxes).
+        The answer is the lease's current version, which the holder keeps from then on."""
         out = []
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             now = self.clock()
-            for task_id, fence, version, ttl_s in items:
+            for item in items:
+                task_id, fence, version, ttl_s = item[:4]
+                holder = item[4] if len(item) > 4 else None
                 cur = self.db.execute("UPDATE leases SET version=version+1, expires_at=? WHERE task_id=? AND fence=? "
                                       "AND state='active' AND version=? AND expires_at>?",
                                       (now + ttl_s, task_id, fence, version, now))
@@ -129,6 +136,13 @@ class LeaseLedger:
                 row = self.get(task_id, fence)
                 if row is None:
                     out.append((False, 0))
+                    continue
+                if (holder is not None and row["holder"] == holder and row["state"] == "active"
+                        and row["version"] > version and row["expires_at"] > now):
+                    self.db.execute("UPDATE leases SET version=?, expires_at=? WHERE task_id=? AND fence=?",
+                                    (row["version"] + 1, now + ttl_s, task_id, fence))
+                    self._log(task_id, fence, "renew_resynced", f"expected={version} was={row['version']}")
+                    out.append((True, row["version"] + 1))
                     continue
                 self._log(task_id, fence, "renew_refused", f"state={row['state']} version={row['version']} "
                                                           f"expected={version} expires_at={row['expires_at']:.3f} "

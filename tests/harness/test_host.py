@@ -67,6 +67,44 @@ def test_fenced_attempt_is_killed_when_renewal_is_refused(tmp_path):
     asyncio.run(main())
 
 
+class LateAnswerLedger:
+    """A LocalLedger whose first `renew_many` is applied at once but answered only after the host gave up
+    waiting for it (a ledger busy with 1,000 sandboxes' renewals)."""
+
+    def __init__(self, ledger, host_errors):
+        self.inner, self.host_errors, self.late = ledger, host_errors, 0
+        for name in ("acquire", "release", "revoke", "active", "dump", "ping"):
+            setattr(self, name, getattr(LocalLedger(ledger), name))
+        self.renew_many = self
+
+    def remote(self, items):
+        res = self.inner.renew_many(items)
+
+        async def answer():
+            if self.late == 0:
+                self.late += 1
+                await wait_for(lambda: self.host_errors() >= 1, "the host stopped waiting for the renewal")
+            return res
+        return answer()
+
+
+def test_renewal_answered_after_the_host_stopped_waiting_does_not_fence_the_attempt(tmp_path):
+    async def main():
+        led = LeaseLedger(str(tmp_path / "l.db"), clock=Clock())  # frozen: nothing expires, only versions move
+        be = FakeBackend()
+        host = SandboxHost("n0", be, None)
+        host.ledger = LateAnswerLedger(led, lambda: host.renew_stats["errors"])
+        lease = led.acquire("w/t0", "n0", "s1", 2.0)
+        run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 2.0))
+        await wait_for(lambda: host.renew_stats["errors"] == 1 and host.renew_stats["renewed"] >= 2,
+                       "two renewals answered after the late one")
+        assert host.renew_stats["refused"] == 0, led.dump()["history"]
+        be.finish("w/s1", 0)
+        out = await asyncio.wait_for(run, 5)
+        assert out.exit_code == 0 and not out.killed_by, out
+    asyncio.run(main())
+
+
 def test_failed_start_leaves_no_sandbox(tmp_path):
     async def main():
         be = FakeBackend()

@@ -45,6 +45,40 @@ def test_renew_takes_the_expected_version(tmp_path):
     assert led.renew("w/t0", 1, v + 1, 10)[0] is False  # expired: a zombie cannot renew
 
 
+def test_renewal_applied_after_the_host_stopped_waiting_is_not_a_conflict(tmp_path):
+    """A renewal the ledger applied after the host's wait for its answer ran out leaves the host one version
+    behind; its next renewal names its holder and is renewed, and the answer carries the version to keep."""
+    led, clock = make(tmp_path)
+    a = led.acquire("w/t0", "n0", "s1", 6)
+    assert led.renew_many([("w/t0", 1, a.version, 6, "n0")]) == [(True, a.version + 1)]  # the answer is lost
+    clock.t += 2
+    ok, v = led.renew_many([("w/t0", 1, a.version, 6, "n0")])[0]  # the host still believes a.version
+    assert (ok, v) == (True, a.version + 2)
+    assert led.get("w/t0", 1)["expires_at"] == clock.t + 6
+    assert led.renew_many([("w/t0", 1, v, 6, "n0")]) == [(True, v + 1)]  # and renews on from the answer
+    assert "renew_resynced" in [h["event"] for h in led.dump()["history"]]
+
+
+def test_a_stale_renewal_of_a_lost_lease_is_still_fenced(tmp_path):
+    """Naming the holder does not weaken fencing: another holder, an expired, a released or a revoked lease,
+    or a renewal without its holder at a stale version is refused."""
+    led, clock = make(tmp_path)
+    a = led.acquire("w/t0", "n0", "s1", 6)
+    led.renew_many([("w/t0", 1, a.version, 6, "n0")])
+    assert led.renew_many([("w/t0", 1, a.version, 6)])[0][0] is False  # no holder named: strict version
+    assert led.renew_many([("w/t0", 1, a.version, 6, "n1")])[0][0] is False  # someone else's lease
+    clock.t += 7
+    assert led.renew_many([("w/t0", 1, a.version, 6, "n0")])[0][0] is False  # expired meanwhile
+    b = led.acquire("w/t0", "n0", "s2", 6)
+    led.renew_many([("w/t0", b.fence, b.version, 6, "n0")])
+    assert led.revoke("w/t0", b.fence, "test")[0]
+    assert led.renew_many([("w/t0", b.fence, b.version, 6, "n0")])[0][0] is False  # revoked
+    c = led.acquire("w/t0", "n0", "s3", 6)
+    led.renew_many([("w/t0", c.fence, c.version, 6, "n0")])
+    assert led.release("w/t0", c.fence, None, "done")[0]
+    assert led.renew_many([("w/t0", c.fence, c.version, 6, "n0")])[0][0] is False  # released
+
+
 def test_zombie_cannot_release_a_newer_lease(tmp_path):
     led, clock = make(tmp_path)
     a = led.acquire("w/t0", "n0", "s1", 5)
