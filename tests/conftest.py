@@ -54,17 +54,18 @@ def pytest_collection_finish(session):
 
     if _LOCK_FD or not _needs_the_machine(session):
         return
+    import threading
+
     fd = os.open(SUITE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + 30 * 60
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                pytest.exit(f"another sandfleet test suite held {SUITE_LOCK} for 30 minutes", returncode=3)
-            time.sleep(1.0)
+    got = threading.Event()
+
+    def take() -> None:  # a blocking wait queues with flock(1)'s waiters; polling lost to them every time
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        got.set()
+
+    threading.Thread(target=take, name="suite-lock", daemon=True).start()
+    if not got.wait(30 * 60):
+        pytest.exit(f"another sandfleet test suite held {SUITE_LOCK} for 30 minutes", returncode=3)
     _LOCK_FD.append(fd)
 
 
