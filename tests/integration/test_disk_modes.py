@@ -120,3 +120,34 @@ def test_a_kill_mid_journal_append_tears_it_and_only_a_runner_with_frame_checks_
     assert g["verdict"] == "fail" and g["checks"]["completed"]["verdict"] == "fail", (g["signature"], g["checks"])
     result, d = run_wave(runner="durable-local", seed=81, **torn)
     assert result["verdict"] == "pass", [(g["task_id"], g["signature"], g["checks"]) for g in result["tasks"]]
+
+
+@pytest.mark.parametrize("runner", ["durable", "durable-local"])
+def test_the_durable_references_pass_every_mode_at_a_sample_of_their_disk_boundaries(run_wave, runner):
+    """--enumerate-boundaries on a kept disk counts the uninterrupted run's own writes, fsyncs and renames (the lazy
+    file system serves the volume, under keep too) and kills a seeded sample of them: the store-journaled reference
+    and the local-journal one pass keep, lose-unsynced and torn at each. Nothing of the layer is left behind."""
+    for mode in ("keep", "lose-unsynced", "torn"):
+        result, d = run_wave(runner=runner, sandbox={"disk": mode}, enumerate_boundaries=True, boundaries=4, seed=83,
+                             concurrency=2, workload={"steps": 3, "think_ms": 20}, deadline_s=90)
+        plan = __import__("orjson").loads((Path(d) / results.PLAN).read_bytes())
+        counts = plan["enumerate"]["counts"]
+        assert counts.get("disk_write", 0) > 0, (mode, counts)  # the runner writes its repo on the volume
+        at_disk = [t for t in plan["tasks"] if t["boundary"]["kind"].startswith("disk_")]
+        assert len(at_disk) == 2 and len(plan["tasks"]) == 4, (mode, [t["boundary"] for t in plan["tasks"]])
+        receipts = {r["task_id"]: r for r in __import__("orjson").loads((Path(d) / results.FAULTS).read_bytes())}
+        by_id = {g["task_id"]: g for g in result["tasks"]}
+        for t in plan["tasks"]:  # a pass; or a kill that could not land, or landed before the runner's first
+            g, r = by_id[t["task_id"]], receipts[t["task_id"]]  # model answer (not_exercised: tests nothing)
+            assert g["verdict"] == "pass" or (g["verdict"] == "not_applied" and (
+                r["status"] == "not_applied" or g["not_exercised"] == [f"{t['task_id']}-PK1"])), (
+                mode, t["boundary"], r["status"], r["detail"], g["signature"], g["checks"])
+        for t in at_disk:  # each disk kill landed while the runner's op was held, and the mode was done after it
+            r = receipts[t["task_id"]]
+            if r["status"] == "applied":
+                assert "was held by the lazy file system" in r["detail"], r
+                assert r["evidence"]["disk"]["mode"] == mode and r["evidence"]["disk"]["kept"], r["evidence"]
+        assert sum(receipts[t["task_id"]]["status"] == "applied" for t in at_disk) >= 1, (mode, receipts)
+        assert exit_code(result) in (0, 2), (mode, exit_code(result))
+    assert not _mounts() and not [x for x in Path("/proc/self/mountinfo").read_text().splitlines()
+                                  if "sandfleet-lazyfs" in x]
