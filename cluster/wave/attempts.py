@@ -410,7 +410,7 @@ class Attempts:
         from ray.exceptions import RayActorError
 
         host, out = self.nodes.host(node), {}
-        for tid, run in self.runs.items():
+        for tid, run in self.context.runs.items():
             if run.current is None or run.current[1] not in sandboxes:
                 continue
             fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == instance), None)

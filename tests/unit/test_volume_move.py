@@ -91,8 +91,9 @@ def test_only_the_lost_nodes_running_tasks_whose_disk_the_loss_moves_are_detache
 
     pk3 = [{"fault_id": "PK3", "instance": "t000-PK3"}]
     room = SimpleNamespace(cfg=cfg, wave_id="w", moved={}, nodes=SimpleNamespace(host=lambda node: Host()),
-                           runs={"t000": run("t000", "t000-a1", pk3), "t001": run("t001", "t001-a1", []),
-                                 "t002": run("t002", "t002-a1", []), "t003": run("t003", None, [])})
+                           context=SimpleNamespace(runs={
+                               "t000": run("t000", "t000-a1", pk3), "t001": run("t001", "t001-a1", []),
+                               "t002": run("t002", "t002-a1", []), "t003": run("t003", None, [])}))
     got = asyncio.run(Attempts._detach_volumes(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
     # t000: its own PK3 moves it; t001: another task on the node, sandbox.disk (wipe) would say so, not moved
     assert asked == [("w", "t000-a1", "t000")], asked
