@@ -289,6 +289,11 @@ class RaySession:
     def stop(self) -> None:
         import ray
 
+        # every process of our own Ray, by PID, while the raylets still say which agents are theirs: a raylet that
+        # dies first orphans its agents (no parent left to find them by); they carry no marker on their command line
+        from fleet.markers import _cmdline
+
+        mine = [{"pid": pid, "cmd": _cmdline(str(pid))[:160]} for _, _, pid in self.core_processes()]
         if self.owned and ray.is_initialized():
             ray.shutdown()
         if self.head is not None:
@@ -300,9 +305,13 @@ class RaySession:
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster, self.ray_nodes = None, {}
+        if mine:
+            from cluster.sweep import _kill_listed
+
+            self.ended_leftovers = _kill_listed([p for p in mine if p["cmd"]])
         if self.tmpdir:
             if self.want_tmpdir or self.owned:
-                self.ended_leftovers = end_leftovers(self.tmpdir)
+                self.ended_leftovers = sorted(set(self.ended_leftovers + end_leftovers(self.tmpdir)))
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
 

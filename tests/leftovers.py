@@ -97,3 +97,34 @@ def wait_clean(baseline: dict | None = None, timeout_s: float = 15.0) -> dict:
         if not any(left.values()) or time.monotonic() > deadline:
             return {k: v for k, v in left.items() if v}
         time.sleep(0.2)
+
+
+def private_ray(tmpdir: str) -> dict[int, str]:
+    """pid -> command line of every process of the private Ray whose temp dir is `tmpdir`: its marker (the dir on
+    the command line, or a retitled `ray::` process holding a file under it) and every descendant of those (the
+    raylet's `ray::DashboardAgent` and `ray::RuntimeEnvAgent`, its workers)."""
+    from cluster.sweep import ray_processes
+
+    found = {p["pid"]: p["cmd"] for p in ray_processes(tmpdir)}
+    todo = list(found)
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                kids = [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found[kid] = _cmdline(str(kid))[:160]
+                    todo.append(kid)
+    return found
+
+
+def still_running(procs: dict[int, str]) -> list[str]:
+    """Those of `procs` (pid -> command line) that are still the same process."""
+    return [f"{pid} {cmd}" for pid, cmd in procs.items() if cmd and _cmdline(str(pid))[:160] == cmd]

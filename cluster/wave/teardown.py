@@ -241,6 +241,12 @@ class Teardown:
             steps.append(("fleet stop", self.parts.fleet.stop))
         side_by_side(errors, steps)
         if self.own_fleet and self.parts.fleet is not None:
+            tmp = self.parts.fleet.ray_session.tmpdir
+            if tmp and any(e.startswith("fleet stop: still running") for e in errors):
+                # the process ends before that stop does: the wave's own Ray goes now, by its temp dir (its marker)
+                from cluster.raysession import end_leftovers
+
+                self.parts.fleet.ray_session.ended_leftovers += end_leftovers(tmp)
             ended = self.parts.fleet.ray_session.ended_leftovers
             if ended:  # a dead GCS orphans its agents: they were ended by the session's temp dir (its marker)
                 self.timeline("ray_leftovers_ended", processes=ended)

@@ -100,3 +100,41 @@ def test_sweep_removes_what_a_killed_driver_left(fleet, tmp_path):
     again = subprocess.run([sys.executable, "-m", "cluster.cli", "sweep"], capture_output=True, text=True,
                            timeout=60)
     assert "nothing left behind" in again.stdout
+
+
+def test_sigint_ends_every_process_of_the_waves_own_ray(tmp_path):
+    """A CLI wave on its own private Ray, stopped by SIGINT once its first attempt started: exit 130, and nothing of
+    the wave is left, its Ray's `DashboardAgent` and `RuntimeEnvAgent` included (found by PID while the wave ran,
+    and by the Ray's temp dir, the wave's marker, after)."""
+    import hashlib
+    import os
+
+    results = tmp_path / "results"
+    before = leftovers.snapshot()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # its own Ray, not the session's
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", "--tasks", "4", "--concurrency", "2",
+                          "--faults", "none", "--seed", "11", "--results", str(results), "--no-progress"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ray_tmp, during = None, {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            if tl and b'"attempt_start"' in tl[0].read_bytes():
+                ray_tmp = f"/tmp/sfray-{hashlib.sha256(tl[0].parent.name.encode()).hexdigest()[:10]}"
+                break
+            time.sleep(0.1)
+        assert ray_tmp, "the wave never started an attempt"
+        during = leftovers.private_ray(ray_tmp)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    agents = [c for c in during.values() if c.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))]
+    assert len(agents) == 2, f"the wave's Ray agents were not found while it ran: {during}"
+    assert p.returncode == 130, (out, err)
+    assert not leftovers.wait_clean(before), "something of the interrupted wave is still running"
+    assert leftovers.still_running(during) == [], "a process of the wave's own Ray outlived it"
+    assert leftovers.private_ray(ray_tmp) == {} and not os.path.exists(ray_tmp)
