@@ -48,7 +48,8 @@ def is_venv(path: str) -> bool:
 def is_env(path: str) -> bool:
     """An installed environment, built per machine from a lock file beside it: a Python venv, or a Node
     `node_modules` dir (npm, yarn and pnpm all install there; its packages carry per-platform binaries). Never
-    shipped: each node has its own at the same path, bound read-only over the shipped code."""
+    shipped: the snapshot keeps only its place (an empty dir, so a read-only staged copy has the mount point), and
+    each node binds its own at the same path, read-only, over the shipped code."""
     return is_venv(path) or (os.path.basename(path) == "node_modules" and os.path.isdir(path)
                              and not os.path.islink(path))
 
@@ -83,12 +84,15 @@ def _entries(root: Path, exclude=()) -> list[Path]:
 
     def left_out(full: str) -> bool:
         rel = os.path.relpath(full, root)
-        return (os.path.realpath(full) in skip or os.path.basename(full) in NEVER or is_env(full)
+        return (os.path.realpath(full) in skip or os.path.basename(full) in NEVER
                 or any(fnmatch.fnmatchcase(rel, g) for g in globs))
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not left_out(os.path.join(dirpath, d)))
-        for name in dirnames + sorted(f for f in filenames if not any(
+        kept = sorted(d for d in dirnames if not left_out(os.path.join(dirpath, d)))
+        # an environment keeps its place as an empty dir (the mount point of the node's own), never its contents
+        places = [d for d in kept if is_env(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in kept if d not in places]
+        for name in kept + sorted(f for f in filenames if not any(
                 fnmatch.fnmatchcase(os.path.relpath(os.path.join(dirpath, f), root), g) for g in globs)):
             out.append(Path(dirpath) / name)
     return sorted(out, key=lambda p: str(p.relative_to(root)))

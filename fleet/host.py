@@ -190,9 +190,11 @@ class SandboxHost:
             ro_mounts[str(staged)] = spec.code["path"]
             inside = spec.code["path"].rstrip("/") + "/"
             # what the snapshot left out (a venv, fleet/codeship.py) is this node's own, at the same path, mounted
-            # over the shipped code
+            # over the shipped code (its place there is an empty dir: the mount point a read-only copy cannot make)
             for b in [*ro_binds, *spec.code.get("envs", ())]:
-                if b.startswith(inside) and not (staged / b[len(inside):]).exists() and os.path.isdir(b):
+                place = staged / b[len(inside):]
+                if (b.startswith(inside) and os.path.isdir(b)
+                        and (not place.exists() or (place.is_dir() and not any(place.iterdir())))):
                     ro_mounts[b] = b
             ro_binds = [b for b in ro_binds if b != spec.code["path"] and not b.startswith(inside)]
         # this host's own dir (every attempt's credentials on this node) is never shown, whatever a bind covers

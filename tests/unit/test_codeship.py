@@ -81,8 +81,9 @@ def test_venvs_caches_git_and_what_sandfleetignore_names_are_left_out(tmp_path):
     _, data = codeship.snapshot(str(src))
     names = set(tarfile.open(fileobj=io.BytesIO(data)).getnames())
     assert {"agent.py", "pkg/mod.py", "notes/keep.txt", "sub", codeship.IGNORE_FILE} <= names, names
-    assert not [n for n in names if n.startswith(("venv-any-name", "sub/.venv", "__pycache__", ".git", "data"))
+    assert not [n for n in names if n.startswith(("venv-any-name/", "sub/.venv/", "__pycache__", ".git", "data"))
                 or n.endswith(".log")], names
+    assert {"venv-any-name", "sub/.venv"} <= names  # (only its place: an empty dir, the node's own is mounted on)
 
 
 def test_node_modules_is_an_environment_left_out_and_named_for_the_nodes(tmp_path):
@@ -103,6 +104,8 @@ def test_node_modules_is_an_environment_left_out_and_named_for_the_nodes(tmp_pat
     (src / codeship.IGNORE_FILE).write_text("skip\n")
     _, data = codeship.snapshot(str(src), [str(src / "results")])
     names = set(tarfile.open(fileobj=io.BytesIO(data)).getnames())
-    assert "web/app.js" in names and not [n for n in names if "node_modules" in n or ".venv" in n], names
+    assert "web/app.js" in names and not [n for n in names if "node_modules/" in n or ".venv/" in n], names
+    # a read-only staged copy cannot make a mount point: each environment keeps its place as an empty dir
+    assert {".venv", "node_modules", "web/node_modules"} <= names, names
     assert codeship.environments(str(src), [str(src / "results")]) == [
         str(src / ".venv"), str(src / "node_modules"), str(src / "web" / "node_modules")]
