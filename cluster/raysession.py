@@ -294,17 +294,24 @@ class RaySession:
         from fleet.markers import _cmdline
 
         mine = [{"pid": pid, "cmd": _cmdline(str(pid))[:160]} for _, _, pid in self.core_processes()]
+        steps = []
         if self.owned and ray.is_initialized():
-            ray.shutdown()
+            steps.append(ray.shutdown)
         if self.head is not None:
-            self.head.destroy_external_storage()
-            self.head.kill_all_processes(check_alive=False, allow_graceful=True)
-            self.head, self.ray_nodes = None, {}
+            head = self.head
+            steps += [head.destroy_external_storage,
+                      lambda: head.kill_all_processes(check_alive=False, allow_graceful=True)]
         if self.isolated is not None:
-            self.isolated.stop()
+            steps.append(self.isolated.stop)
         if self.cluster is not None:
-            self.cluster.shutdown()
-            self.cluster, self.ray_nodes = None, {}
+            steps.append(self.cluster.shutdown)
+        failed = None
+        for step in steps:  # a step that fails does not keep the others, nor the ends below, from running
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - raised once the rest of this Ray is gone
+                failed = failed or exc
+        self.head, self.cluster, self.ray_nodes = None, None, {}
         if mine:
             from cluster.sweep import _kill_listed
 
@@ -314,6 +321,8 @@ class RaySession:
                 self.ended_leftovers = sorted(set(self.ended_leftovers + end_leftovers(self.tmpdir)))
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+        if failed is not None:
+            raise failed
 
 
 AGENTS = {"ray::DashboardAgent": "Ray dashboard agent", "dashboard/agent.py": "Ray dashboard agent",
