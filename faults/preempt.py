@@ -389,6 +389,8 @@ class NodeLoss(SigkillSandbox):
                     "host_pid": injected.get("host_pid")}
         r.detail = (f"node {node} lost ({how}) with {len(injected.get('sandboxes') or [])} sandbox(es) on it "
                     f"({', '.join(injected.get('sandboxes') or [])}); {back}" + self._where(spec, injected))
+        if injected.get("moved"):  # disk move: each task's volume read back before the loss, for its next attempt
+            r.evidence["moved"] = injected["moved"]
         return r
 
 

@@ -151,3 +151,60 @@ def test_the_durable_references_pass_every_mode_at_a_sample_of_their_disk_bounda
         assert exit_code(result) in (0, 2), (mode, exit_code(result))
     assert not _mounts() and not [x for x in Path("/proc/self/mountinfo").read_text().splitlines()
                                   if "sandfleet-lazyfs" in x]
+
+
+def _isolated_pk3_wave(tmp_path: Path, disk: str):
+    """One durable-local task on three isolated nodes; its node is lost (abrupt) right after its 2nd model answer,
+    and the loss leaves its disk as `disk` says."""
+    import os
+    import subprocess
+    import sys
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "pk3.yaml"
+    cfg.write_text("tasks: 1\nconcurrency: 1\nseed: 11\nrunner: durable-local\nfaults: [PK3]\nnodes: 3\n"
+                   "node_isolation: namespaces\nlease_ttl_s: 3\nworkload: {steps: 6, think_ms: 80}\n"
+                   "fault_timing: {PK3: {mode: abrupt, after_model_calls: [2, 2], down_s: [11, 12], disk: "
+                   f"{disk}}}}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
+                        str(tmp_path / "r"), "--no-progress"], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=400)
+    return r, (tmp_path / "r" / "latest").resolve()
+
+
+def test_move_re_attaches_the_volume_on_another_node_after_a_node_loss_on_isolated_nodes(tmp_path):
+    """`move` (PK3): before the node goes, its host stops the sandbox and reads the task's volume back; only Ray
+    carries it to the driver and on to the next attempt's host, on the other node, which lays it on a fresh volume.
+    The local-journal reference resumes from its journal there (no model call asked again); with the disk wiped
+    the same task asks the model again (no_model_recall). Nothing is left behind."""
+    import orjson
+
+    from cluster import isolated
+    from tests import leftovers
+
+    before = leftovers.snapshot()
+    r, wave = _isolated_pk3_wave(tmp_path / "move", "move")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    pk3 = [x for x in orjson.loads((wave / results.FAULTS).read_bytes()) if x["fault_id"] == "PK3"]
+    assert pk3 and pk3[0]["status"] == "applied", pk3
+    starts = [e for e in results.read_jsonl(wave / results.TIMELINE)
+              if e["event"] == "attempt_start" and e["task"] == "t000"]
+    assert len(starts) >= 2 and starts[0]["node"] == pk3[0]["target"]["node"], starts
+    moved = starts[1]["disk"]
+    assert moved["mode"] == "move" and moved["kept"], moved
+    assert moved["moved"]["from"] == starts[0]["node"] != moved["moved"]["to"] == starts[1]["node"], moved
+    assert moved["moved"]["files"] >= 1 and moved["moved"]["bytes"] > 0, moved
+    assert pk3[0]["evidence"]["moved"]["t000"]["moved"] and pk3[0]["evidence"]["moved"]["t000"]["stopped"] >= 1, \
+        pk3[0]["evidence"]
+    g = orjson.loads((wave / "t000.grade.json").read_bytes())
+    assert g["verdict"] == "pass" and g["model_recalls"] == 0, (g["signature"], g["checks"])
+
+    r, wave = _isolated_pk3_wave(tmp_path / "wipe", "wipe")
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    g = orjson.loads((wave / "t000.grade.json").read_bytes())
+    assert g["verdict"] == "fail" and "no_model_recall" in g["signature"], (g["signature"], g["checks"])
+    left = leftovers.wait_clean(before)
+    assert not left, left
+    assert not isolated.leftover_node_cgroups()
