@@ -127,10 +127,22 @@ def _fence_asked(messages: list) -> str | None:
     return None
 
 
+# The whole text of a tool result an agent wrote for a call whose output it lost: Codex CLI normalizes its history
+# on resume by giving every call without an output the output "aborted". A real model asks for such a call again,
+# so the scripted one does too: it is no finished step.
+ABORTED = "aborted"
+
+
+def tool_step_done(m: dict) -> bool:
+    """Is this message a tool result that finishes a step (not an agent's mark of a call it lost)?"""
+    c = m.get("content")
+    return m.get("role") in ("tool", "function") and not (isinstance(c, str) and c.strip().lower() == ABORTED)
+
+
 def step_of(messages: list, dialect: Dialect) -> int:
     """How many steps the conversation already holds."""
     if dialect.kind != "text":
-        return sum(1 for m in messages if m.get("role") in ("tool", "function"))
+        return sum(1 for m in messages if tool_step_done(m))
     n, after_assistant = 0, False
     for m in messages:
         role = m.get("role")

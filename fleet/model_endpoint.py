@@ -30,7 +30,7 @@ ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
 def count_tool_results(messages: list) -> int:
-    return sum(1 for m in messages if m.get("role") in ("tool", "function"))
+    return sum(1 for m in messages if dialects.tool_step_done(m))
 
 
 def validate(body: dict) -> tuple[list, bool, dict]:

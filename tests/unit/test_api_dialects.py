@@ -87,6 +87,17 @@ def test_messages_read_as_chat_count_tool_results_and_say_the_form():
     assert d.kind == "text" and step_of(text["messages"], d) == 2
 
 
+def test_a_call_an_agent_marks_aborted_is_no_finished_step():
+    """Codex CLI, resumed after a kill, gives each call whose output it lost the output "aborted": a real model asks
+    for that call again, so the scripted one does not count it as a step (it had skipped the cut step)."""
+    conv = r_conv(3)
+    conv[-1] = dict(conv[-1], output="aborted")
+    chat = dialect_responses.to_chat({"tools": R_TOOLS}, conv)
+    assert step_of(chat["messages"], Dialect("tools")) == 2
+    conv[-1] = dict(conv[-1], output="the tool aborted early, here is its log")  # a real output that says so
+    assert step_of(dialect_responses.to_chat({"tools": R_TOOLS}, conv)["messages"], Dialect("tools")) == 3
+
+
 def test_responses_read_as_chat_count_outputs_and_take_earlier_items():
     chat = dialect_responses.to_chat({"instructions": "be brief", "tools": R_TOOLS + [{"type": "web_search"}]},
                                      r_conv(4))
