@@ -37,6 +37,13 @@ class _SafeConsole(Console):
 out = _SafeConsole()
 
 
+def _results_path(value: str) -> Path:
+    """--results as typed: an empty one is refused (as a Path it would be the current directory)."""
+    if not str(value).strip() or "\0" in str(value):
+        raise typer.BadParameter(f"value {str(value)!r}: empty; give a directory (it is created if missing)")
+    return Path(value)
+
+
 def check_results_root(results: Path) -> None:
     """--results must be a directory we can create and write, checked before anything is written."""
     from cluster.config import ConfigError
@@ -102,7 +109,8 @@ def wave_run(
                                              help="any command as the runner, e.g. \"python agent.py\""),
     runner_workdir: Optional[Path] = typer.Option(None, "--runner-workdir",
                                                   help="directory of the runner's code (with --runner-cmd)"),
-    results: Path = typer.Option(Path("results"), "--results", help="results root"),
+    results: Path = typer.Option(Path("results"), "--results", help="results root", parser=_results_path,
+                                 metavar="<path>"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray address ('local' = private Ray)"),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="simulated Ray nodes on this machine (head + N-1 "
                                                               "sandbox nodes); needed by PK3"),
@@ -453,7 +461,8 @@ def report_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
 @app.command("league")
 def league_cmd(
     config: Path = typer.Argument(..., help="league config (YAML): runners, fault_sets, wave"),
-    results: Path = typer.Option(Path("results"), "--results", help="results root"),
+    results: Path = typer.Option(Path("results"), "--results", help="results root", parser=_results_path,
+                                 metavar="<path>"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
 ) -> int:
     """Run the same seeded waves over several runners and fault sets; writes LEAGUE.md and league.png."""
@@ -630,7 +639,8 @@ def campaign_storage(
     tasks: int = typer.Option(3, "--tasks", min=1, max=1000, help="tasks per wave"),
     seed: int = typer.Option(1, "--seed", min=0, help="wave seed"),
     config: Optional[Path] = typer.Option(None, "--config", help="wave config the waves start from"),
-    results: Path = typer.Option(Path("results"), "--results", help="results root"),
+    results: Path = typer.Option(Path("results"), "--results", help="results root", parser=_results_path,
+                                 metavar="<path>"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
 ) -> int:
     """Bisect the strength of one storage fault (an outage's length, a latency, an error share, a lag) to find

@@ -321,7 +321,9 @@ def _format(err: ValidationError, source: str) -> str:
         named = _path_in_message(msg) if e["type"] == "value_error" and not path else None
         if named is not None:  # a check across fields whose message starts with the field's path: name that
             path, value = named, _value_at(e.get("input"), named)
-        elif e["type"] == "value_error" and isinstance(value, dict):  # a check across fields: name the one
+        elif e["type"] == "value_error" and isinstance(value, dict) and _holds_models(path):  # a check across
+            # a model's fields: name the one
+            # (a mapping given where a list or a scalar goes, `faults: {PK1: 1}`, is that field's own error)
             key = msg.split(":", 1)[0]
             if path == ("fault_timing",) and isinstance(value.get(key), dict):  # "PK5: ...": about fault_timing.PK5
                 path, value = path + (key,), value[key]
@@ -379,6 +381,22 @@ def _model_at(loc: tuple) -> type[BaseModel]:
     return model
 
 
+def _holds_models(path: tuple) -> bool:
+    """Is the field at `path` a model (or a mapping of them), whose fields a check's message can name?"""
+    import typing
+
+    if not path:
+        return True
+    field = _model_at(path[:-1]).model_fields.get(str(path[-1]))
+    if field is None:  # a mapping's key (fault_timing.PK1): the model it holds
+        return True
+
+    def has_model(a) -> bool:
+        return (isinstance(a, type) and issubclass(a, BaseModel)) or any(has_model(x) for x in typing.get_args(a))
+
+    return has_model(field.annotation)
+
+
 def _allowed_fields(loc: tuple) -> list[str]:
     return sorted(_model_at(tuple(loc)[:-1]).model_fields)
 
@@ -429,7 +447,9 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
         if p.is_dir():
             raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file (e.g. configs/quickstart.yaml)")
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
+            why = "does not exist" if not (p.exists() or p.is_symlink()) else \
+                "is not a regular file (a device, FIFO or socket); give a YAML file"
+            raise ConfigError(f"config file {str(p)!r} {why}")
         try:
             if p.stat().st_size > MAX_CONFIG_BYTES:
                 raise ConfigError(f"config file {str(p)!r} is {p.stat().st_size} bytes; a config is at most "
@@ -450,4 +470,22 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r}: top level must be a mapping, got {type(data).__name__}")
         source = str(p)
+        if "faults" not in (overrides or {}):
+            _timing_of_listed_faults(data, source)
     return build_config(data, overrides, source)
+
+
+def _timing_of_listed_faults(data: dict, source: str) -> None:
+    """A wave file that times a fault it does not list has a typo or a lost fault: it would run without it, silently.
+    (A league's or campaign's shared base times faults some of its waves leave out, and `--faults` on the command line
+    replaces the file's list: neither comes here.)"""
+    timing, faults = data.get("fault_timing"), data.get("faults")
+    if not isinstance(timing, dict) or faults is None:
+        return
+    items = faults.split(",") if isinstance(faults, str) else faults if isinstance(faults, list) else []
+    listed = {f.strip() for item in items for f in str(item).split("+")}
+    for fid in timing:
+        if fid not in listed:
+            raise ConfigError(f"invalid wave config ({source}):\n  field `fault_timing.{fid}`: value "
+                              f"{timing[fid]!r}: times a fault the wave does not run; `faults` lists "
+                              f"{sorted(listed) or 'none'}: add {fid} to `faults`, or drop its timing")

@@ -81,6 +81,8 @@ class RunnerSpec(Strict):
                 raise ValueError(f"command is not a valid shell-quoted string: {exc}") from None
         if not v or not all(isinstance(a, str) and a for a in v):
             raise ValueError("command must be a non-empty list of non-empty strings, or one shell-quoted string")
+        if any("\0" in a for a in v):  # no argv can hold one: exec would cut it there, and run something else
+            raise ValueError("command has a NUL byte in an argument; an argument is a C string and cannot hold one")
         return v
 
     @field_validator("env")
@@ -222,6 +224,16 @@ class StoreConfig(Strict):
         if self.secret_key == REDACTED:
             raise ValueError(f"store.secret_key is {REDACTED} (a wave's plan.json never holds it): give it again in "
                              f"${STORE_SECRET_ENV}")
+        if self.url:
+            from urllib.parse import urlsplit
+
+            try:
+                userinfo = urlsplit(self.url).password is not None or "@" in urlsplit(self.url).netloc
+            except ValueError:
+                userinfo = False
+            if userinfo:  # the URL is written to plan.json and reports: a password in it would be kept verbatim
+                raise ValueError("store.url holds a user or password (user:pass@host); give the key id in "
+                                 "store.access_key and the secret in store.secret_key, and the URL without them")
         if self.url and not (self.access_key and self.secret_key):
             raise ValueError(f"store.url {self.url!r} needs store.access_key and store.secret_key "
                              "(or leave store.url empty for the embedded SeaweedFS)")

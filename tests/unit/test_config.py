@@ -276,3 +276,37 @@ def test_serve_names_a_damaged_wave_on_its_row_and_renders_the_others(tmp_path):
 def test_a_fleet_wave_with_its_own_store_url_is_bad_input_naming_both():
     with pytest.raises(ConfigError, match="address 'fleet' runs on the fleet's own store; store.url 'http://x:1'"):
         build_config({"address": "fleet", "store": {"url": "http://x:1", "access_key": "a", "secret_key": "b"}})
+
+
+def test_the_config_edge_cases_a_hostile_review_found_are_named(tmp_path):
+    """Issue 42, finding 9: each was accepted silently or named wrongly; each is now exit 254's error, naming the
+    field, the value and what is allowed."""
+    import os
+    import subprocess
+    import sys
+
+    def err(data) -> str:
+        with pytest.raises(ConfigError) as e:
+            build_config(data)
+        return str(e.value)
+
+    assert "field `faults`: value {'PK1': 1}: faults must be a list" in err({"faults": {"PK1": 1}})
+    assert "NUL byte" in err({"runner": {"name": "x", "command": ["a\0b"]}})
+    got = err({"store": {"url": "http://u:p@127.0.0.1:9", "access_key": "a", "secret_key": "b"}})
+    assert "field `store.url`" in got and "store.access_key" in got
+    f = tmp_path / "c.yaml"
+    f.write_text("faults: [PK1]\nfault_timing: {ST1: {after_model_calls: [1, 2]}}\n")
+    with pytest.raises(ConfigError, match=r"field `fault_timing.ST1`.*does not run.*\['PK1'\]"):
+        load_config(f)
+    assert load_config(f, {"faults": ["ST1"]}).faults == ["ST1"]  # --faults replaces the file's list
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for p in (fifo, "/dev/zero"):
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            load_config(p)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    p = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", "--results", ""], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert p.returncode == 254 and "--results" in p.stderr and "empty" in p.stderr, p.stderr
+    assert not list(tmp_path.glob("w-*")), "a wave ran into the current directory"
