@@ -213,17 +213,25 @@ def reference_key(runner: dict, workload: str, steps: int, seed: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+def _is_key(key) -> bool:
+    return isinstance(key, str) and len(key) == 32 and all(ch in "0123456789abcdef" for ch in key)
+
+
 class ReferenceCache:
     def __init__(self, root: Path):
         self.root = Path(root) / ".reference-cache"
 
     def get(self, key: str) -> tuple[dict[str, bytes], dict] | None:
+        if not _is_key(key):  # a key names a directory under the cache: only what reference_key makes
+            return None
         try:
             return read_artifact(self.root / key)
         except (OSError, ValueError, KeyError, orjson.JSONDecodeError):
             return None
 
     def put(self, key: str, files: dict[str, bytes], meta: dict) -> None:
+        if not _is_key(key):
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.root / key).exists():
             write_artifact(self.root / key, files, meta)

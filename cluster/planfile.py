@@ -20,6 +20,11 @@ class PlanError(ValueError):
     """The plan's file and field, and what is wrong with it."""
 
 
+
+def _cache_key(v) -> bool:
+    """A reference cache key as `reference_key` makes it: it names a directory under the cache, so nothing else."""
+    return isinstance(v, str) and len(v) == 32 and all(ch in "0123456789abcdef" for ch in v)
+
 def _kind(v) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(v), "a number")
@@ -119,7 +124,9 @@ def check(plan, source: str | Path = results.PLAN) -> dict:
     c.need(runner, "builtin", "runner.", _opt(_str), "a string or null", optional=True)
     seen = set()
     for part in ("tasks", "references"):
-        tasks = c.need(plan, part, "", lambda v: isinstance(v, list), "a list of planned tasks")
+        tasks = c.need(plan, part, "", lambda v, part=part: isinstance(v, list) and bool(v or part == "references"),
+                       "a list of planned tasks" + (" (at least one: a plan of none grades nothing)"
+                                                    if part == "tasks" else ""))
         for i, t in enumerate(tasks):
             w = f"{part}[{i}]."
             if not isinstance(t, dict):
@@ -143,7 +150,7 @@ def check(plan, source: str | Path = results.PLAN) -> dict:
                          optional=part == "references") or {}
             if ref or part == "tasks":
                 c.need(ref, "task_id", w + "reference.", safe_id, "a task id")
-                c.need(ref, "key", w + "reference.", _str, "a string (the reference cache's key)")
+                c.need(ref, "key", w + "reference.", _cache_key, "32 hex digits (the reference cache's key)")
             for j, f in enumerate(c.need(t, "faults", w, lambda v: isinstance(v, list), "a list of faults")):
                 fw = f"{w}faults[{j}]"
                 if not isinstance(f, dict):

@@ -197,7 +197,7 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     cfg = build_config({"faults": ["PK1", "ST1"], "tasks": 1})
     runner = {"name": "naive", "command": [sys.executable, "-c", "pass"], "env": {}}
     task = {"task_id": "t000", "role": "task", "seed": 3, "runner": "naive", "steps": 8, "workload": "patch-repo",
-            "reference": {"task_id": "ref-t000", "key": "k"},
+            "reference": {"task_id": "ref-t000", "key": "0" * 32},
             "faults": [{"fault_id": "PK1", "instance": "t000-PK1", "task_id": "t000", "trigger": "model_call", "at_s": 0.0,
                         "window_s": None, "params": {"after": 4}},
                        {"fault_id": "ST1", "instance": "t000-ST1", "task_id": "t000", "trigger": "time", "at_s": 1.0, "window_s": 2.0,
@@ -205,7 +205,7 @@ def test_shrink_refuses_what_it_cannot_shrink_before_anything_runs(tmp_path):
     cands = candidates(task, runner)
     assert [w for w, _ in cands][:2] == ["without t000-PK1 (PK1)", "without t000-ST1 (ST1)"]
     assert all(size(t) < size(task) for _, t in cands), [(w, size(t)) for w, t in cands]
-    assert cands[-1][0] == "4 steps instead of 8" and cands[-1][1]["reference"]["key"] != "k", cands[-1]
+    assert cands[-1][0] == "4 steps instead of 8" and cands[-1][1]["reference"]["key"] != "0" * 32, cands[-1]
     assert [w for w, _ in cands][2:5] == ["t000-PK1: after model_call 2 instead of 4", "t000-ST1: at 0.5 s instead "
                                           "of 1.0 s", "t000-ST1: a 1.0 s window instead of 2.0 s"]
     d = tmp_path / "w-1"

@@ -12,8 +12,14 @@ def _wave(tmp_path, grades):
     return out, {"references": grades}
 
 
+def _key(tid: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(tid.encode()).hexdigest()[:32]
+
+
 def _ref(tid, verdict, completed):
-    return {"task_id": tid, "reference_key": "k" + tid, "verdict": verdict,
+    return {"task_id": tid, "reference_key": _key(tid), "verdict": verdict,
             "checks": {"completed": {"verdict": completed}, "liveness": {"verdict": verdict}}}
 
 
@@ -22,5 +28,38 @@ def test_only_a_reference_that_passed_whole_is_cached(tmp_path):
     out, result = _wave(tmp_path, [_ref("ref-t000", "pass", "pass"), _ref("ref-t001", "fail", "pass"),
                                    _ref("ref-t002", "unknown", "pass"), _ref("ref-t003", "fail", "fail")])
     cache_passed_references(cache, "w1", out, result)
-    assert cache.get("kref-t000") is not None
-    assert [cache.get("k" + t) for t in ("ref-t001", "ref-t002", "ref-t003")] == [None, None, None]
+    assert cache.get(_key("ref-t000")) is not None
+    assert [cache.get(_key(t)) for t in ("ref-t001", "ref-t002", "ref-t003")] == [None, None, None]
+
+
+def test_a_key_that_is_not_one_names_no_directory(tmp_path):
+    """A plan's key (damaged, or a hostile one: `../../x`) never reaches a path: get and put take only 32 hex digits."""
+    cache = ReferenceCache(tmp_path / "root")
+    for key in ("../../../x", "/etc", "", "A" * 32, None):
+        cache.put(key, {"a": b"a"}, {})
+        assert cache.get(key) is None
+    assert not (tmp_path / "x").exists() and not (tmp_path / "root" / ".reference-cache").exists()
+
+
+def test_a_plan_with_no_task_or_a_key_that_is_a_path_is_damaged(tmp_path):
+    """A hostile review's finds: `tasks: []` graded as a pass of nothing, and a reference key of `../../..` made
+    `wave resume` write an artifact outside the results root. Both are now a damaged plan.json, named."""
+    import copy
+    import shutil
+
+    import orjson
+    import pytest
+
+    from cluster import planfile
+    from tests.unit.test_grade_fuzz import FIXTURE
+
+    shutil.copytree(FIXTURE, tmp_path / "w")
+    plan = orjson.loads((tmp_path / "w" / "plan.json").read_bytes())
+    planfile.check(copy.deepcopy(plan))  # the real wave's plan is whole
+    empty = dict(copy.deepcopy(plan), tasks=[], references=[])
+    with pytest.raises(planfile.PlanError, match=r"field `tasks`.*at least one"):
+        planfile.check(empty)
+    bad = copy.deepcopy(plan)
+    bad["tasks"][0]["reference"]["key"] = "../../../../tmp/x"
+    with pytest.raises(planfile.PlanError, match=r"reference.key.*32 hex digits"):
+        planfile.check(bad)
