@@ -200,7 +200,7 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     PROXY_REQUESTS: {"t": (NUM,), "method": (STR,), "cut": (BOOL, NONE), "key": (STR, NONE), "bucket": (STR, NONE),
                      "akid": (STR, NONE), "status": (INT, NONE), "ms": (NUM, NONE), "prefix": (STR, NONE),
                      "part": (INT, NONE), "upload_id": (STR, NONE), "req_bytes": (INT, NONE),
-                     "resp_bytes": (INT, NONE), "sha": (STR, NONE), "fault": (STR, NONE)},
+                     "resp_bytes": (INT, NONE), "sha": (STR, NONE), "fault": (STR, NONE), "keys": (LIST, NONE)},
     MODEL_CALLS: {"task": (STR,), "step": (INT, NONE), "t": (NUM,), "attempt": (INT, NONE), "tokens": (INT, NONE),
                   "t_done": (NUM, NONE), "delivered": (BOOL, NONE), "kind": (STR, NONE)},
     EFFECTS: {"task": (STR,), "effect_id": (STR,), "t": (NUM,), "step": (INT, NONE), "attempt": (INT, NONE),

@@ -153,7 +153,7 @@ class Quota:
         self.release(res)
         if 200 <= status < 300:
             self.apply(res.slot, res.op, res.key, res.length, res.upload_id, res.part,
-                       _delete_keys(body) if res.op == "DeleteObjects" else ())
+                       delete_keys(body) if res.op == "DeleteObjects" else ())
 
     def apply(self, slot: tuple, op: str, key: str, length: int, upload_id, part, deleted=()) -> None:
         u = self._use(slot)
@@ -202,7 +202,7 @@ class Quota:
         return n
 
 
-def _delete_keys(body: bytes | None) -> list[str]:
+def delete_keys(body: bytes | None) -> list[str]:
     if not body:
         return []
     out = []

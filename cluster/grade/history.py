@@ -134,13 +134,18 @@ def attribute(w: WaveRecord) -> Attribution:
             if tid_w is None or r.get("method") not in WRITE_METHODS:
                 continue
             own = f"{wave_id}/{tid_w}/"
-            if r.get("bucket") == bucket and (r.get("key") or "").startswith(own):
+            # a DeleteObjects (a bucket-level POST) is a write of the keys its body names, as the proxy logged them
+            names = r.get("keys") if r.get("method") == "POST" and not r.get("key") and isinstance(
+                r.get("keys"), list) and r["keys"] and all(isinstance(k, str) for k in r["keys"]) else [r.get("key")]
+            outside = [k for k in names if not (r.get("bucket") == bucket and (k or "").startswith(own))]
+            if not outside:
                 continue
-            rec = {"t": r["t"], "method": r["method"], "key": r.get("key"), "status": r.get("status"), "by": tid_w}
+            rec = {"t": r["t"], "method": r["method"], "key": outside[0], "status": r.get("status"), "by": tid_w}
             foreign.setdefault(tid_w, []).append(rec)
-            parts = (r.get("key") or "").split("/")
-            if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
-                damaged.setdefault(parts[1], []).append(rec)
+            for k in outside:
+                parts = (k or "").split("/")
+                if 200 <= (r.get("status") or 0) < 300 and len(parts) > 2 and parts[0] == wave_id:
+                    damaged.setdefault(parts[1], []).append(dict(rec, key=k))
     return Attribution(owner, foreign, damaged, cut_keys)
 
 

@@ -560,3 +560,28 @@ def test_a_diff_of_long_files_names_the_lines():
     b = {"f": "\n".join(f"line {i} b" for i in range(20000)).encode()}
     out = describe(a, b, ["f"])
     assert "f lost: line 0 b" in out[0] and "(and 19994 more)" in out[0]
+
+
+def test_a_delete_objects_is_attributed_by_the_keys_it_names():
+    """A hostile review: boto3's delete_objects in the runner's own prefix (a bucket-level POST, key "") failed
+    `no_foreign_writes` for the task and its reference. The proxy logs the keys it names: own keys are no foreign
+    write, another task's are (and damage that task); a POST with no keys logged stays a foreign write."""
+    from types import SimpleNamespace
+
+    from cluster.grade.history import attribute
+
+    def rec(keys, status=200):
+        return {"t": 1.0, "method": "POST", "bucket": "b", "key": "", "akid": "K0", "status": status,
+                **({"keys": keys} if keys is not None else {})}
+
+    def of(*recs):
+        w = SimpleNamespace(plan={"wave_id": "w"}, proxy=list(recs), audit={"bucket": "b"},
+                            timeline=[{"event": "attempt_start", "akid": "K0", "task": "t000"}])
+        return attribute(w)
+
+    at = of(rec(["w/t000/a", "w/t000/b"]))
+    assert not at.foreign and not at.damaged
+    at = of(rec(["w/t000/a", "w/t001/x"]))
+    assert [r["key"] for r in at.foreign["t000"]] == ["w/t001/x"] and list(at.damaged) == ["t001"]
+    at = of(rec(None))  # an old wave's log, or one through the relay: not attributable by key
+    assert list(at.foreign) == ["t000"]
