@@ -282,7 +282,10 @@ def within_store_quota(h: TaskHistory, facts: Facts) -> dict:
     """The per-task store quota (storage/quota.py): a write the proxy refused for it (logged with `quota`) fails
     the task, whatever its artifact: the runner stored more than the wave allows a task, and what it would have
     written past the bound is not in the store. A flood is never a silent pass."""
-    refused = [q for q in h.requests or [] if isinstance(q.get("quota"), dict)]
+    # (only the task's own writes: another task's write into this one's prefix, refused for this prefix's quota, is
+    # that task's failure, named by its no_foreign_writes, never this one's)
+    own = set().union(*facts.akids.values()) if facts.akids else set()
+    refused = [q for q in h.requests or [] if isinstance(q.get("quota"), dict) and q.get("akid") in own]
     if not refused:
         return {"verdict": PASS, "detail": "no write of this task was refused by the store quota"}
     first, q = refused[0], refused[0]["quota"]

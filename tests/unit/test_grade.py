@@ -585,3 +585,18 @@ def test_a_delete_objects_is_attributed_by_the_keys_it_names():
     assert [r["key"] for r in at.foreign["t000"]] == ["w/t001/x"] and list(at.damaged) == ["t001"]
     at = of(rec(None))  # an old wave's log, or one through the relay: not attributable by key
     assert list(at.foreign) == ["t000"]
+
+
+def test_a_quota_refusal_counts_only_against_the_task_that_sent_it():
+    """A hostile review: t000 wrote into t001's prefix, was refused by t001's quota, and t001 failed
+    `within_store_quota` for it. Only writes signed by the task's own keys count; the other is t000's foreign write."""
+    events = [dict(e, akid="OWN") if e["event"] == "attempt_start" else e for e in EVENTS]
+    q = {"max_objects": 1, "max_bytes": 1, "objects": 1, "bytes": 1}
+    own = {"t": 95.0, "method": "PUT", "key": "w/t000/x", "status": 403, "code": "QuotaExceeded", "akid": "OWN",
+           "quota": q}
+    h = hist(events=events)
+    h.limits = {"store_quota": 1}
+    h.requests = [dict(own, akid="NEIGHBOUR")]
+    assert grade_task(h)["checks"]["within_store_quota"]["verdict"] == PASS
+    h.requests = [own]
+    assert grade_task(h)["checks"]["within_store_quota"]["verdict"] == FAIL
