@@ -1044,6 +1044,22 @@ class _Control(socketserver.ThreadingUnixStreamServer):
         super().__init__(path, _ControlHandler)
 
 
+def _printable(v):
+    """An answer whose paths a runner named: a name that is not UTF-8 (a surrogate, as os decodes it) is shown
+    escaped (`odd\\xffname`), so every record the harness writes from it stays valid UTF-8 JSON."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+            return v
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(v, dict):
+        return {_printable(k): _printable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_printable(x) for x in v]
+    return v
+
+
 class _ControlHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         try:
@@ -1051,7 +1067,7 @@ class _ControlHandler(socketserver.StreamRequestHandler):
             out = {"ok": True, **self._do(req)}
         except Exception as exc:  # noqa: BLE001 - every failure is answered, never a dropped connection
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        self.wfile.write(json.dumps(out).encode() + b"\n")
+        self.wfile.write(json.dumps(_printable(out)).encode() + b"\n")
 
     def _do(self, req: dict) -> dict:
         ops, bounds, op = self.server.ops, self.server.bounds, req.get("op")

@@ -342,6 +342,15 @@ def outliving(pids: list[int], wrapper_ns_pid: int) -> list[dict]:
     return [{"pid": inner, "name": name} for pid, inner, name in seen if pid != wrapper_ppid]
 
 
+def _utf8(name: str) -> bool:
+    """Is this file name (decoded with surrogateescape, as os gives it) valid UTF-8 as it was on the disk?"""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def read_tree(root: str) -> dict:
     """Regular files under `root`, never following a link (a runner may plant links to host files). Iterative (a
     runner may leave a tree thousands of directories deep), and capped in depth, files and bytes: what a cap left
@@ -363,6 +372,12 @@ def read_tree(root: str) -> dict:
         for entry in entries:
             full = entry.path
             rel = os.path.relpath(full, root)
+            if not _utf8(rel):  # a name no JSON record, report or artifact can hold as it is: named, escaped, left
+                skipped.append(rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+                reason = "artifact capture skipped: a file name that is not UTF-8 (shown escaped)"
+                if reason not in capped:
+                    capped.append(reason)
+                continue
             if entry.is_dir(follow_symlinks=False):
                 if depth + 1 > MAX_ARTIFACT_DEPTH:
                     skipped.append(rel)

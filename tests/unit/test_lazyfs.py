@@ -483,3 +483,15 @@ def test_create_of_a_name_made_meanwhile_opens_it_unless_exclusive(fs):
     f.ops.release("/x", fh)
     with pytest.raises(FileExistsError):
         f.ops.create("/x", 0o644, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+
+
+def test_an_answer_naming_a_path_that_is_not_utf8_is_escaped():
+    """A hostile review: a runner's `odd\\xffname` under `torn` reached the driver as a lone surrogate and orjson
+    refused the record, ending the wave as a harness error. The control answers escape such names."""
+    import orjson
+
+    from fleet.lazyfs import _printable
+
+    got = _printable({"ok": True, "torn": {"path": "repo/odd\udcffname", "offset": 3}, "files": ["a\udcfe", "b"]})
+    assert got == {"ok": True, "torn": {"path": "repo/odd\\xffname", "offset": 3}, "files": ["a\\xfe", "b"]}
+    orjson.dumps(got)

@@ -56,3 +56,22 @@ def test_links_are_skipped_and_a_file_cap_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox, "MAX_ARTIFACT_FILES", 3)
     out = read_tree(str(root))
     assert len(out["files"]) == 3 and out["capped"] == ["artifact capture skipped: files > 3"]
+
+
+def test_a_name_that_is_not_utf8_is_named_escaped_and_left_out(tmp_path):
+    """A hostile review: one file a runner named `odd\\xffname.txt` ended the whole wave as a harness error (its
+    name, with a surrogate in it, reached orjson and an .encode()). It is left out, named escaped, and the rest is
+    read; everything returned can be written as JSON."""
+    import orjson
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "ok.txt").write_text("ok")
+    with open(os.path.join(os.fsencode(root), b"odd\xffname.txt"), "wb") as f:
+        f.write(b"x")
+    os.mkdir(os.path.join(os.fsencode(root), b"dir\xfe"))
+    out = read_tree(str(root))
+    assert out["files"] == {"ok.txt": b"ok"}
+    assert sorted(out["skipped"]) == ["dir\\xfe", "odd\\xffname.txt"], out["skipped"]
+    assert out["capped"] == ["artifact capture skipped: a file name that is not UTF-8 (shown escaped)"]
+    orjson.dumps({k: v for k, v in out.items() if k != "files"})
