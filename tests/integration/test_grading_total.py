@@ -135,3 +135,23 @@ def test_a_runners_escape_laden_names_reach_no_terminal_raw(tmp_path):
                                                                                   or c == "\u202e")]
         assert not raw, (where, raw[:5], data[-1500:])
     assert b"\\x1b" in p.stderr + summary, (p.stderr[-1500:], summary[-1500:])  # said, but escaped
+
+
+ODDNAME = str(ROOT / "tests" / "runners" / "oddname.py")
+
+
+@pytest.mark.parametrize("disk, odd_exit", [("wipe", "0"), ("keep", "1"), ("torn", "0")])
+def test_a_file_name_that_is_not_utf8_is_named_and_never_ends_the_wave(run_wave, disk, odd_exit):
+    """A hostile review: one file named `odd\\xffname.txt` in the repo ended the whole wave as a harness error
+    (exit 2, every verdict gone), under wipe, keep and torn. Now the wave is graded, the name is left out of the
+    artifact, escaped, and no harness error is said."""
+    faults = ["PK1"] if disk == "torn" else []
+    timing = {"PK1": {"after_model_calls": [1, 1]}} if disk == "torn" else {}
+    result, d = run_wave(runner={"name": "oddname", "command": [sys.executable, ODDNAME], "env": {"ODD_EXIT": odd_exit}},
+                         faults=faults, fault_timing=timing, tasks=1, concurrency=1, seed=3, sandbox={"disk": disk},
+                         workload={"steps": 2, "think_ms": 20}, deadline_s=90)
+    assert not result["harness_errors"], result["harness_errors"]
+    # every task graded, each by its own checks (what the grader makes of a capture that left a file out is theirs)
+    assert result["tasks"] and all(g.get("checks") for g in result["tasks"] + result["references"])
+    manifests = [p.read_text() for p in d.glob("artifacts/*/artifact.json")]
+    assert manifests and all("odd\\\\xffname.txt" in m for m in manifests), manifests[:1]
