@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import secrets
 from pathlib import Path
@@ -213,8 +214,12 @@ def reference_key(runner: dict, workload: str, steps: int, seed: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def _is_key(key) -> bool:
-    return isinstance(key, str) and len(key) == 32 and all(ch in "0123456789abcdef" for ch in key)
+CACHE_KEY = re.compile(r"[0-9a-f]{32}(-b)?")  # reference_key's, or a second run's (wave/confirm.SECOND)
+
+
+def is_cache_key(key) -> bool:
+    """A reference cache key as the wave makes one: it names a directory under the cache, so nothing else."""
+    return isinstance(key, str) and CACHE_KEY.fullmatch(key) is not None
 
 
 class ReferenceCache:
@@ -222,7 +227,7 @@ class ReferenceCache:
         self.root = Path(root) / ".reference-cache"
 
     def get(self, key: str) -> tuple[dict[str, bytes], dict] | None:
-        if not _is_key(key):  # a key names a directory under the cache: only what reference_key makes
+        if not is_cache_key(key):  # a key names a directory under the cache: only what reference_key makes
             return None
         try:
             return read_artifact(self.root / key)
@@ -230,7 +235,7 @@ class ReferenceCache:
             return None
 
     def put(self, key: str, files: dict[str, bytes], meta: dict) -> None:
-        if not _is_key(key):
+        if not is_cache_key(key):
             return
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.root / key).exists():

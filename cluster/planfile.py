@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from cluster import results
+from cluster.artifacts import is_cache_key
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")  # no '/', no leading '.', no control byte: safe in a path
 TASK_FIELDS = ("task_id", "role", "seed", "runner", "workload", "steps", "faults", "reference", "reference_of",
@@ -21,9 +22,6 @@ class PlanError(ValueError):
 
 
 
-def _cache_key(v) -> bool:
-    """A reference cache key as `reference_key` makes it: it names a directory under the cache, so nothing else."""
-    return isinstance(v, str) and len(v) == 32 and all(ch in "0123456789abcdef" for ch in v)
 
 def _kind(v) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
@@ -150,7 +148,8 @@ def check(plan, source: str | Path = results.PLAN) -> dict:
                          optional=part == "references") or {}
             if ref or part == "tasks":
                 c.need(ref, "task_id", w + "reference.", safe_id, "a task id")
-                c.need(ref, "key", w + "reference.", _cache_key, "32 hex digits (the reference cache's key)")
+                c.need(ref, "key", w + "reference.", is_cache_key,
+                       "32 hex digits, or those and '-b' for a second run (the reference cache's key)")
             for j, f in enumerate(c.need(t, "faults", w, lambda v: isinstance(v, list), "a list of faults")):
                 fw = f"{w}faults[{j}]"
                 if not isinstance(f, dict):

@@ -63,3 +63,31 @@ def test_a_plan_with_no_task_or_a_key_that_is_a_path_is_damaged(tmp_path):
     bad["tasks"][0]["reference"]["key"] = "../../../../tmp/x"
     with pytest.raises(planfile.PlanError, match=r"reference.key.*32 hex digits"):
         planfile.check(bad)
+
+
+def test_a_second_runs_key_is_a_key_and_its_plan_is_whole(tmp_path):
+    """CI found it: a wave that ran a second uninterrupted reference (key + '-b', wave/confirm.SECOND) wrote a
+    plan.json that `shrink` and `replay` then refused as damaged, and the cache never kept that second run."""
+    import copy
+    import shutil
+
+    import orjson
+
+    from cluster import planfile
+    from cluster.wave.confirm import SECOND
+    from tests.unit.test_grade_fuzz import FIXTURE
+
+    cache = ReferenceCache(tmp_path / "root")
+    key = _key("ref-t000") + SECOND
+    cache.put(key, {"a": b"a"}, {})
+    assert cache.get(key) is not None
+    for bad in (_key("ref-t000") + "-c", _key("ref-t000") + SECOND + SECOND, "-b"):
+        assert cache.get(bad) is None
+    shutil.copytree(FIXTURE, tmp_path / "w")
+    plan = orjson.loads((tmp_path / "w" / "plan.json").read_bytes())
+    second = copy.deepcopy(plan["references"][0])
+    second["task_id"] += SECOND
+    second["reference"] = {"task_id": second["task_id"], "key": plan["tasks"][0]["reference"]["key"] + SECOND,
+                           "cached": False, "second_of": plan["references"][0]["task_id"]}
+    plan["references"].append(second)
+    planfile.check(plan)
