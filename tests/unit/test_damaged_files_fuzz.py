@@ -96,13 +96,13 @@ def base(tmp_path_factory, no_picture):  # noqa: F811 - the fixture imported abo
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
-    """Nothing runs: a wave that passed every check reaches `_run` (stubbed: exit 0), a shrink reaches preflight
+    """Nothing runs: a wave that passed every check reaches `run_wave` (stubbed: exit 0), a shrink reaches preflight
     (stubbed: a harness error, exit 2); a resume's private dir is under a temporary dir, with its store there."""
     private = tmp_path_factory.mktemp("private")
     reached = []
     mp = pytest.MonkeyPatch()
-    mp.setattr(cli, "_run", lambda cfg, make_wave, before=None: reached.append("run") or 0)
-    mp.setattr(cli, "_private_dir", lambda wave_id: _private(private, wave_id))
+    mp.setattr("cluster.cli.wave.run_wave", lambda cfg, make_wave, before=None: reached.append("run") or 0)
+    mp.setattr("cluster.cli.wave.private_dir", lambda wave_id: _private(private, wave_id))
 
     def preflight(cfg):
         reached.append("preflight")

@@ -1,0 +1,4 @@
+"""`python -m cluster.cli`: the same as the installed `sandfleet`."""
+from cluster.cli import main
+
+main()

@@ -1,0 +1,112 @@
+"""`sandfleet grade`, `report` and `verify`: a stored wave graded, rendered and checked again, running nothing."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cluster import results
+from cluster.cli.common import (EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HARNESS, EXIT_OK, app, dir_arg, out, err,
+                                seal_again)
+
+
+@app.command("grade")
+def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory")) -> int:
+    """Re-grade a finished wave from its stored files (runs nothing). Exit as a wave does (0, 1, 2); 2 also when a
+    stored file it needs is damaged (named), 254 when RESULTS_DIR is empty, missing or not a wave's directory."""
+    from cluster.grade import exit_code, grade_wave
+    from cluster.report import write_summary
+
+    results_dir = dir_arg(results_dir, "RESULTS_DIR") if isinstance(results_dir, str) else results_dir
+    if results_dir is None:
+        return EXIT_BAD_INPUT
+    if not (results_dir / results.PLAN).is_file():
+        err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
+        return EXIT_BAD_INPUT
+    from cluster.grade import Unreadable
+
+    damaged = _damaged_plan(results_dir)  # the plan is the grade's spine: one of another shape is named, not guessed
+    if damaged:
+        err(f"error: cannot grade {results_dir}: {damaged} (the file is damaged; nothing was graded, SUMMARY.md and "
+             "the grade files there are from before)")
+        return EXIT_HARNESS
+    try:
+        result = grade_wave(results_dir)
+    except Unreadable as exc:
+        err(f"error: cannot grade {results_dir}: {exc} (the file is damaged; nothing was graded, "
+             "SUMMARY.md and the grade files there are from before)")
+        return EXIT_HARNESS
+    except Exception as exc:  # noqa: BLE001 - a damaged wave dir is a harness problem, never a verdict
+        err(f"error: cannot grade {results_dir}: {_damaged_plan(results_dir) or f'{type(exc).__name__}: {exc}'} "
+             "(a results file has unexpected content; nothing was graded)")
+        return EXIT_HARNESS
+    write_summary(results_dir, result)
+    seal_again(results_dir)
+    out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
+    out.print(f"SUMMARY: {results_dir / results.SUMMARY}", highlight=False, soft_wrap=True)
+    return exit_code(result)
+
+
+def _damaged_plan(results_dir: Path) -> str | None:
+    """What is wrong with a wave's plan.json (file and field, cluster/planfile.py), or None when it has the shape the
+    planner writes: said when the grader could not read a wave, rather than the error it stumbled on."""
+
+    from cluster import planfile
+
+    try:
+        planfile.read(results_dir / results.PLAN)
+    except planfile.PlanError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{results_dir / results.PLAN}: {exc.strerror or exc}"
+    return None
+
+
+@app.command("verify")
+def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory"),
+               public_key: Optional[str] = typer.Option(None, "--public-key",
+                                                       help="the sealer's Ed25519 public key (hex): refuse a seal "
+                                                            "made with any other")) -> int:
+    """Check that a wave's folder is the one its seal names: the seal's signature, and every file's sha256 (exit 0
+    intact, 1 a file changed, added or missing, each named; 2 no seal, or a damaged or foreign one; 254 RESULTS_DIR
+    empty, missing or not a directory). A link is named with its target's digest, never followed; a file the seal
+    does not list is named without being read."""
+    from cluster.seal import SealError, verify
+
+    results_dir = dir_arg(results_dir, "RESULTS_DIR")
+    if results_dir is None:
+        return EXIT_BAD_INPUT
+
+    if public_key is not None and not (len(public_key) == 64 and all(c in "0123456789abcdefABCDEF"
+                                                                     for c in public_key)):
+        err(f"error: option --public-key: value {public_key!r}: expected 64 hex digits (an Ed25519 public key)")
+        return EXIT_BAD_INPUT
+    try:
+        got = verify(results_dir, public_key)
+    except SealError as exc:
+        err(f"error: cannot verify {results_dir}: {exc}")
+        return EXIT_HARNESS
+    if got["ok"]:
+        out.print(f"{results_dir}: intact, sealed by key {got['fingerprint']}", highlight=False, soft_wrap=True)
+        return EXIT_OK
+    for what in ("changed", "added", "missing"):
+        for name in got[what]:
+            err(f"{what}: {name}")
+    err(f"{results_dir}: NOT the folder key {got['fingerprint']} sealed: {len(got['changed'])} changed, "
+         f"{len(got['added'])} added, {len(got['missing'])} missing")
+    return EXIT_FAIL
+
+
+@app.command("report")
+def report_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory")) -> int:
+    """Render a finished wave's SUMMARY.md and index.html again from its stored files (graded again from them, as
+    `sandfleet grade` does, with its exit codes; runs nothing)."""
+    results_dir = dir_arg(results_dir, "RESULTS_DIR")
+    if results_dir is None:
+        return EXIT_BAD_INPUT
+    code = grade_cmd(results_dir)
+    if code in (0, 1, 2) and (results_dir / results.INDEX_HTML).is_file():
+        out.print(f"REPORT: {results_dir / results.INDEX_HTML}", highlight=False, soft_wrap=True)
+    return code
+
