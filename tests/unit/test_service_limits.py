@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fleet import services
+from fleet.services import base as services
 from fleet.effects import EffectsService
 from fleet.services import TaskRegistry, body_length
 
