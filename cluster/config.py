@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from cluster.config_fields import (CONTRACT_VARS, DISK_BOUNDARIES, REDACTED, S3_OPS, STORE_SECRET_ENV, STRENGTH_FAULTS,  # noqa: F401
                                    ConfigError, FaultTiming, GatewayConfig, HealthConfig, ModelConfig, RequestTrigger,
                                    RunnerSpec, SandboxConfig, StoreConfig, Strict, VolatilePath, WorkloadConfig,
                                    parse_runner, resolve_runner)
+from cluster.config_errors import format_error
 from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml  # noqa: F401
 from faults.base import CATALOG
 from fleet.workloads import WORKLOADS
@@ -314,104 +315,8 @@ def _kills(fid: str, t, boundary: list[str]) -> None:
 
 
 def _format(err: ValidationError, source: str) -> str:
-    lines = [f"invalid wave config ({source}):"]
-    for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
-        path, value = tuple(e["loc"]), e.get("input")
-        named = _path_in_message(msg) if e["type"] == "value_error" and not path else None
-        if named is not None:  # a check across fields whose message starts with the field's path: name that
-            path, value = named, _value_at(e.get("input"), named)
-        elif e["type"] == "value_error" and isinstance(value, dict) and _holds_models(path):  # a check across
-            # a model's fields: name the one
-            # (a mapping given where a list or a scalar goes, `faults: {PK1: 1}`, is that field's own error)
-            key = msg.split(":", 1)[0]
-            if path == ("fault_timing",) and isinstance(value.get(key), dict):  # "PK5: ...": about fault_timing.PK5
-                path, value = path + (key,), value[key]
-            field = _named_field(path, msg)
-            if field is not None:  # a field not given is checked at its default: name that
-                default = getattr(_model_at(path).model_fields.get(field), "default", None)
-                path, value = path + (field,), value.get(field, default)
-        loc = ".".join(str(p) for p in path) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_fields(e["loc"])
-            msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
-        lines.append(f"  field `{loc}`: value {value!r}: {msg}")
-    return "\n".join(lines)
-
-
-def _path_in_message(msg: str) -> tuple | None:
-    """The field path a check's message starts with (`fault_timing.PK1.after_disk_writes: ...`, `sandbox.disk 'torn'
-    ...`), when its first part is a wave config field; None otherwise."""
-    import re
-
-    m = re.match(r"([a-z_]+(?:\.[A-Za-z0-9_]+)+)(?=[ :])", msg)
-    if m is None or m.group(1).split(".")[0] not in WaveConfig.model_fields:
-        return None
-    return tuple(m.group(1).split("."))
-
-
-def _value_at(data, path: tuple):
-    """The value given at `path` in the raw config, else the field's default (a field not given is checked at it)."""
-    for i, part in enumerate(path):
-        if not isinstance(data, dict) or part not in data:
-            default = getattr(_model_at(path[:i]).model_fields.get(path[i]), "default", None) if i == len(path) - 1 \
-                else None
-            return default if not callable(default) else None
-        data = data[part]
-    return data
-
-
-def _model_at(loc: tuple) -> type[BaseModel]:
-    """The config model at `loc` (a mapping's key, as in fault_timing.PK1, is stepped over)."""
-    import typing
-
-    model: type[BaseModel] = WaveConfig
-    parts = list(loc)
-    while parts:
-        field = model.model_fields.get(str(parts.pop(0)))
-        ann = getattr(field, "annotation", None) if field else None
-        args = typing.get_args(ann) if typing.get_origin(ann) is dict else ()
-        if args and isinstance(args[-1], type) and issubclass(args[-1], BaseModel):
-            ann = args[-1]
-            if parts:
-                parts.pop(0)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            break
-        model = ann
-    return model
-
-
-def _holds_models(path: tuple) -> bool:
-    """Is the field at `path` a model (or a mapping of them), whose fields a check's message can name?"""
-    import typing
-
-    if not path:
-        return True
-    field = _model_at(path[:-1]).model_fields.get(str(path[-1]))
-    if field is None:  # a mapping's key (fault_timing.PK1): the model it holds
-        return True
-
-    def has_model(a) -> bool:
-        return (isinstance(a, type) and issubclass(a, BaseModel)) or any(has_model(x) for x in typing.get_args(a))
-
-    return has_model(field.annotation)
-
-
-def _allowed_fields(loc: tuple) -> list[str]:
-    return sorted(_model_at(tuple(loc)[:-1]).model_fields)
-
-
-def _named_field(loc: tuple, msg: str) -> str | None:
-    """The first field of the model at `loc` that a cross-field check's message names (`nodes 3 ...`,
-    `sandbox.image ...`, `give one boundary per fault, not after_model_calls and ...`)."""
-    import re
-
-    fields = _model_at(loc).model_fields
-    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_.]*", msg):
-        name = word.rsplit(".", 1)[-1]
-        if name in fields:
-            return name
-    return None
+    """(cluster/league.py's name for it: the message is `config_errors.format_error`'s)"""
+    return format_error(err, source, WaveConfig)
 
 
 def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":
@@ -433,7 +338,7 @@ def build_config(data: dict, overrides: dict | None = None, source: str = "confi
     try:
         return WaveConfig(**data)
     except ValidationError as err:
-        raise ConfigError(_format(err, source)) from None
+        raise ConfigError(format_error(err, source, WaveConfig)) from None
     except TypeError as err:
         raise ConfigError(f"invalid wave config ({source}): {err}") from None
 
