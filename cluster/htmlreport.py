@@ -14,7 +14,6 @@ import html
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import orjson
 
 from cluster import results
 from cluster.grade.history import _log_tails as log_tails
@@ -197,10 +196,7 @@ def write_html(d: Path, result: dict) -> Path:
     """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
     d = Path(d)
     events = results.read_jsonl(d / results.TIMELINE)
-    try:
-        receipts = orjson.loads((d / results.FAULTS).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        receipts = []
+    receipts = results.read_receipts(d / results.FAULTS)[0]  # (a damaged one is named in SUMMARY.md and the grades)
     grades = result["tasks"] + result.get("references", [])
     checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(v)}</td></tr>" for k, v in result["wave_checks"].items())
     errors = "".join(f"<li>{_e(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")

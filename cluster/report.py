@@ -161,7 +161,7 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
     the wave was graded) and the web page."""
     d = Path(d)
     grades, refs = result["tasks"], result.get("references", [])
-    lines = _head(d, result) + _durability(d, result) + _cells_and_signatures(d, grades)
+    lines = _head(d, result) + _inputs(result) + _durability(d, result) + _cells_and_signatures(d, grades)
     lines += ["", "## Tasks", "", "| task | fault | attempts | verdict | recalls | failed / not passing checks | "
               "why attempts ended |", "|---|---|---|---|---|---|---|"]
     for g in grades + refs:
@@ -201,11 +201,9 @@ def _write_verdict(d: Path, result: dict) -> None:
 
 def _fault_coverage(d: Path) -> list[str]:
     """Per fault id: how many planned instances really applied; a fault none of which applied is NOT TESTED
-    by this wave (whatever the tasks' verdicts say about everything else)."""
-    try:
-        receipts = orjson.loads((Path(d) / results.FAULTS).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return []
+    by this wave (whatever the tasks' verdicts say about everything else). A damaged faults.json is named (file,
+    record, what is wrong): the faults it does not show are not counted as tested."""
+    receipts, damage = results.read_receipts(Path(d) / results.FAULTS)
     by: dict[str, Counter] = defaultdict(Counter)
     for r in receipts:
         by[r["fault_id"]][r["status"]] += 1
@@ -216,7 +214,22 @@ def _fault_coverage(d: Path) -> list[str]:
         out.append(f"{fid} applied {c['applied']}/{n}"
                    + (f", not applied {c['not_applied']}" if c["not_applied"] else "")
                    + (f", unknown {c['unknown']}" if c["unknown"] else "") + note)
+    if damage:
+        out.append(f"**damaged**: {damage} (a planned fault with no readable receipt is `unknown`)")
     return out
+
+
+def _inputs(result: dict) -> list[str]:
+    """The stored files the grader could not read, or whose records it left out for their shape, each named."""
+    inputs = result.get("inputs") if isinstance(result.get("inputs"), dict) else {}
+    bad = [f"- `{name}`: unreadable: {why}" for name, why in sorted((inputs.get("unreadable") or {}).items())]
+    bad += [f"- `{name}`: {v.get('count', '?')} record(s) left out for their shape: {'; '.join(v.get('first')[:3])}"
+            for name, v in sorted((inputs.get("skipped") or {}).items())
+            if isinstance(v, dict) and isinstance(v.get("first"), list)]
+    if not bad:
+        return []
+    return ["## Inputs the grader could not use", "", *bad,
+            "", "What depends on them is `unknown`, never `pass`.", ""]
 
 
 def _pcts(xs: list[float], unit: str) -> str:

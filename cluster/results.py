@@ -195,7 +195,7 @@ def terminal_safe(text: str) -> str:
 # reader (the grader, the reports, the league) is total over them: a record whose field has another type is left
 # out (and named in the grades: `Inputs.skipped`), never a traceback that erases the wave's grade. NUM excludes
 # bool (True is an int in Python).
-NUM, INT, STR, BOOL, LIST, NONE = "num", "int", "str", "bool", "list", "none"
+NUM, INT, STR, BOOL, LIST, NONE, DICT = "num", "int", "str", "bool", "list", "none", "object"
 SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     PROXY_REQUESTS: {"t": (NUM,), "method": (STR,), "cut": (BOOL, NONE), "key": (STR, NONE), "bucket": (STR, NONE),
                      "akid": (STR, NONE), "status": (INT, NONE), "ms": (NUM, NONE), "prefix": (STR, NONE),
@@ -216,13 +216,17 @@ SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 _IS = {NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
        INT: lambda v: isinstance(v, int) and not isinstance(v, bool), STR: lambda v: isinstance(v, str),
-       BOOL: lambda v: isinstance(v, bool), LIST: lambda v: isinstance(v, list), NONE: lambda v: v is None}
+       BOOL: lambda v: isinstance(v, bool), LIST: lambda v: isinstance(v, list), NONE: lambda v: v is None,
+       DICT: lambda v: isinstance(v, dict),
+       "wall": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 95_617_584_000}
 
 
 def misfit(rec: dict, shape: dict[str, tuple[str, ...]]) -> str | None:
     """Why a record does not have the shape the grader reads (a field of another type), or None."""
     for k, kinds in shape.items():
         if k in rec and not any(_IS[kind](rec[k]) for kind in kinds):
+            if "wall" in kinds and _IS[NUM](rec[k]):
+                return f"{k} is {rec[k]!r:.40}, not a wall time (seconds since 1970)"
             return f"{k} is a JSON {type(rec[k]).__name__}, not {' or '.join(kinds)}"
     return None
 
@@ -240,6 +244,63 @@ def fit(recs: list[dict], name: str) -> tuple[list[dict], list[str]]:
         else:
             left.append(f"record {i + 1}: {why}")
     return out, left
+
+
+# A fault's receipt as the grader and the reports read it (`faults.json`, written by the driver: a damaged or
+# hand-edited one is named, never a traceback). A time is a wall clock's (seconds since 1970, before the year 5000):
+# a receipt that says it fired at 1e300 is damaged, and a kill's `exercised` cannot be judged from it.
+WALL = "wall"
+RECEIPT: dict[str, tuple[str, ...]] = {
+    "fault_id": (STR,), "instance": (STR,), "task_id": (STR,), "status": (STR,), "target": (DICT, NONE),
+    "detail": (STR, NONE), "fired_at": (WALL, NONE), "cleared_at": (WALL, NONE), "evidence": (DICT, NONE)}
+RECEIPT_TARGET: dict[str, tuple[str, ...]] = {  # what the checks read of a receipt's target
+    "sandbox_id": (STR, NONE), "sandboxes": (LIST, NONE), "old_akid": (STR, NONE), "new_akid": (STR, NONE),
+    "zombie": (STR, NONE), "published_at": (WALL, NONE), "thawed_at": (WALL, NONE), "delay_s": (NUM, NONE)}
+
+
+def receipts_of(doc) -> tuple[list[dict], list[str]]:
+    """(the receipts of `faults.json`'s parsed JSON that have the shape the harness reads, "record N (instance):
+    why" of each left out). ValueError naming what it is when the whole is not a list of receipts."""
+    if not isinstance(doc, list):
+        raise ValueError(f"a JSON {type(doc).__name__}, not a list of receipts")
+    out, left = [], []
+    for i, r in enumerate(doc):
+        if not isinstance(r, dict):
+            left.append(f"record {i + 1}: a JSON {type(r).__name__}, not a receipt")
+            continue
+        lacks = [k for k in ("fault_id", "instance", "task_id", "status") if k not in r]
+        why = (f"no {', '.join(lacks)}" if lacks else misfit(r, RECEIPT)
+               or (misfit(r["target"], RECEIPT_TARGET) if isinstance(r.get("target"), dict) else None))
+        if why is None and isinstance((r.get("target") or {}).get("sandboxes"), list) and not all(
+                isinstance(s, str) for s in r["target"]["sandboxes"]):
+            why = "target.sandboxes holds something that is not a sandbox id"
+        if why is None:
+            out.append(r)
+        else:
+            name = r.get("instance") if isinstance(r.get("instance"), str) else None
+            left.append(f"record {i + 1}" + (f" ({terminal_safe(name[:60])})" if name else "") + f": {why}")
+    return out, left
+
+
+def read_receipts(path: str | Path) -> tuple[list[dict], str | None]:
+    """The receipts of a `faults.json` that have the shape the harness reads, and what is wrong with the file (None:
+    nothing; a missing file is no receipt and nothing wrong). Never raises on the file's content."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return [], None
+    except OSError as exc:
+        return [], f"{FAULTS}: cannot be read ({exc.strerror or exc})"
+    try:
+        got, left = receipts_of(orjson.loads(data))
+    except orjson.JSONDecodeError as exc:
+        return [], f"{FAULTS}: not valid JSON ({exc})"
+    except ValueError as exc:
+        return [], f"{FAULTS}: {exc}"
+    if left:
+        return got, f"{FAULTS}: {len(left)} receipt(s) left out: " + "; ".join(left[:5]) + (
+            "; ..." if len(left) > 5 else "")
+    return got, None
 
 
 def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:

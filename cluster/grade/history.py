@@ -19,6 +19,7 @@ class TaskHistory:
     task: dict
     events: list[dict] = field(default_factory=list)
     receipts: list[dict] = field(default_factory=list)
+    receipts_damage: str | None = None  # what is wrong with faults.json (unreadable, receipts left out), named
     calls: list[dict] | None = None
     effects: list[dict] | None = None
     effects_error: str | None = None  # effects.jsonl exists but is damaged: what needs it is unknown, never fail
@@ -168,6 +169,17 @@ def _writes_of(w: WaveRecord, at: Attribution, prefix: str) -> list[dict] | None
             and 200 <= (r.get("status") or 0) < 300 and r.get("key") not in at.cut_keys]
 
 
+def receipts_damage(w: WaveRecord) -> str | None:
+    """What is wrong with the wave's faults.json, as a planned fault with no receipt names it (None: nothing)."""
+    if results.FAULTS in w.inp.unreadable:
+        return f"{results.FAULTS} is unreadable: {w.inp.unreadable[results.FAULTS]}"
+    left = w.inp.skipped.get(results.FAULTS)
+    if left:
+        return (f"{results.FAULTS} has {w.inp.skipped_count.get(results.FAULTS, len(left))} receipt(s) of another "
+                f"shape, left out: {'; '.join(left[:3])}")
+    return None
+
+
 def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     tid = task["task_id"]
     prefix = f"{w.plan['wave_id']}/{tid}/"
@@ -184,6 +196,7 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
         volatile=[v for v in cfg.get("volatile") or [] if isinstance(v, dict)],
         fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
         task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,
+        receipts_damage=receipts_damage(w),
         calls=None if w.calls is None else [c for c in _of_task(w.calls, tid) if c.get("kind") != "refused"],
         refused=[c for c in _of_task(w.calls, tid) or [] if c.get("kind") == "refused"],
         effects=_of_task(w.effects, tid), writes=_writes_of(w, at, prefix),

@@ -145,10 +145,15 @@ def read_wave(d: Path) -> WaveRecord:
         raise FileNotFoundError(f"{d / results.PLAN} not found: not a wave results directory")
     _check_plan(inp, plan)
     timeline = inp.lines(results.TIMELINE) or []
-    try:
-        receipts = inp.json(results.FAULTS, []) or []
+    try:  # a receipt of another shape is left out and named; a file that is no list of receipts is unreadable
+        receipts, left = results.receipts_of(inp.json(results.FAULTS, []))
+        if left:
+            inp.skipped[results.FAULTS], inp.skipped_count[results.FAULTS] = left[:20], len(left)
     except Unreadable:
-        receipts = []  # every planned fault then has no receipt: unknown
+        receipts = []  # every planned fault then has no receipt: unknown, the file named
+    except ValueError as exc:
+        inp.unreadable[results.FAULTS] = str(exc)
+        receipts = []
     calls = inp.lines_or_none(results.MODEL_CALLS)
     effects = inp.lines_or_none(results.EFFECTS)
     # the driver records how many calls and effects each service logged: a log that lost lines is unreadable

@@ -153,7 +153,7 @@ def fault_applied(h: TaskHistory, facts: Facts) -> dict:
         r = mine.get(f["instance"])
         if r is None:
             verdicts.append(UNKNOWN)
-            details.append(f"{f['instance']}: no receipt")
+            details.append(f"{f['instance']}: no receipt" + (f" ({h.receipts_damage})" if h.receipts_damage else ""))
             continue
         if kills_attempt(r.get("fault_id")) and r["status"] == "applied" and exercised(h, facts, r) is None:
             idle.append(f["instance"])
