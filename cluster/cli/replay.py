@@ -20,7 +20,6 @@ def _task_of_wave(task_path: str, address: Optional[str]):
     exit code after an error that names what is wrong (254 a bad argument, 2 a damaged plan.json)."""
 
     from cluster import planfile
-    from cluster.config import ConfigError, build_config
 
     if not task_path or not task_path.strip() or "\0" in task_path:
         err(f"error: argument TASK_PATH: value {task_path!r}: empty; pass results/<wave id>/<task id>, "
@@ -38,11 +37,10 @@ def _task_of_wave(task_path: str, address: Optional[str]):
     except planfile.PlanError as exc:
         err(f"error: {exc}")
         return EXIT_HARNESS
-    try:
-        cfg = build_config(plan["config"], {"address": address}, source=str(wave_dir / results.PLAN))
-    except ConfigError as exc:
-        err(f"error: {exc}")
-        return EXIT_BAD_INPUT
+    got = wave.stored_config(plan, wave_dir / results.PLAN, address)
+    if isinstance(got, int):
+        return got
+    cfg = got[1]
     tasks = plan["tasks"]
     task = next((t for t in tasks if t["task_id"] == task_id), None)
     if task is None:

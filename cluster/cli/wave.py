@@ -143,6 +143,24 @@ def _report(wave, result: dict) -> int:
     return exit_code(result)
 
 
+def stored_config(plan: dict, plan_path: Path, address: Optional[str]):
+    """(the config a stored wave ran with, the same with `--address`), or the exit code after the error: a stored
+    config that no longer validates is a damaged results file (2, naming plan.json and the field), an `--address`
+    it refuses is bad input (254, naming the option)."""
+    from cluster.config import ConfigError, build_config
+
+    try:
+        ran = build_config(plan["config"], source=f"{plan_path}, field config")
+    except ConfigError as exc:
+        err(f"error: {exc} (the stored plan is damaged)")
+        return EXIT_HARNESS
+    try:
+        return ran, build_config(plan["config"], {"address": address}, source=f"option --address {address!r}")
+    except ConfigError as exc:
+        err(f"error: {exc}")
+        return EXIT_BAD_INPUT
+
+
 @wave_app.command("resume")
 def wave_resume(
     results_dir: str = typer.Argument(..., help="the results directory of a wave whose driver died"),
@@ -154,7 +172,6 @@ def wave_resume(
     import orjson
 
     from cluster import planfile, sweep
-    from cluster.config import ConfigError, build_config
     from cluster.driver import WaveRun
 
     where = results_dir
@@ -195,12 +212,10 @@ def wave_resume(
             pid = "?"
         err(f"error: wave {wave_id} is still running (driver pid {pid}); resume only a wave whose driver died")
         return EXIT_HARNESS
-    try:
-        ran = build_config(plan["config"], source=f"{results_dir / results.PLAN}, field config")
-        cfg = build_config(plan["config"], {"address": address}, source=str(results_dir / results.PLAN))
-    except ConfigError as exc:
-        err(f"error: {exc}")
-        return EXIT_BAD_INPUT
+    got = stored_config(plan, results_dir / results.PLAN, address)
+    if isinstance(got, int):
+        return got
+    ran, cfg = got
     if ran.address == "fleet":  # its data is in the fleet's store and ledger, not its own
         err(f"error: cannot resume {wave_id}: it ran on the fleet of `sandfleet up` (--address fleet), and a wave "
              "on a fleet cannot be resumed yet; run it again, and grade what finished with "
