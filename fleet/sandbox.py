@@ -20,7 +20,7 @@ with the task's files, reads back after the runner exits (the artifact is
 captured by the harness, never reported by the runner), and unmounts on remove.
 Every process of the sandbox is in one cgroup per controller (memory, pids,
 freezer, cpu) on cgroup v1, or in one unified dir on cgroup v2, named
-`sandfleet/<wave>/<sandbox>`: the marker a sweep finds (fleet/cgroups.py).
+`sandfleet/<wave>/<sandbox>`: the marker a sweep finds (fleet/cgroups/).
 """
 from __future__ import annotations
 

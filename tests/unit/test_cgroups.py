@@ -48,6 +48,7 @@ def test_pids_are_read_from_cgroup_procs(tmp_path: Path):
 # -- cgroup v2 (unified): what can be checked on a fake tree; the kernel's rules are proven in `make test-cgroup2`
 
 from fleet import cgroups  # noqa: E402
+from fleet.cgroups import hierarchy  # noqa: E402  (where the mode and paths live: patched there)
 
 
 @pytest.fixture
@@ -58,10 +59,10 @@ def v2_tree(tmp_path, monkeypatch):
     for f, text in (("cgroup.controllers", "cpuset cpu io memory pids"), ("cgroup.subtree_control", ""),
                     ("cgroup.procs", ""), ("cgroup.type", "domain"), ("cgroup.kill", ""), ("cgroup.freeze", "0")):
         (own / f).write_text(text)
-    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
-    monkeypatch.setattr(cgroups, "_MODE", ["v2"])
-    monkeypatch.setattr(cgroups, "own_path", lambda c, proc_cgroup=None: "/svc")
-    monkeypatch.setattr(cgroups, "_systemd_undelegated", lambda d: False)
+    monkeypatch.setattr(hierarchy, "ROOT", tmp_path)
+    monkeypatch.setattr(hierarchy, "_MODE", ["v2"])
+    monkeypatch.setattr(hierarchy, "own_path", lambda c, proc_cgroup=None: "/svc")
+    monkeypatch.setattr(hierarchy, "_systemd_undelegated", lambda d: False)
     return own
 
 
@@ -118,7 +119,7 @@ def test_a_v2_subtree_without_the_controllers_handed_down_is_a_setup_error_namin
 
 
 def test_a_systemd_cgroup_that_is_not_delegated_is_a_setup_error(v2_tree, monkeypatch):
-    monkeypatch.setattr(cgroups, "_systemd_undelegated", lambda d: True)
+    monkeypatch.setattr(hierarchy, "_systemd_undelegated", lambda d: True)
     with pytest.raises(cgroups.CgroupSetupError, match="belongs to systemd and is not delegated.*systemd-run --scope"):
         cgroups.check_available()
 
@@ -162,9 +163,9 @@ def test_v2_an_isolated_nodes_processes_join_a_leaf_of_its_group_and_the_harness
 
 
 def test_v1_group_dirs_and_join_files_are_as_before(tmp_path, monkeypatch):
-    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
-    monkeypatch.setattr(cgroups, "_MODE", ["v1"])
-    monkeypatch.setattr(cgroups, "own_path", lambda c, proc_cgroup=None: "/own")
+    monkeypatch.setattr(hierarchy, "ROOT", tmp_path)
+    monkeypatch.setattr(hierarchy, "_MODE", ["v1"])
+    monkeypatch.setattr(hierarchy, "own_path", lambda c, proc_cgroup=None: "/own")
     dirs = cgroups.group_dirs("sandfleet-node.t.n")
     assert dirs == {c: tmp_path / c / "own" / "sandfleet-node.t.n" for c in cgroups.CONTROLLERS}
     assert [cgroups.join_file(d) for d in dirs.values()] == [d / "cgroup.procs" for d in dirs.values()]

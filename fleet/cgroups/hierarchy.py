@@ -1,18 +1,10 @@
-"""Sandbox cgroups, on cgroup v1 or v2 (detected once: `mode()`).
-
-v1 (memory, pids, freezer and cpu hierarchies): one dir per controller under the harness's own cgroup in each, at
-`<own>/sandfleet/<wave>/<sandbox>`. v2 (the unified hierarchy alone at /sys/fs/cgroup): one dir at the same path
-under the harness's own cgroup, the subtree it was started in (its delegated subtree); memory, pids and cpu are
-enabled down to each sandbox through `cgroup.subtree_control`, freeze and kill are `cgroup.freeze` and
-`cgroup.kill`. v2 allows no process in an inner node, so when the own cgroup is not the root, the processes in it
-move once to a leaf `<own>/sandfleet-home` before its controllers are enabled, and a process leaving the harness's
-group goes back there. Either way the path itself is the marker a sweep uses to find leftovers after a crash."""
+"""The harness's place in the cgroup hierarchy, v1 or v2 (detected once: `mode()`): its own cgroup, the checks a
+host must pass, v2 delegation (controllers enabled down the tree, processes moved to `sandfleet-home`), the
+harness's own groups beside the sandboxes' tree, and the listing a sweep reads."""
 from __future__ import annotations
 
 import errno
 import os
-import signal
-import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -146,7 +138,7 @@ def check_available() -> None:
         own_path(c)
 
 
-def _enable(d: Path, controllers) -> None:
+def enable(d: Path, controllers) -> None:
     """v2: turn `controllers` on for d's children (cgroup.subtree_control), those not on yet."""
     f = d / "cgroup.subtree_control"
     need = [c for c in controllers if c not in f.read_text().split()]
@@ -177,13 +169,13 @@ def delegated_root() -> Path:
     `sandfleet-home` first when it is not the root)."""
     d = _base(UNIFIED)
     try:
-        _enable(d, V2_CONTROLLERS)
+        enable(d, V2_CONTROLLERS)
     except OSError as exc:
         if exc.errno != errno.EBUSY or _is_root(d):
             raise CgroupSetupError(f"cannot enable {' '.join(V2_CONTROLLERS)} in {d}/cgroup.subtree_control: "
                                    f"{exc}; {HOW_TO_DELEGATE}") from exc
         _evacuate(d)
-        _enable(d, V2_CONTROLLERS)
+        enable(d, V2_CONTROLLERS)
     return d
 
 
@@ -227,220 +219,6 @@ def shares_to_weight(shares: int) -> int:
     return max(1, min(10000, round(shares * 100 / 1024)))
 
 
-class SandboxCgroup:
-    """A sandbox's cgroup(s). Made as the v2 kind (`UnifiedSandboxCgroup`) on a v2 host."""
-
-    def __new__(cls, *args, **kwargs):
-        if cls is SandboxCgroup and args and unified():
-            cls = UnifiedSandboxCgroup
-        return super().__new__(cls)
-
-    def __init__(self, wave_id: str, sandbox_id: str):
-        self.wave_id = wave_id
-        self.sandbox_id = sandbox_id
-        self.dirs = {c: wave_dir(c, wave_id) / sandbox_id for c in CONTROLLERS}
-
-    def create(self, memory_bytes: int, pids_max: int, cpu_shares: int = 1024, cpu_cores: float | None = None) -> None:
-        """Make the dirs and set the limits from outside (the runner sees /sys read-only)."""
-        for d in self.dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
-        mem = self.dirs["memory"] / "memory.memsw.limit_in_bytes"
-        if mem.exists():  # no escape into swap
-            try:
-                mem.write_text(str(memory_bytes))
-            except OSError:
-                pass
-        (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
-        (self.dirs["cpu"] / "cpu.shares").write_text(str(cpu_shares))
-        if cpu_cores:
-            period = 100_000
-            (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(period))
-            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu_cores * period))))
-
-    def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs.values()]
-
-    def pids(self) -> list[int]:
-        try:
-            text = (self.dirs["pids"] / "cgroup.procs").read_text()
-        except OSError as exc:  # removed meanwhile: ENOENT, or ENODEV when it went between open and read
-            if exc.errno in (errno.ENOENT, errno.ENODEV):
-                return []
-            raise
-        return [int(p) for p in text.split()]
-
-    def events(self) -> dict:
-        """Counters that say why an attempt ended: OOM kills, forks refused at pids.max."""
-        out = {"oom_kills": 0, "pids_max_hits": 0}
-        try:
-            for line in (self.dirs["memory"] / "memory.oom_control").read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == "oom_kill":
-                    out["oom_kills"] = int(v)
-        except (OSError, ValueError):
-            pass
-        try:
-            for line in (self.dirs["pids"] / "pids.events").read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == "max":
-                    out["pids_max_hits"] = int(v)
-        except (OSError, ValueError):
-            pass
-        return out
-
-    def exists(self) -> bool:
-        return any(d.exists() for d in self.dirs.values())
-
-    def freeze(self, timeout_s: float = 5.0) -> bool:
-        state = self.dirs["freezer"] / "freezer.state"
-        try:
-            state.write_text("FROZEN")
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                if state.read_text().strip() == "FROZEN":
-                    return True
-                time.sleep(0.005)
-        except OSError as exc:  # removed meanwhile (ENOENT, or ENODEV mid-read): the sandbox already ended
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-        return False
-
-    def thaw(self) -> None:
-        try:
-            (self.dirs["freezer"] / "freezer.state").write_text("THAWED")
-        except OSError as exc:  # removed meanwhile
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-
-    def kill_all(self, timeout_s: float = 10.0) -> bool:
-        """Freeze, SIGKILL every member, thaw, and wait until the cgroup is empty."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            pids = self.pids()
-            if not pids or not self.exists():
-                return True
-            frozen = self.freeze(1.0)
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if frozen:
-                self.thaw()
-            time.sleep(0.01)
-        return not self.pids()
-
-    def remove(self, timeout_s: float = 5.0) -> None:
-        """rmdir each controller's directory; a just-emptied cgroup can stay busy for a moment."""
-        deadline = time.monotonic() + timeout_s
-        for d in self.dirs.values():
-            while True:
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                        raise CgroupError(f"cannot remove {d}: {exc}; members: {self.pids()}") from exc
-                    time.sleep(0.02)
-            for parent in (d.parent, d.parent.parent):  # wave dir, then sandfleet dir, if empty
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-
-
-class UnifiedSandboxCgroup(SandboxCgroup):
-    """v2: one dir `<own>/sandfleet/<wave>/<sandbox>`, a leaf, with memory, pids and cpu on from the own cgroup
-    down; freeze through cgroup.freeze, kill through cgroup.kill."""
-
-    def __init__(self, wave_id: str, sandbox_id: str):
-        self.wave_id = wave_id
-        self.sandbox_id = sandbox_id
-        self.dir = wave_dir(UNIFIED, wave_id) / sandbox_id
-        self.dirs = {UNIFIED: self.dir}
-
-    def create(self, memory_bytes: int, pids_max: int, cpu_shares: int = 1024, cpu_cores: float | None = None) -> None:
-        """Make the dir (controllers on along the way) and set the limits from outside; no swap."""
-        for attempt in range(3):  # a last sandbox's remove can take the wave dir away between the two mkdirs
-            try:
-                for d in (delegated_root() / MARK, self.dir.parent):
-                    d.mkdir(exist_ok=True)
-                    _enable(d, V2_CONTROLLERS)
-                self.dir.mkdir(exist_ok=True)
-                break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-        (self.dir / "memory.max").write_text(str(memory_bytes))
-        swap = self.dir / "memory.swap.max"
-        if swap.exists():  # no escape into swap
-            swap.write_text("0")
-        (self.dir / "pids.max").write_text(str(pids_max))
-        (self.dir / "cpu.weight").write_text(str(shares_to_weight(cpu_shares)))
-        if cpu_cores:
-            period = 100_000
-            (self.dir / "cpu.max").write_text(f"{max(1000, int(cpu_cores * period))} {period}")
-
-    def pids(self) -> list[int]:
-        try:
-            text = (self.dir / "cgroup.procs").read_text()
-        except OSError as exc:  # removed meanwhile
-            if exc.errno in (errno.ENOENT, errno.ENODEV):
-                return []
-            raise
-        return [int(p) for p in text.split()]
-
-    def events(self) -> dict:
-        out = {"oom_kills": 0, "pids_max_hits": 0}
-        for f, key, into in (("memory.events", "oom_kill", "oom_kills"), ("pids.events", "max", "pids_max_hits")):
-            try:
-                for line in (self.dir / f).read_text().splitlines():
-                    k, _, v = line.partition(" ")
-                    if k == key:
-                        out[into] = int(v)
-            except (OSError, ValueError):
-                pass
-        return out
-
-    def freeze(self, timeout_s: float = 5.0) -> bool:
-        try:
-            (self.dir / "cgroup.freeze").write_text("1")
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                if "frozen 1" in (self.dir / "cgroup.events").read_text().splitlines():
-                    return True
-                time.sleep(0.005)
-        except OSError as exc:  # removed meanwhile: the sandbox already ended
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-        return False
-
-    def thaw(self) -> None:
-        try:
-            (self.dir / "cgroup.freeze").write_text("0")
-        except OSError as exc:  # removed meanwhile
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                raise
-
-    def kill_all(self, timeout_s: float = 10.0) -> bool:
-        """SIGKILL every member at once (cgroup.kill: frozen ones too, and no fork escapes it), and wait until the
-        cgroup is empty."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.pids() or not self.exists():
-                return True
-            try:
-                (self.dir / "cgroup.kill").write_text("1")
-            except OSError as exc:
-                if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                    raise
-            time.sleep(0.01)
-        return not self.pids()
-
-
 def join_harness(name: str, shares: int = 2048) -> Path:
     """Move this process into `<own>/sandfleet-harness/<name>` (cpu controller), with more CPU shares than
     the sandboxes' tree (`<own>/sandfleet`): siblings, so no runner can starve the harness. On v2 the same dir in
@@ -448,7 +226,7 @@ def join_harness(name: str, shares: int = 2048) -> Path:
     if unified():
         base = delegated_root()
         (base / HARNESS).mkdir(exist_ok=True)
-        _enable(base / HARNESS, ("cpu",))
+        enable(base / HARNESS, ("cpu",))
         d = base / HARNESS / name
         d.mkdir(exist_ok=True)
         (d / "cpu.weight").write_text(str(shares_to_weight(shares)))
