@@ -157,7 +157,7 @@ class DockerBackend(SandboxBackend):
     async def _start(self, sb: Sandbox) -> None:
         spec = sb.spec
         disk = await asyncio.to_thread(prepare_workspace, spec)
-        if disk:  # what a crash mode dropped from the kept volume before this attempt (fleet/lazyfs.py)
+        if disk:  # what a crash mode dropped from the kept volume before this attempt (fleet/lazyfs/)
             sb.extra["disk"] = disk
         try:
             c = await asyncio.to_thread(self._create, spec)

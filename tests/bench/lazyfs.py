@@ -2,7 +2,7 @@
 BENCHMARKS.md.
 
 Three directories on the same disk: a plain directory, a plain FUSE passthrough (`LazyOps(passthrough=True)`: the
-same Python and mfusepy, no cache, no undo log) and the lazy layer (`fleet/lazyfs.py`). Each operation runs on the
+same Python and mfusepy, no cache, no undo log) and the lazy layer (`fleet/lazyfs/`). Each operation runs on the
 three in turn, interleaved, n times: a 4 KiB append + fsync, a 1 MiB write (one write(2), no fsync) and the same
 with its fsync, a SQLite commit of one row (WAL, synchronous=NORMAL and FULL), and create + rename + directory fsync.
 Goal: the fsync'd 4 KiB append through the layer at <= 1 ms p50.

@@ -71,7 +71,7 @@ def local_defect(defect: str) -> dict:
 
 
 def test_a_journal_never_fsynced_survives_keep_and_not_a_power_loss(run_wave):
-    """The lazy file system (fleet/lazyfs.py) under the task's volume drops what was not fsynced at the kill: a
+    """The lazy file system (fleet/lazyfs/) under the task's volume drops what was not fsynced at the kill: a
     journal appended with no fsync, beside repo changes that were synced, passes a kill that keeps the disk and
     applies its steps twice after a power loss. Nothing of the layer is left behind."""
     kill = {"after_model_calls": [4, 4]}

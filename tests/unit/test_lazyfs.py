@@ -441,7 +441,7 @@ def test_unsynced_data_that_would_not_fit_the_backing_disk_is_enospc(fs, monkeyp
     from types import SimpleNamespace
 
     f, backing = fs
-    monkeypatch.setattr("fleet.lazyfs.os.statvfs", lambda p: SimpleNamespace(f_bavail=4, f_frsize=1024))
+    monkeypatch.setattr("fleet.lazyfs.data.os.statvfs", lambda p: SimpleNamespace(f_bavail=4, f_frsize=1024))
     fh = f.ops.create("/big", 0o644)
     f.ops.write("/big", b"x" * 3000, 0, fh)
     with pytest.raises(OSError) as exc:
@@ -490,8 +490,41 @@ def test_an_answer_naming_a_path_that_is_not_utf8_is_escaped():
     refused the record, ending the wave as a harness error. The control answers escape such names."""
     import orjson
 
-    from fleet.lazyfs import _printable
+    from fleet.lazyfs import printable
 
-    got = _printable({"ok": True, "torn": {"path": "repo/odd\udcffname", "offset": 3}, "files": ["a\udcfe", "b"]})
+    got = printable({"ok": True, "torn": {"path": "repo/odd\udcffname", "offset": 3}, "files": ["a\udcfe", "b"]})
     assert got == {"ok": True, "torn": {"path": "repo/odd\\xffname", "offset": 3}, "files": ["a\\xfe", "b"]}
     orjson.dumps(got)
+
+
+def test_the_serving_process_keeps_its_module_path_and_marker(monkeypatch, tmp_path):
+    """The sweep and the leftover checks find a lazy mount's process by `fleet.lazyfs serve` and the marker in its
+    command line (`processes()`): the argv `LazyFS.mount` starts must carry both, and `-m fleet.lazyfs` must run
+    (a package split once had to keep `python -m fleet.lazyfs` working)."""
+    import subprocess
+    import sys
+
+    from fleet import lazyfs
+    from fleet.lazyfs import client
+
+    started = {}
+
+    class Popen:
+        def __init__(self, argv, **kw):
+            started["argv"], started["env"] = argv, kw["env"]
+            raise OSError("not started in a unit test")
+
+    monkeypatch.setattr(client, "check_available", lambda: None)
+    monkeypatch.setattr(client.subprocess, "Popen", Popen)
+    fs = lazyfs.LazyFS(tmp_path, tmp_path, label="pin", control_root=str(tmp_path))
+    with pytest.raises(OSError, match="not started"):
+        fs.mount()
+    cmd = " ".join(started["argv"])
+    assert started["argv"][1:4] == ["-m", "fleet.lazyfs", "serve"]
+    assert "fleet.lazyfs serve" in cmd and lazyfs.MARK in cmd  # what `processes()` matches
+    root = started["env"]["PYTHONPATH"].split(os.pathsep)[0]
+    monkeypatch.undo()  # the real Popen again
+    assert os.path.isfile(os.path.join(root, "fleet", "lazyfs", "__main__.py"))  # the checkout, not fleet/
+    out = subprocess.run([sys.executable, "-m", "fleet.lazyfs", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd=root)
+    assert out.returncode == 0 and "serve" in out.stdout and "ctl" in out.stdout
