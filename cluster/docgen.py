@@ -261,13 +261,14 @@ def results_page() -> str:
 # the meaning of every exit code the command line gives (the EXIT_* constants of cluster/cli.py, and the signals)
 EXIT_MEANINGS = {
     "EXIT_OK": "every verdict passed",
-    "EXIT_FAIL": "a verdict failed",
+    "EXIT_FAIL": "a verdict failed; `verify`: a file changed, added or missing, or the folder renamed (the seal "
+                 "binds its name, the wave's id), each named",
     "EXIT_HARNESS": "a verdict is unknown or a fault was not applied, or a harness error or harness fault (a part "
                     "died: store, proxy, model endpoint, effects service, ledger, host, docker engine; Ray "
                     "unreachable); `sandfleet sweep`: a part of the machine could not be looked at (a docker engine "
                     "that does not answer); `wave resume`, `wave replay`, `shrink`, `grade`, `report`: a stored file "
-                    "it reads (plan.json, a grade) is damaged, the file and the field named; `verify`: no seal, or a "
-                    "damaged or foreign one",
+                    "it reads (plan.json and the config stored in it, a grade) is damaged, the file and the field "
+                    "named; `verify`: no seal, or a damaged or foreign one",
     "EXIT_BAD_INPUT": "bad arguments or config: the message names the field, the value and what is allowed; nothing "
                       "is written. A directory argument that is empty (never the current directory), missing or not "
                       "a directory is 254 too",

@@ -88,13 +88,28 @@ def _read_regular(path: Path, what: str, cap: int = MAX_SEAL_BYTES) -> bytes:
         os.close(fd)
 
 
-def _name(rel: str) -> str:
-    """A path as the manifest (JSON) can hold it: a name that is not UTF-8 keeps its bytes as \\xNN escapes."""
-    try:
-        rel.encode("utf-8")
-        return rel
-    except UnicodeEncodeError:
-        return os.fsencode(rel).decode("utf-8", "backslashreplace")
+NAMES = "utf-8; a backslash as \\\\, a byte that is not UTF-8 as \\xNN"  # the manifest's spelling of a name
+
+
+def _name(rel: str, names: str | None = NAMES) -> str:
+    """A path as the manifest (JSON) spells it, one spelling per name: a backslash is `\\\\` and a byte that is
+    not UTF-8 is `\\xNN`, so the four characters `\\xff` and the byte 0xff are two names. `names=None`: the
+    spelling of a manifest sealed before (no `names` field: a byte as `\\xNN`, a backslash as it is)."""
+    if names is None:
+        try:
+            rel.encode("utf-8")
+            return rel
+        except UnicodeEncodeError:
+            return os.fsencode(rel).decode("utf-8", "backslashreplace")
+    if "\\" not in rel:
+        try:
+            rel.encode("utf-8")
+            return rel
+        except UnicodeEncodeError:
+            pass
+    text = os.fsencode(rel).decode("utf-8", "surrogateescape")
+    return "".join("\\\\" if c == "\\" else f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else c
+                   for c in text)
 
 
 def _hash_file(p: Path) -> str:
@@ -109,9 +124,9 @@ def _hash_file(p: Path) -> str:
     return h.hexdigest()
 
 
-def _entries(d: Path):
+def _entries(d: Path, names: str | None = NAMES):
     """(name in the manifest, path, lstat) of every entry under `d` but the seal's own files, never through a link;
-    an empty dir is yielded as `dir/` with its lstat."""
+    an empty dir is yielded as `dir/` with its lstat. `names`: the manifest's spelling of names (`_name`)."""
     def fail(exc: OSError):
         raise SealError(f"{exc.filename}: cannot be listed ({exc.strerror or exc})")
 
@@ -126,9 +141,9 @@ def _entries(d: Path):
                 st = os.lstat(p)
             except OSError as exc:
                 raise SealError(f"{p}: cannot be read ({exc.strerror or exc})") from None
-            yield _name(rel), p, st
+            yield _name(rel, names), p, st
         if not files and not dirs and Path(root) != d:
-            yield _name(Path(root).relative_to(d).as_posix() + "/"), Path(root), None
+            yield _name(Path(root).relative_to(d).as_posix() + "/", names), Path(root), None
 
 
 def _digest(p: Path, st) -> str:
@@ -158,12 +173,14 @@ def digests(d: Path) -> dict[str, str]:
 def seal(d: str | Path) -> dict:
     """Write MANIFEST.json and SEAL.json for the wave in `d`; returns the seal."""
     d = Path(d)
-    entries = list(_entries(d))
+    entries = list(_entries(d, NAMES))
     files = {name: _digest(p, st) for name, p, st in entries}
     size = {name: st.st_size for name, p, st in entries if files[name] not in ("<empty dir>", "<not a regular file>")
             and not files[name].startswith("<link>")}
-    manifest = orjson.dumps({"wave_dir": _name(d.name), "files": files, "sizes": size},
-                            option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+    doc = {"wave_dir": _name(d.resolve().name, NAMES), "files": files, "sizes": size}
+    if NAMES is not None:
+        doc["names"] = NAMES
+    manifest = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
     key = _private_key()
     out = {"algorithm": ALGORITHM, "public_key": _public_hex(key), "fingerprint": fingerprint(_public_hex(key)),
            "manifest_sha256": hashlib.sha256(manifest).hexdigest(), "signature": key.sign(manifest).hex()}
@@ -173,8 +190,9 @@ def seal(d: str | Path) -> dict:
 
 
 def verify(d: str | Path, public_key: str | None = None) -> dict:
-    """Check the seal and every file: {"ok", "fingerprint", "changed", "added", "missing"}. SealError when the
-    manifest or the seal is missing, damaged or foreign (or not signed by `public_key`, when given)."""
+    """Check the seal, the folder's name and every file: {"ok", "fingerprint", "changed", "added", "missing",
+    "renamed_from" (the name the folder was sealed as, when it is now another: None else), "now_as"}. SealError
+    when the manifest or the seal is missing, damaged or foreign (or not signed by `public_key`, when given)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -207,12 +225,20 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
         listed, listed_sizes = m["files"], m.get("sizes") or {}
         if not isinstance(listed, dict) or not isinstance(listed_sizes, dict):
             raise TypeError("files or sizes is not a mapping")
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        names = m.get("names")
+        if names is not None and names != NAMES:
+            raise TypeError(f"names spelled {str(names)[:80]!r}, which this sandfleet does not read")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise SealError(f"{d / MANIFEST}: not a manifest ({exc})") from None
+    # the folder's name is sealed too (it is the wave's id): a folder moved to another name is not the one sealed,
+    # whatever its files (a seal from before it was read, or with no name, binds none)
+    sealed_as = m.get("wave_dir") if isinstance(m.get("wave_dir"), str) and m.get("wave_dir") else None
+    now_as = _name(d.resolve().name, names)
+    renamed_from = sealed_as if sealed_as is not None and sealed_as != now_as else None
     # an entry the seal does not list is named unread (a huge file added is never hashed); a listed file whose size
     # differs from the sealed one is changed unread; only a listed file of its sealed size is hashed
     now, changed = set(), []
-    for name, p, st in _entries(d):
+    for name, p, st in _entries(d, names):
         now.add(name)
         if name not in listed:
             continue
@@ -223,5 +249,5 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
             changed.append(name)
     changed.sort()
     added, missing = sorted(now - set(listed)), sorted(set(listed) - now)
-    return {"ok": not (changed or added or missing), "fingerprint": fingerprint(s["public_key"]),
-            "changed": changed, "added": added, "missing": missing}
+    return {"ok": not (changed or added or missing or renamed_from), "fingerprint": fingerprint(s["public_key"]),
+            "changed": changed, "added": added, "missing": missing, "renamed_from": renamed_from, "now_as": now_as}

@@ -68,10 +68,10 @@ def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
                public_key: Optional[str] = typer.Option(None, "--public-key",
                                                        help="the sealer's Ed25519 public key (hex): refuse a seal "
                                                             "made with any other")) -> int:
-    """Check that a wave's folder is the one its seal names: the seal's signature, and every file's sha256 (exit 0
-    intact, 1 a file changed, added or missing, each named; 2 no seal, or a damaged or foreign one; 254 RESULTS_DIR
-    empty, missing or not a directory). A link is named with its target's digest, never followed; a file the seal
-    does not list is named without being read."""
+    """Check that a wave's folder is the one its seal names: the seal's signature, the folder's name (the wave id)
+    and every file's sha256 (exit 0 intact, 1 a file changed, added or missing, or the folder renamed, each named;
+    2 no seal, or a damaged or foreign one; 254 RESULTS_DIR empty, missing or not a directory). A link is named
+    with its target's digest, never followed; a file the seal does not list is named without being read."""
     from cluster.seal import SealError, verify
 
     results_dir = dir_arg(results_dir, "RESULTS_DIR")
@@ -93,8 +93,13 @@ def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
     for what in ("changed", "added", "missing"):
         for name in got[what]:
             err(f"{what}: {name}")
+    if got.get("renamed_from"):  # the seal binds the folder's name (the wave id) as well as its files
+        files = "its files are intact" if not (got["changed"] or got["added"] or got["missing"]) else "and"
+        err(f"renamed: sealed as {got['renamed_from']!r}, this folder is {got['now_as']!r} ({files}; the name is "
+            f"the wave's id: move it back to {got['renamed_from']!r} to verify it)")
     err(f"{results_dir}: NOT the folder key {got['fingerprint']} sealed: {len(got['changed'])} changed, "
-         f"{len(got['added'])} added, {len(got['missing'])} missing")
+         f"{len(got['added'])} added, {len(got['missing'])} missing"
+        + (f", renamed from {got['renamed_from']!r}" if got.get("renamed_from") else ""))
     return EXIT_FAIL
 
 

@@ -158,3 +158,72 @@ def test_an_added_or_resized_file_is_named_without_being_read(wave, monkeypatch)
     got = verify(wave)
     assert got["added"] == ["added.bin"] and got["changed"] == ["plan.json"], got
     assert "added.bin" not in hashed and "plan.json" not in hashed and hashed, hashed
+
+
+def test_a_renamed_wave_folder_is_named_renamed_never_intact(wave, tmp_path):
+    """Issue 42's last review, finding 3: a sealed folder moved to another name verified as intact. The seal binds
+    the folder's name (the wave id): a renamed one is exit 1, `renamed: sealed as ...`, its files said intact; moved
+    back (or to another parent, or through a link such as results/latest), it verifies again."""
+    seal(wave)
+    moved = tmp_path / "w-someone-else"
+    wave.rename(moved)
+    got = verify(moved)
+    assert not got["ok"] and got["renamed_from"] == "w" and not (got["changed"] or got["added"] or got["missing"])
+    r = _verify(moved)
+    assert r.exit_code == 1 and "renamed: sealed as 'w'" in r.output and "w-someone-else" in r.output, r.output
+    assert "intact" in r.output  # the files are, and it says so
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    moved.rename(other / "w")
+    assert _verify(other / "w").exit_code == 0
+    (tmp_path / "latest").symlink_to(other / "w")
+    assert _verify(tmp_path / "latest").exit_code == 0
+    import os
+    os.chdir(other / "w")
+    assert _verify(".").exit_code == 0
+
+
+def test_a_literal_backslash_name_and_a_raw_byte_name_are_never_confused(wave):
+    """Issue 42's last review, finding 3: a file named `\\xff` (four ASCII characters) and one whose name is the byte
+    0xff were both listed as `\\xff`: one stood for the other (one deleted, the folder still verified). The manifest
+    now writes a backslash as `\\\\`, so each name has one spelling; a flip of either is named as that one."""
+    import os
+    literal, raw = wave / "\\xff", os.path.join(os.fsencode(wave), b"\xff")
+    literal.write_bytes(b"same\n")
+    with open(raw, "wb") as f:
+        f.write(b"same\n")
+    seal(wave)
+    listed = orjson.loads((wave / MANIFEST).read_bytes())["files"]
+    assert "\\\\xff" in listed and "\\xff" in listed, sorted(listed)[:5]
+    assert verify(wave)["ok"]
+    os.unlink(raw)
+    got = verify(wave)
+    assert not got["ok"] and got["missing"] == ["\\xff"], got
+    with open(raw, "wb") as f:
+        f.write(b"flipped\n")
+    got = verify(wave)
+    assert got["changed"] == ["\\xff"] and not got["missing"], got
+    with open(raw, "wb") as f:
+        f.write(b"same\n")
+    literal.write_bytes(b"flipped\n")
+    got = verify(wave)
+    assert got["changed"] == ["\\\\xff"] and not got["missing"], got
+    r = _verify(wave)
+    assert r.exit_code == 1 and "changed: \\\\xff" in r.output, r.output
+
+
+def test_a_seal_made_before_names_were_escaped_still_verifies(wave):
+    """A manifest without `names` (sealed before the escape of a backslash) is read with the names it was made
+    with: an old wave's folder still verifies."""
+    from cluster import seal as sealmod
+
+    (wave / "a\\b.txt").write_text("x")
+    saved = sealmod.NAMES
+    try:
+        sealmod.NAMES = None  # seal as before: no `names` field, names unescaped
+        seal(wave)
+    finally:
+        sealmod.NAMES = saved
+    m = orjson.loads((wave / MANIFEST).read_bytes())
+    assert "names" not in m and "a\\b.txt" in m["files"]
+    assert verify(wave)["ok"]
