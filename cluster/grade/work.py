@@ -8,6 +8,26 @@ from cluster.grade.verdicts import FAIL, PASS, UNKNOWN
 from cluster.grade.facts import Facts
 
 
+# What the harness's capture leaves out for its own sake, not for a cap the runner went past (fleet/sandbox.py
+# `read_tree`): a name no JSON record, report or artifact can hold as it is. The checks judge what was captured; the
+# skip is named in the grade (`left_out`), never a failure of the runner's and never silent.
+HARNESS_SKIPS = ("a file name that is not UTF-8",)
+
+
+def harness_skips(attempt: dict) -> tuple[list[str], list[str]]:
+    """(the capture's caps the runner went past, the names the harness itself left out) of an attempt's capture."""
+    art = attempt.get("artifact") if isinstance(attempt.get("artifact"), dict) else {}
+    capped = [str(c) for c in art.get("capped") or []]
+    caps = [c for c in capped if not any(s in c for s in HARNESS_SKIPS)]
+    names = [printable(str(n), 120) for n in art.get("skipped") or []] if len(caps) < len(capped) else []
+    return caps, names
+
+
+def skip_note(names: list[str]) -> str:
+    return (f"; the capture left out {len(names)} file(s) whose name is not UTF-8 (no record can hold it as it is),"
+            f" named escaped: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}") if names else ""
+
+
 def _ended_with_an_artifact(h: TaskHistory, facts: Facts) -> dict | None:
     """None when the task ended done with a whole, readable artifact; else `completed`'s answer."""
     attempts, end = facts.attempts, facts.end
@@ -24,7 +44,7 @@ def _ended_with_an_artifact(h: TaskHistory, facts: Facts) -> dict | None:
     if h.artifact is None:
         why = (last.get("artifact") or {}).get("why", "no artifact was captured")
         return {"verdict": FAIL, "detail": f"the runner exited 0 but {why}"}
-    capped = (last.get("artifact") or {}).get("capped")
+    capped, _ = harness_skips(last)
     if capped:  # the workspace was past a cap of the read-back (depth, files, bytes): not what a task leaves
         return {"verdict": FAIL, "detail": f"the runner exited 0 but {'; '.join(capped)}"}
     return None
@@ -92,8 +112,10 @@ def completed(h: TaskHistory, facts: Facts) -> dict:
             if mismatch:
                 got = dict(got, dialect_mismatch=mismatch)
             return got
-    return {"verdict": PASS, "detail": "exited 0; every step was answered by the model and its change and "
-                                       "effect are there"}
+    left = harness_skips(facts.attempts[-1] if facts.attempts else {})[1]
+    return {"verdict": PASS, **({"left_out": left[:20]} if left else {}),
+            "detail": "exited 0; every step was answered by the model and its change and effect are there"
+                      + skip_note(left)}
 
 
 def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
@@ -120,7 +142,11 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
         base["volatile"] = {printable(p, 200): printable(str(why), 200) for p, why in sorted(left_out.items())[:20]}
     note = (f" (left out as volatile: {', '.join(printable(p, 80) for p in sorted(left_out)[:5])}"
             f"{' ...' if len(left_out) > 5 else ''})") if left_out else ""
+    left = harness_skips(facts.attempts[-1] if facts.attempts else {})[1]
     if got == want:
+        if left:
+            base["left_out"] = left[:20]
+            note += skip_note(left).replace("; the capture", "; not compared: the capture", 1)
         return {"verdict": PASS, **base, "detail": "same artifact as an uninterrupted run" + note}
     diff = changed(got_files, want_files)
     lines = describe(got_files, want_files, diff)
