@@ -276,6 +276,10 @@ def _audit(d: Path) -> str:
         a = orjson.loads((Path(d) / results.STORE_AUDIT).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return "unknown (no readable store-audit.json)"
+    if not isinstance(a, dict):
+        return f"unknown (store-audit.json is a JSON {type(a).__name__}, not the audit's report)"
+    if a.get("error") is not None:  # the audit failed: what failed is named (call, bucket, prefix, key, error)
+        return f"unknown: the audit failed: {a.get('failed') or a['error']}"
     checked = sum(1 for recs in a.get("tasks", {}).values() for r in recs if r.get("checked_against_write"))
     f = [x for x in a.get("findings") or [] if x["signature"] != "incomplete_multipart_upload"]
     listed = a.get("objects_listed")

@@ -172,6 +172,12 @@ def read_wave(d: Path) -> WaveRecord:
                 effects = None
     proxy = inp.lines_or_none(results.PROXY_REQUESTS)
     sweep, audit = _json_or_none(inp, results.SANDBOX_SWEEP), _json_or_none(inp, results.STORE_AUDIT)
+    if audit is not None and (not isinstance(audit, dict) or audit.get("error") is not None):
+        # an audit that failed (named: the call, bucket, prefix, error) or a report of another shape: unknown
+        inp.unreadable[results.STORE_AUDIT] = (f"the audit failed: {str(audit.get('failed') or audit['error'])[:600]}"
+                                               if isinstance(audit, dict) else
+                                               f"a JSON {type(audit).__name__}, not the audit's report")
+        audit = None
     sweeper = _json_or_none(inp, results.SWEEPER, None)  # the sweep actor's report (none: a wave before it existed)
     hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
     return WaveRecord(d, inp, plan, timeline, receipts, calls, effects, proxy, sweep, audit, sweeper,

@@ -19,6 +19,39 @@ from cluster import results
 from cluster.wave.errors import HarnessError
 
 
+class _NamedCalls:
+    """The audit's second client, remembering the S3 call it made last (and its key): an audit that fails names
+    what failed, as `failure` words it, never only the client's exception (a refused connection reads as a pool's
+    URL)."""
+
+    CALLS = {"list_objects": "ListObjectsV2 (listing the objects)", "get_object": "GetObject (reading an object back)",
+             "_list_multipart_uploads": "ListMultipartUploads (listing the incomplete uploads)",
+             "_abort_multipart_upload": "AbortMultipartUpload"}
+
+    def __init__(self, mc):
+        self._mc, self.call, self.key = mc, "connecting", None
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._mc, name)
+        if name not in self.CALLS:
+            return fn
+
+        def named(*args, **kw):
+            self.call = self.CALLS[name]
+            self.key = args[1] if len(args) > 1 and name in ("get_object", "_abort_multipart_upload") else None
+            return fn(*args, **kw)
+        return named
+
+    def failure(self, bucket: str, prefix: str, exc: BaseException) -> dict:
+        """The failed call, its bucket, prefix and key, and the error, escaped (a key is a runner's words)."""
+        safe = results.terminal_safe
+        why = safe(f"{type(exc).__name__}: {str(exc)[:400]}")
+        key = None if self.key is None else safe(str(self.key)[:300])
+        return {"call": self.call, "bucket": bucket, "prefix": prefix, "key": key, "error": why,
+                "message": f"store audit: {self.call} of bucket {bucket!r}, prefix {prefix or '(the whole bucket)'!r}"
+                           + (f", key '{key}'" if key is not None else "") + f" failed: {why}"}
+
+
 class Teardown:
     def __init__(self, parts, health, timeline, out: results.ResultsDir, wave_id: str, runs: dict, private,
                  own_fleet: bool, settle_s: float, interrupted: Callable[[], str | None], harness_cg=None):
@@ -206,10 +239,18 @@ class Teardown:
         except OSError:
             log = None
         creds = self.parts.endpoint.creds
-        mc = client_for(self.parts.endpoint.url, creds.access_key, creds.secret_key,
-                        getattr(self.parts.endpoint, "region", None) or "us-east-1")
-        out = audit(mc, self.parts.bucket, self.wave_id, sorted(self.runs), log,
-                    shared=self.parts.store_lent, max_objects=max_objects or MAX_OBJECTS, seed=seed)
+        scope = f"{self.wave_id}/" if self.parts.store_lent else ""
+        mc = _NamedCalls(client_for(self.parts.endpoint.url, creds.access_key, creds.secret_key,
+                                    getattr(self.parts.endpoint, "region", None) or "us-east-1"))
+        try:
+            out = audit(mc, self.parts.bucket, self.wave_id, sorted(self.runs), log,
+                        shared=self.parts.store_lent, max_objects=max_objects or MAX_OBJECTS, seed=seed)
+        except Exception as exc:  # noqa: BLE001 - named (call, bucket, prefix, key, error), kept, and raised on
+            err = mc.failure(self.parts.bucket, scope, exc)
+            self.out.store_audit.write_bytes(orjson.dumps(
+                {"bucket": self.parts.bucket, "scope": scope, "client": "minio", "error": err,
+                 "failed": err["message"]}, option=orjson.OPT_INDENT_2))
+            raise RuntimeError(err["message"]) from None
         self.out.store_audit.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
     def stop_parts(self) -> None:
