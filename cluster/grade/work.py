@@ -8,8 +8,8 @@ from cluster.grade.verdicts import FAIL, PASS, UNKNOWN
 from cluster.grade.facts import Facts
 
 
-# What the harness's capture leaves out for its own sake, not for a cap the runner went past (fleet/sandbox.py
-# `read_tree`): a name no JSON record, report or artifact can hold as it is. The checks judge what was captured; the
+# What the harness's capture leaves out for its own sake, not for a cap the runner went past (`read_tree`,
+# fleet/sandbox/): a name no JSON record, report or artifact can hold as it is. The checks judge what was captured; the
 # skip is named in the grade (`left_out`), never a failure of the runner's and never silent.
 HARNESS_SKIPS = ("a file name that is not UTF-8",)
 
