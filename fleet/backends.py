@@ -1,7 +1,7 @@
 """The sandbox backends of a host behind one interface, and the reaper of a sandbox known only by its markers.
 
 The factory makes the docker backend on first use (its SDK is imported only then); the reaper removes a
-sandbox's cgroup, workspace mount and container without a handle. Both sit above fleet/sandbox.py and
+sandbox's cgroup, workspace mount and container without a handle. Both sit above fleet/sandbox/ and
 fleet/docker_backend.py so that neither of those imports the other.
 """
 from __future__ import annotations

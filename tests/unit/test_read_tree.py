@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from fleet import sandbox
+from fleet.sandbox import artifacts as sandbox  # (the caps are read there)
 from fleet.sandbox import read_tree
 
 

@@ -86,7 +86,7 @@ def test_no_file_name_of_the_layout_is_spelled_outside_results_py():
     # read (fleet/ may not import cluster/, so results.py re-exports those two; issue 17 moves the log)
     assert sorted(offenders) == ["fleet/markers.py credentials.json", "fleet/markers.py driver.json",
                                  "fleet/markers.py ray.json",
-                                 "fleet/sandbox.py runner.log"], offenders
+                                 "fleet/sandbox/spec.py runner.log"], offenders
 
 
 @pytest.mark.skipif(not FIXTURE.is_dir(), reason="no stored wave fixture")

@@ -1,4 +1,4 @@
-"""`move`: a lost node's volume read back as a tar (fleet/sandbox.py pack_volume) and laid on a fresh volume on
+"""`move`: a lost node's volume read back as a tar (fleet/sandbox/workspace.py pack_volume) and laid on a fresh volume on
 another node (unpack_volume). What a runner wrote is untrusted: nothing may land outside the volume."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-import fleet.sandbox as sandbox
+import fleet.sandbox.workspace as sandbox  # (SANDBOX_UID is read there)
 from cluster.config import ConfigError, build_config
 
 
