@@ -47,7 +47,7 @@ def write_artifact(adir: Path, files: dict[str, bytes], meta: dict) -> dict:
     return manifest
 
 
-def _regular_bytes(path: Path) -> bytes:
+def regular_bytes(path: Path) -> bytes:
     """A regular file's bytes: never through a link, never a FIFO or a device (ValueError naming it)."""
     import stat
 
@@ -58,18 +58,21 @@ def _regular_bytes(path: Path) -> bytes:
         return f.read()
 
 
+_regular_bytes = regular_bytes  # (its old name, still imported by cluster/grade/inputs.py)
+
+
 def read_artifact(adir: Path) -> tuple[dict[str, bytes], dict] | None:
     """(files, manifest), or None when there is no captured artifact. Files are checked against the manifest."""
     adir = Path(adir)
     mpath = adir / MANIFEST
     if not mpath.exists():
         return None
-    manifest = orjson.loads(_regular_bytes(mpath))
+    manifest = orjson.loads(regular_bytes(mpath))
     files = {}
     for rel, info in manifest["files"].items():
         if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or "\0" in rel:
             raise ValueError(f"{mpath}: {rel!r} is not a path inside the artifact")
-        body = _regular_bytes(adir / FILES / rel)
+        body = regular_bytes(adir / FILES / rel)
         if hashlib.sha256(body).hexdigest() != info["sha256"]:
             raise ValueError(f"{adir / FILES / rel}: content does not match its recorded sha256")
         files[rel] = body

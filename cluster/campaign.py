@@ -44,10 +44,11 @@ def plan_waves(fault: str, runners: list, lo: float, hi: float, wave: dict) -> N
         raise ConfigError(f"--fault {fault!r}: campaigns take one of {', '.join(sorted(KNOBS))}")
     for r in runners:
         for x in (lo, hi):
-            _config(fault, r, x, wave)
+            probe_config(fault, r, x, wave)
 
 
-def _config(fault: str, runner, strength: float, wave: dict):
+def probe_config(fault: str, runner, strength: float, wave: dict):
+    """The wave config of one probe: `fault` at `strength`, over the campaign's base wave."""
     timing = dict(wave.get("fault_timing") or {})
     timing[fault] = {**timing.get(fault, {}), "strength": strength}
     if fault in ("ST1", "ST2", "ST3", "ST5", "ST7", "ST8") and not {"at_s", "after_model_calls"} & set(timing[fault]):
@@ -58,6 +59,9 @@ def _config(fault: str, runner, strength: float, wave: dict):
         timing.setdefault("PK1", {"after_model_calls": [3, 4]})
     return build_config({**wave, "runner": runner, "faults": [f"{fault}+PK1" if fault == "ST7" else fault],
                          "fault_timing": timing}, source="campaign wave")
+
+
+_config = probe_config  # (its old name, as tests/unit/test_campaign.py imports it)
 
 
 def _outcome(result: dict, fault: str) -> dict:
@@ -93,7 +97,7 @@ def run_campaign(fault: str, runners: list, lo: float, hi: float, wave: dict, re
 
             def probe(x: float, runner=runner, tried=tried) -> str:
                 nonlocal fleet
-                cfg = _config(fault, runner, round(x, 4), wave)
+                cfg = probe_config(fault, runner, round(x, 4), wave)
                 if fleet is None:
                     fleet = FleetSession.lent_for(cfg)
                 t = time.perf_counter()

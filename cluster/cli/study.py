@@ -96,10 +96,10 @@ def campaign_storage(
     except ConfigError as exc:
         err(f"error: {exc}")
         return EXIT_BAD_INPUT
-    from cluster.campaign import CampaignInterrupted, _config
+    from cluster.campaign import CampaignInterrupted, probe_config
 
     try:
-        preflight(_config(fault, runners[0], lo, base))
+        preflight(probe_config(fault, runners[0], lo, base))
         results.mkdir(parents=True, exist_ok=True)
         d = run_campaign(fault, runners, lo, hi, base, results, probes=probes, progress=not no_progress)
     except HarnessError as exc:

@@ -188,10 +188,10 @@ def wave_resume(
         err(f"error: cannot resume: {exc}")
         return EXIT_HARNESS
     wave_id = plan["wave_id"]
-    from cluster.artifacts import _regular_bytes
+    from cluster.artifacts import regular_bytes
 
     try:  # a regular file only: a FIFO there would hang the read
-        ended = b'"event":"wave_end"' in _regular_bytes(results_dir / results.TIMELINE)
+        ended = b'"event":"wave_end"' in regular_bytes(results_dir / results.TIMELINE)
     except FileNotFoundError:
         ended = False
     except (OSError, ValueError) as exc:
