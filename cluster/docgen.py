@@ -258,7 +258,7 @@ def results_page() -> str:
     return "\n".join(lines)
 
 
-# the meaning of every exit code the command line gives (the EXIT_* constants of cluster/cli.py, and the signals)
+# the meaning of every exit code the command line gives (the EXIT_* constants of cluster/cli/common.py, and the signals)
 EXIT_MEANINGS = {
     "EXIT_OK": "every verdict passed",
     "EXIT_FAIL": "a verdict failed; `verify`: a file changed, added or missing, or the folder renamed (the seal "
