@@ -1,11 +1,12 @@
 """A sandbox host's own dir on its node, and what `sandfleet sweep` finds of a dead host's.
 
-A host given attempts by a driver on another machine keeps them under `/tmp/sandfleet-host-<node>/` (fleet/host.py
-`home`): per wave `sandboxes/<sid>` (state, runner.log), `creds/<sid>` (the attempt's `credentials.json`), `ws/<sid>`
-(its workspace's mount point) and `vol/<task>`; and `code/<digest>`, the staged runner code. The host removes a
-wave's part when the wave ends and all of it when it shuts down; a host that dies (its process killed, its node's Ray
-gone) leaves it, credentials included. The host records its process (`host.json`: pid and start time) when it makes
-the dir, so the sweep on that node can tell a dead host's dir from a live one's: a live host's dir is never touched.
+A host given attempts by a driver on another machine keeps them under `/tmp/sandfleet-host-<node>/`
+(fleet/host/nodedir.py `home`): per wave `sandboxes/<sid>` (state, runner.log), `creds/<sid>` (the attempt's
+`credentials.json`), `ws/<sid>` (its workspace's mount point) and `vol/<task>`; and `code/<digest>`, the staged runner
+code. The host removes a wave's part when the wave ends and all of it when it shuts down; a host that dies (its
+process killed, its node's Ray gone) leaves it, credentials included. The host records its process (`host.json`: pid
+and start time) when it makes the dir, so the sweep on that node can tell a dead host's dir from a live one's: a live
+host's dir is never touched.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_a_remote_attempt_gets_its_paths_and_credentials_on_the_node_and_loses_t
     (tmp_path / "agent.py").write_text("print(1)\n")
     digest, data = codeship.snapshot(str(tmp_path))
     assert asyncio.run(host.stage_code(digest, data))["ok"]
-    spec = host._localize(_spec(credentials=creds, code={"digest": digest, "path": "/opt/runner"}))
+    spec = host.node_dir.localize(_spec(credentials=creds, code={"digest": digest, "path": "/opt/runner"}))
     home = host.home("w-x")
     assert spec.state_dir == str(home / "sandboxes" / "t000-a1") and spec.workspace.startswith(str(home))
     assert spec.credentials is None  # not carried further than the host
@@ -48,12 +48,12 @@ def test_a_remote_attempt_gets_its_paths_and_credentials_on_the_node_and_loses_t
     assert spec.ro_binds == ["/usr/lib/python3"]  # the workdir comes from the staged snapshot instead
     assert asyncio.run(host.publish_credentials("w-x", "t000-a1", "AK2", "SK2"))
     assert orjson.loads((cdir / ATTEMPT_CREDENTIALS).read_bytes())["AccessKeyId"] == "AK2"
-    host._forget(spec)
+    host.node_dir.forget(spec)
     assert not cdir.exists() and not (home / "sandboxes" / "t000-a1").exists()
     assert not asyncio.run(host.publish_credentials("w-x", "t000-a1", "AK3", "SK3"))  # ended: nothing to publish
 
 
 def test_code_that_was_never_staged_is_refused_and_missing_paths_are_named(host):
     with pytest.raises(RuntimeError, match="was not staged on this node"):
-        host._localize(_spec(code={"digest": "0" * 64, "path": "/opt/runner"}))
+        host.node_dir.localize(_spec(code={"digest": "0" * 64, "path": "/opt/runner"}))
     assert asyncio.run(host.missing_paths(["/usr", "/nonexistent-sandfleet-path"])) == ["/nonexistent-sandfleet-path"]

@@ -388,7 +388,7 @@ def test_after_its_final_stop_a_host_starts_no_forwarder_and_a_late_sandbox_is_r
 
 @needs_relay
 def test_a_dead_or_hung_forwarder_is_found_and_forgotten(fresh_forwarder):
-    """The host's watch (fleet/host.py `_watch_relay`): a forwarder that exited, or that is alive but answers no
+    """The host's watch (fleet/host/relay.py `RelayWatch`): a forwarder that exited, or that is alive but answers no
     ping (stopped), is reported and forgotten (a hung one killed), and the next sandbox gets a new one."""
     import signal
 
