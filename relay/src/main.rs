@@ -481,6 +481,9 @@ impl Head {
             }
         }
         let text = std::str::from_utf8(body).ok()?.to_string();
+        if !framing_ok(&text) {
+            return None;
+        }
         Some(Head::from_text(&text, raw))
     }
 
@@ -518,6 +521,53 @@ impl Head {
             None
         }
     }
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// The proxy's `framing_problem` is None (RFC 9112 2.2, 3, 5.1, 5.2, 6.1): a request line of a token, one space,
+/// a target, one space and HTTP/1.x; field lines of a token, a colon and a value, none folded (obs-fold); at
+/// most one Content-Length value, never with Transfer-Encoding, which is exactly `chunked` once. Anything else
+/// another reader (SeaweedFS is Go's net/http) may frame otherwise: the proxy refuses it (400, logged).
+fn framing_ok(text: &str) -> bool {
+    let mut lines = text.split("\r\n");
+    let start = lines.next().unwrap_or("");
+    let mut parts = start.splitn(3, ' ');
+    let (method, target, version) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next());
+    if !is_token(method) || target.is_empty() || !target.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        || !matches!(version, Some("HTTP/1.1") | Some("HTTP/1.0")) {
+        return false;
+    }
+    let mut length: Option<&str> = None;
+    let mut codings = 0;
+    let mut chunked = false;
+    for line in lines {
+        if line.starts_with(' ') || line.starts_with('\t') {
+            return false; // obs-fold
+        }
+        let (name, value) = match line.find(':') {
+            Some(i) => (&line[..i], line[i + 1..].trim_matches(|c| c == ' ' || c == '\t')),
+            None => return false,
+        };
+        if !is_token(name) {
+            return false;
+        }
+        if name.eq_ignore_ascii_case("content-length") {
+            if value.is_empty() || value.len() >= 19 || !value.bytes().all(|b| b.is_ascii_digit()) {
+                return false;
+            }
+            match length {
+                Some(v) if v.parse::<u64>().ok() != value.parse::<u64>().ok() => return false,
+                _ => length = Some(value),
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            codings += 1;
+            chunked = value.eq_ignore_ascii_case("chunked");
+        }
+    }
+    codings == 0 || (length.is_none() && codings == 1 && chunked)
 }
 
 // ------------------------------------------------------------------ what the log says of a request
