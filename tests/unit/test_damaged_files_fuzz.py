@@ -1,7 +1,7 @@
 """Every damaged input is an error with a name (issue 42, item 6): `wave resume`, `wave replay`, `shrink`, `grade`,
-`report`, `serve` and `verify`, given a real wave's plan.json, grade, verdict and seal files with any field set to
-any JSON value, deleted, or the whole file replaced (any JSON value, torn bytes), exit 0, 1, 2 or 254, never with a
-traceback; an error names the file (and the field); nothing printed holds a raw control byte; and no path is built
+`report`, `serve` and `verify`, given a real wave's plan.json, faults.json, grade, verdict and seal files with any
+field set to any JSON value, deleted, or the whole file replaced (any JSON value, torn bytes), exit 0, 1, 2 or 254,
+never with a traceback; an error names the file (and the field); nothing printed holds a raw control byte; and no path is built
 from an id the plan gave unchecked. The running of a wave itself is stubbed (these are unit tests of the CLI's
 reading): what reaches it has passed every check."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cluster.wave.errors import HarnessError
 from tests.unit.test_grade_fuzz import FIXTURE, json_values, no_picture  # noqa: F401 - a fixture, used by name
 
 TASK = "t000"
-FILES = (results.PLAN, f"{TASK}.grade.json", results.VERDICT, results.SEAL_MANIFEST, results.SEAL)
+FILES = (results.PLAN, f"{TASK}.grade.json", results.VERDICT, results.SEAL_MANIFEST, results.SEAL, results.FAULTS)
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 PLAN_IDS = ("wave_id", "task_id", "instance", "reference_of")
 
