@@ -39,7 +39,7 @@ import orjson
 
 from storage import relay
 from storage.process import stop_process
-from storage.quota import Quota, delete_keys
+from storage.quota import Quota, delete_keys, not_deleted
 
 MAX_LOGGED_KEYS = 1000  # a DeleteObjects names at most 1,000 keys (the S3 API's own bound)
 CHUNK = 256 * 1024
@@ -532,6 +532,49 @@ WRITES = ("PUT", "POST", "DELETE")
 
 
 # --------------------------------------------------------------------------- HTTP helpers
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 5.6.2: a method, a field name
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) HTTP/1\.[01]")
+_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # in a field value: any control byte but HTAB
+
+
+def framing_problem(raw: bytes) -> str | None:
+    """Why a request head must be refused (RFC 9112 2.2, 3, 5.1, 5.2, 6.1), or None. Each is a head that another
+    HTTP/1.1 reader (SeaweedFS is Go's net/http) may frame otherwise than this proxy and the relay do, so bytes the
+    log calls a body would reach the store as a request: an obs-fold line (Go folds it into the previous field), a
+    bare CR or LF (Go ends a line, or the head, there), a field name that is not a token (`Content-Length :`), a
+    line with no colon, lengths that disagree, a length with a transfer coding, a coding other than `chunked`."""
+    body = raw[:-4] if raw.endswith(b"\r\n\r\n") else raw
+    if b"\r" in body.replace(b"\r\n", b"") or b"\n" in body.replace(b"\r\n", b""):
+        return "a bare CR or LF in the head: every line ends in CRLF"
+    lines = body.split(b"\r\n")
+    if not _REQUEST_LINE.fullmatch(lines[0]):
+        return "the request line must be: a method, one space, a /target, one space, the HTTP version"
+    lengths, codings = set(), []
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t"):
+            return "a header line starts with whitespace (obs-fold, RFC 9112 5.2): refused"
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            return f"header name {name[:40].decode('latin-1')!r} is not a token followed by a colon"
+        value = value.strip(b" \t")
+        if _CTL.search(value):
+            return f"header {name[:40].decode('latin-1')!r} holds a control byte"
+        lname = name.lower()
+        if lname == b"content-length":
+            if not (value.isdigit() and len(value) < 19):
+                return f"Content-Length {value[:40].decode('latin-1')!r} is not a decimal number"
+            lengths.add(int(value))
+        elif lname == b"transfer-encoding":
+            codings.append(value)
+    if len(lengths) > 1:
+        return "Content-Length given twice with different values"
+    if codings and lengths:
+        return "Content-Length and Transfer-Encoding together (RFC 9112 6.1)"
+    if codings and (len(codings) > 1 or codings[0].lower() != b"chunked"):
+        return "Transfer-Encoding other than exactly `chunked`"
+    return None
+
+
 class Head:
     def __init__(self, raw: bytes):
         self.raw = raw
@@ -549,7 +592,7 @@ class Head:
 
     @property
     def chunked(self) -> bool:
-        return "chunked" in self.get("transfer-encoding").lower()
+        return self.get("transfer-encoding").lower() == "chunked"
 
     @property
     def length(self) -> int | None:
@@ -569,6 +612,13 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
     return Head(raw)
 
 
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(;[\x09\x20-\x7e]*)?\r\n")
+
+
+class BadFraming(ConnectionError):
+    """A chunked body whose framing another HTTP/1.1 reader may take otherwise: the connection ends here."""
+
+
 async def copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
                     head: Head, until_eof: bool = False, throttle: "TokenBucket | None" = None) -> int:
     """Relay one message body (Content-Length, chunked, or until EOF); returns body bytes.
@@ -584,24 +634,32 @@ async def copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter |
             writer.write(data)
             await writer.drain()
 
-    if head.chunked:
+    if head.chunked:  # strict (RFC 9112 7.1): a size line, data and trailers the store could read otherwise end it
         while True:
             line = await reader.readuntil(b"\r\n")
+            m = _CHUNK_SIZE.fullmatch(line)
+            if m is None:
+                raise BadFraming(f"chunk size line {line[:40]!r} is not hex digits (and an extension) then CRLF")
             await put(line)
-            size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            size = int(m.group(1), 16)
             if size == 0:
                 while True:  # trailers up to the empty line
                     trailer = await reader.readuntil(b"\r\n")
+                    if trailer != b"\r\n" and framing_problem(b"GET / HTTP/1.1\r\n" + trailer + b"\r\n") is not None:
+                        raise BadFraming(f"trailer line {trailer[:40]!r} is not a field line")
                     await put(trailer)
                     if trailer == b"\r\n":
                         return total
-            remaining = size + 2
+            remaining = size
             while remaining:
                 data = await reader.read(min(CHUNK, remaining))
                 if not data:
                     raise ConnectionError("connection closed inside a chunk")
                 remaining -= len(data)
                 await put(data)
+            if await reader.readexactly(2) != b"\r\n":
+                raise BadFraming("a chunk's data is not followed by CRLF")
+            await put(b"\r\n")
             total += size
     length = head.length
     if length is not None:
@@ -855,16 +913,14 @@ class FaultProxy:
                     await cwriter.drain()
                     return
                 try:
+                    why = framing_problem(head.raw)  # a head the store may frame otherwise: never forwarded
+                    if why is not None:
+                        raise ValueError(why)
                     req = S3Request.parse(method, target)
-                    cl = head.get("content-length")
-                    if not method.isalpha() or not target.startswith("/") or (cl and not cl.isdecimal()) \
-                            or (cl and head.chunked):
+                    if not method.isalpha() or not target.startswith("/"):
                         raise ValueError("malformed request line or framing")
                 except ValueError as exc:  # answered, logged, closed; never forwarded
-                    cwriter.write(bad_request(str(exc)))
-                    await cwriter.drain()
-                    self.record(t=clock(), method=method[:16], bucket=None, key=None, status=400,
-                                req_bytes=0, resp_bytes=0, rule=None, fault=None, bad_request=str(exc)[:200])
+                    await self._refuse_bad(cwriter, method, str(exc))
                     return
                 t0 = clock()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
@@ -888,6 +944,8 @@ class FaultProxy:
                 res = None
                 if self.quota is not None:
                     res, refusal = self.quota.admit(req, head)
+                    if method in WRITES:  # what the quota applied, for a resumed wave's preload
+                        base["quota_op"] = res.op if res is not None else None
                     if refusal is not None:
                         if await self._refuse_quota(head, req, base, refusal, creader, cwriter) == CLOSE:
                             return
@@ -908,6 +966,13 @@ class FaultProxy:
                 if w is not None:
                     w.close()
 
+    async def _refuse_bad(self, cwriter, method: str, why: str) -> None:
+        """A request the proxy will not forward: 400 BadRequest (S3's XML error), logged with no key, closed."""
+        cwriter.write(bad_request(why))
+        await cwriter.drain()
+        self.record(t=clock(), method=method[:16], bucket=None, key=None, status=400, req_bytes=0, resp_bytes=0,
+                    rule=None, fault=None, bad_request=why[:200])
+
     async def _refuse_quota(self, head: Head, req: S3Request, base: dict, refusal: tuple, creader,
                             cwriter) -> str:
         """The store quota refuses the write (storage/quota.py): the S3 error in place of the store's answer, the
@@ -915,16 +980,21 @@ class FaultProxy:
         status, code, why = refusal
         expect = head.get("expect").lower() == "100-continue"
         req_bytes = 0 if expect or head.chunked else await copy_body(creader, None, head)
-        body = _xml_error(code, why, req, "sandfleet-quota")
-        cwriter.write((f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/xml\r\n"
-                       f"Content-Length: {len(body)}\r\nx-amz-request-id: sandfleet-quota\r\n"
-                       f"Connection: {'close' if expect or head.chunked else 'keep-alive'}\r\n\r\n").encode()
-                      + (b"" if req.method == "HEAD" else body))
-        await cwriter.drain()
+        await self._answer_error(cwriter, req, status, code, why, close=expect or head.chunked)
         self.record(**base, op=req.op, status=status, code=code, req_bytes=req_bytes, resp_bytes=0, rule=None,
                     fault=None, quota=dict(self.quota.usage(req.bucket, req.key or req.list_prefix or ""), why=why),
                     ms=round((clock() - base["t"]) * 1000, 3))
         return CLOSE if expect or head.chunked else NEXT
+
+    @staticmethod
+    async def _answer_error(cwriter, req: S3Request, status: int, code: str, why: str, close: bool) -> None:
+        """The proxy's own S3 error (XML Error with Code and Message) in place of the store's answer."""
+        body = _xml_error(code, why, req, "sandfleet-quota")
+        cwriter.write((f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/xml\r\n"
+                       f"Content-Length: {len(body)}\r\nx-amz-request-id: sandfleet-quota\r\n"
+                       f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n").encode()
+                      + (b"" if req.method == "HEAD" else body))
+        await cwriter.drain()
 
     async def _relay(self, head: Head, req: S3Request, base: dict, shaping: Shaping | None, creader, cwriter,
                      ureader, uwriter, res=None) -> bool:
@@ -944,6 +1014,27 @@ class FaultProxy:
                 cwriter.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 await cwriter.drain()
             held = await creader.readexactly(head.length)
+        keys: list[str] = []
+        if res is not None and res.op == "DeleteObjects":
+            try:  # the keys the store will delete, as it parses them; a body it could read otherwise is refused
+                keys = delete_keys(held)
+            except ValueError as exc:
+                await self._answer_error(cwriter, req, 400, "MalformedXML", str(exc), close=False)
+                self.record(**base, op=req.op, status=400, code="MalformedXML", req_bytes=len(held or b""),
+                            resp_bytes=0, rule=None, fault=None, quota=dict(
+                                self.quota.usage(req.bucket, req.list_prefix or ""), why=str(exc)[:200]),
+                            ms=round((clock() - t0) * 1000, 3))
+                return True  # never forwarded; its body was read whole, so the connection reads on
+        settle_later = False
+
+        def settle_delete(answer: bytes | None) -> None:
+            """A DeleteObjects the store answered 2xx: the keys it named less those its answer lists as errors
+            (all of them when its answer is not read) leave the quota."""
+            kept = not_deleted(answer, keys)
+            if kept:
+                base["not_deleted"] = kept[:MAX_LOGGED_KEYS]
+            self.quota.settle(res, status, [k for k in keys if k not in kept])
+
         uwriter.write(head.raw + held if held is not None and not expect else head.raw)  # one send
         await uwriter.drain()
         if held is not None:
@@ -958,7 +1049,12 @@ class FaultProxy:
         else:
             body_task = asyncio.create_task(copy_body(creader, uwriter, head, throttle=throttle_up))
         while True:
-            rhead = await self._upstream_head(ureader, uwriter, body_task)
+            try:
+                rhead = await self._upstream_head(ureader, uwriter, body_task)
+            except ConnectionError:
+                if body_task.done() and not body_task.cancelled() and isinstance(body_task.exception(), BadFraming):
+                    await self._refuse_bad(cwriter, method, str(body_task.exception()))  # the store got no end
+                raise
             status = int(rhead.start.split(" ", 2)[1])
             if 100 <= status < 200:
                 if held is not None and expect and not body_task.done():
@@ -970,14 +1066,22 @@ class FaultProxy:
                     await cwriter.drain()
                 continue
             if res is not None:  # the store has answered: the quota counts what it applied
-                self.quota.settle(res, status, held)
-                if res.op == "DeleteObjects" and held is not None:  # the keys it names: the grader attributes a
-                    base["keys"] = delete_keys(held)[:MAX_LOGGED_KEYS]  # bucket-level POST by them, not by ""
+                if res.op == "DeleteObjects":  # the keys it names: the grader attributes a bucket-level POST by
+                    base["keys"] = keys[:MAX_LOGGED_KEYS]  # them, not by ""; its answer says which were deleted
+                    settle_later = 200 <= status < 300
+                    if not settle_later:
+                        self.quota.settle(res, status)
+                else:
+                    self.quota.settle(res, status)
+                    if res.op in ("PutObject", "UploadPart"):
+                        base["stored"] = res.length  # what the quota counted (a copy's source, a body's bytes)
             if self.rules.lag:
                 self._lag_note(req, status)
             fired = await self._boundary(req, status)
             if fired is not None and fired.variant == "ambiguous":
                 # the store applied the write; its answer never reaches the runner (killed meanwhile)
+                if settle_later:
+                    settle_delete(None)
                 self.record(**base, status=status, req_bytes=body_task.result() if body_task.done()
                             and not body_task.exception() else 0, resp_bytes=0, rule=fired.rule_id,
                             fault=fired.fault, held=True, ms=round((clock() - t0) * 1000, 3))
@@ -991,11 +1095,15 @@ class FaultProxy:
         no_body = method == "HEAD" or status in (204, 304)
         closing = rhead.get("connection").lower() == "close" or head.get("connection").lower() == "close"
         small = not strip and throttle_down is None and not rhead.chunked and (
-            no_body or (rhead.length is not None and rhead.length <= SMALL_BODY))
+            no_body or (rhead.length is not None and rhead.length <= (HOLD_MAX if settle_later else SMALL_BODY)))
+        if settle_later and not small:
+            settle_delete(None)  # an answer not held: nothing is taken as deleted
         shaped = shaping.rule if shaping is not None else None
         try:
             if small:  # head and body in one send (most S3 answers are small)
                 body = b"" if no_body else await ureader.readexactly(rhead.length)
+                if settle_later:
+                    settle_delete(body)
                 cwriter.write(rhead.raw + body)
                 await cwriter.drain()
                 resp_bytes = len(body)
@@ -1017,6 +1125,8 @@ class FaultProxy:
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             # the store has answered: the line is written even when its answer does not reach the client whole
             # (a write it applied is never missing from the log); the connection then closes
+            if settle_later and not res.done:
+                settle_delete(None)
             sent = body_task.done() and not body_task.cancelled() and body_task.exception() is None
             self.record(**base, status=status, req_bytes=body_task.result() if sent else 0, resp_bytes=0,
                         rule=shaped.rule_id if shaped else None, fault=shaped.fault if shaped else None,
@@ -1029,6 +1139,9 @@ class FaultProxy:
             closing = True
             req_bytes = 0
         elif body_task.exception() is not None:
+            if isinstance(body_task.exception(), BadFraming):  # the store answered before the bad chunk came
+                self.record(**base, status=status, req_bytes=0, resp_bytes=resp_bytes, rule=None, fault=None,
+                            ms=round((clock() - t0) * 1000, 3), bad_request=str(body_task.exception())[:200])
             return False
         else:
             req_bytes = body_task.result()
