@@ -1,9 +1,9 @@
 """Every damaged input is an error with a name (issue 42, item 6): `wave resume`, `wave replay`, `shrink`, `grade`,
 `report`, `serve` and `verify`, given a real wave's plan.json, faults.json, grade, verdict and seal files with any
 field set to any JSON value, deleted, or the whole file replaced (any JSON value, torn bytes), exit 0, 1, 2 or 254,
-never with a traceback; an error names the file (and the field); nothing printed holds a raw control byte; and no path is built
-from an id the plan gave unchecked. The running of a wave itself is stubbed (these are unit tests of the CLI's
-reading): what reaches it has passed every check."""
+never with a traceback; an error names the file (and the field); nothing printed holds a raw control byte; and no
+path is built from an id the plan gave unchecked. The running of a wave itself is stubbed (these are unit tests of
+the CLI's reading): what reaches it has passed every check."""
 from __future__ import annotations
 
 import contextlib
