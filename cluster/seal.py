@@ -231,8 +231,8 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise SealError(f"{d / MANIFEST}: not a manifest ({exc})") from None
     # the folder's name is sealed too (it is the wave's id): a folder moved to another name is not the one sealed,
-    # whatever its files (a seal from before it was read, or with no name, binds none)
-    sealed_as = m.get("wave_dir") if isinstance(m.get("wave_dir"), str) and m.get("wave_dir") else None
+    # whatever its files. A seal from before `names` binds none: it took the name as given (`latest`, `.`)
+    sealed_as = m.get("wave_dir") if isinstance(m.get("wave_dir"), str) and m.get("wave_dir") and names else None
     now_as = _name(d.resolve().name, names)
     renamed_from = sealed_as if sealed_as is not None and sealed_as != now_as else None
     # an entry the seal does not list is named unread (a huge file added is never hashed); a listed file whose size

@@ -227,3 +227,9 @@ def test_a_seal_made_before_names_were_escaped_still_verifies(wave):
     m = orjson.loads((wave / MANIFEST).read_bytes())
     assert "names" not in m and "a\\b.txt" in m["files"]
     assert verify(wave)["ok"]
+    # it took the folder's name as given (`sandfleet grade results/latest` sealed it as `latest`): it binds none
+    (wave / MANIFEST).write_bytes(orjson.dumps(dict(m, wave_dir="latest")))
+    sealmod_sign = sealmod._private_key()
+    (wave / SEAL).write_bytes(orjson.dumps(dict(orjson.loads((wave / SEAL).read_bytes()),
+                                                signature=sealmod_sign.sign((wave / MANIFEST).read_bytes()).hex())))
+    assert verify(wave)["ok"]
