@@ -449,7 +449,11 @@ class ErrorAnswer(Action):
     async def hit(self, h: Hit) -> str:
         answer = self.answer(h.rule)
         expect = h.head.get("expect").lower() == "100-continue"
-        req_bytes = 0 if expect else await copy_body(h.creader, None, h.head)
+        try:
+            req_bytes = 0 if expect else await copy_body(h.creader, None, h.head)
+        except BadFraming as exc:  # refused and logged as any request framed otherwise
+            await h.proxy._refuse_bad(h.cwriter, h.req.method, str(exc))
+            return CLOSE
         h.cwriter.write(error_response(h.rule, h.req, close=expect, answer=answer))
         await h.cwriter.drain()
         h.rule.note_key(h.req.target_key)

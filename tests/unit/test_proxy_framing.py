@@ -114,3 +114,23 @@ def test_a_well_framed_chunked_body_with_a_trailer_still_passes(tmp_path):
     assert b"".join(got) == head + body
     assert answers[0].startswith(b"HTTP/1.1 200 ")
     assert log[0]["req_bytes"] == 5 and "bad_request" not in log[0]
+
+
+def test_a_chunked_body_framed_otherwise_under_an_error_rule_is_logged_too(tmp_path):
+    """The error action reads and drops a hit request's body: a bad chunk there is refused and logged as well."""
+    async def main():
+        proxy = px.FaultProxy("127.0.0.1", 1, str(tmp_path / "log.jsonl"))
+        proxy.dispatch("POST", "/rules", b'{"rule_id": "st1", "fault": "ST1"}')
+        front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        w.write(b"PUT /b/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n")
+        await w.drain()
+        answer = await asyncio.wait_for(r.read(), 10)
+        w.close()
+        front.close()
+        proxy.flush_log()
+        return answer, [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
+
+    answer, log = asyncio.run(main())
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert len(log) == 1 and log[0]["bad_request"] and log[0]["key"] is None
