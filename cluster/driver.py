@@ -9,7 +9,6 @@ running anything.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import sys
 import time
@@ -44,13 +43,6 @@ from faults.base import CATALOG
 from fleet.host import WaveHosts
 from fleet.lifecycle import TASK_ENDED, TaskState
 from fleet.records import HarnessFault, PlannedTask
-from fleet.effects import EffectsService
-from fleet.model_endpoint import ModelEndpoint
-from fleet.services import CallLog
-from storage.credentials import Credentials
-from storage.keys import ScopedKeys
-from storage.proxy import ProxyProcess
-from storage.store import EmbeddedStore, StoreEndpoint, ensure_bucket
 
 
 class WaveRun:
@@ -160,28 +152,8 @@ class WaveRun:
             if replaced:
                 self.timeline("fleet_healed", replaced=replaced)
         t_store = time.perf_counter()
-        if self.cfg.store.url:
-            s = self.cfg.store
-            if not (s.access_key and s.secret_key):
-                raise HarnessError("store.url is set but store.access_key / store.secret_key are not")
-            self.parts.endpoint = StoreEndpoint(url=s.url, creds=Credentials(s.access_key, s.secret_key))
-        elif getattr(self.parts.fleet, "store", None) is not None:
-            # a lent fleet's store: already up; the wave has its own prefix in the fleet's bucket and its own keys
-            fleet = self.parts.fleet
-            self.parts.store, self.parts.endpoint, self.parts.keys = fleet.store, fleet.store.endpoint, fleet.keys
-            self.parts.bucket, self.parts.store_lent = fleet.bucket, True
-        else:
-            self.parts.store = EmbeddedStore(self.private / "store")
-            self.parts.endpoint = self.parts.store.launch()
-        self.parts.proxy = ProxyProcess(self.parts.endpoint.url, str(self.out.proxy_requests),
-                                        merge_slashes=not self.cfg.store.url,  # SeaweedFS's keys
-                                        quota=(self.cfg.store.quota_objects, self.cfg.store.quota_mb << 20)).launch()
-        self.parts.model = ModelEndpoint(self.parts.registry, think_ms=self.cfg.workload.think_ms,
-                                         log_path=self.out.model_calls, dialect=self.cfg.model.dialect,
-                                         finish=self.cfg.model.finish).start()
-        self.parts.effects = EffectsService(self.parts.registry, log_path=self.out.effects).start()
-        self.parts.fenced_log = CallLog(self.out.fenced)  # calls refused because their attempt was fenced
-        self.parts.model.fenced = self.parts.effects.fenced = self.parts.fenced_log
+        self.parts.launch_store(self.cfg, self.private)
+        self.parts.start_services(self.cfg, self.out)
         binds, hide = runtime_binds(self.plan["runner"], [self.results_root, self.private])
         for t in self.plan["tasks"] + self.plan["references"]:
             self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
@@ -190,33 +162,14 @@ class WaveRun:
             self.parts.effects.preload(self.out.effects)
         if self.parts.fleet is None:  # a lent fleet is already running: nothing to time
             t = time.perf_counter()
-            # a private Ray's temp dir is recorded in the wave's private dir: a sweep after a dead driver ends
-            # that Ray's processes too (its path is short: Ray's unix socket paths must fit in 107 bytes)
-            ray_tmp = f"/tmp/sfray-{hashlib.sha256(self.wave_id.encode()).hexdigest()[:10]}"
-            if self.cfg.address == "local":
-                (self.private / results.RAY_RECORD).write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
-            self.parts.fleet = FleetSession(self.cfg.address, state_dir=str(self.private / "fleet"),
-                                      ray_tmpdir=ray_tmp if self.cfg.address == "local" else None,
-                                      nodes=self.cfg.nodes, isolation=self.cfg.node_isolation,
-                                      min_sandbox_nodes=self.cfg.min_sandbox_nodes)
-            os.makedirs(self.parts.fleet.state_dir, exist_ok=self.resumed is not None)
-            try:
-                self.parts.fleet.start()
-            except RuntimeError as exc:  # an isolated node that did not join, no sandbox node: exit 2, named
-                raise HarnessError(str(exc)) from exc
+            self.parts.start_fleet(self.cfg, self.wave_id, self.private, resuming=self.resumed is not None)
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
             for warning in self.parts.fleet.warnings:
                 sys.stderr.write(f"warning: {warning}\n")
                 self.timeline("fleet_warning", warning=warning)
-        if not self.parts.store_lent:
-            if self.parts.store is not None:
-                self.parts.store.wait_ready()
-            self.figures["store_start_s"] = round(time.perf_counter() - t_store, 3)  # from launch until it answered
-            ensure_bucket(self.parts.endpoint, self.parts.bucket)
-        self.parts.proxy.wait_ready()
-        # per-attempt keys scoped to the task's prefix, at the store (embedded store only)
-        if self.parts.store is not None and self.parts.keys is None:
-            self.parts.keys = ScopedKeys(self.parts.store, self.parts.endpoint.creds)
+        store_s = self.parts.wait_ready(t_store)
+        if store_s is not None:
+            self.figures["store_start_s"] = store_s
         # the only ways out of a sandbox's network namespace: loopback listeners relayed to these services
         p = self.parts
         relays = {PORT_S3: f"127.0.0.1:{p.proxy.port}", PORT_MODEL: f"127.0.0.1:{p.model.server.server_address[1]}",

@@ -47,7 +47,7 @@ def sweep_cmd(
 
 
 def _sweep_cluster(address: str, wave: str | None, dry_run: bool) -> int:
-    from cluster import sweep
+    from cluster import sweep_cluster
     from cluster.config import WaveConfig
 
     try:
@@ -56,7 +56,7 @@ def _sweep_cluster(address: str, wave: str | None, dry_run: bool) -> int:
         err(f"--cluster: value {address!r}: expected HOST:PORT of a Ray head's GCS, e.g. 10.0.0.5:6379")
         return EXIT_BAD_INPUT
     try:
-        got = sweep.on_cluster(address, wave, dry_run)
+        got = sweep_cluster.on_cluster(address, wave, dry_run)
     except Exception as exc:  # noqa: BLE001 - no cluster there, a wrong token
         err(f"--cluster {address}: could not reach the cluster: {type(exc).__name__}: {str(exc)[:300]}")
         return EXIT_HARNESS
