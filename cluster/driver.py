@@ -38,7 +38,7 @@ from cluster.wave.plan import (REF, build_plan, enumerate_tasks, new_wave_id, pl
 from cluster.wave.resume import prepare_resume
 from cluster.wave.signals import Signals
 from cluster.wave.teardown import Teardown
-from cluster.wave.timeline import TaskRun, Timeline
+from cluster.wave.timeline import Event, TaskRun, Timeline
 from faults.base import CATALOG
 from fleet.host import WaveHosts
 from fleet.lifecycle import TASK_ENDED, TaskState
@@ -69,6 +69,7 @@ class WaveRun:
             self.out = results.ResultsDir(self.dir)
         self.private = Path(f"/tmp/sandfleet-{self.wave_id}")
         self.show_progress = progress
+        self.preflighted = False  # `preflight()` ran (once per wave)
         self.parts = Parts(fleet=fleet, bucket=results.bucket_name(self.wave_id))
         self.cache = ReferenceCache(self.results_root)
         self.own_fleet = fleet is None
@@ -118,8 +119,16 @@ class WaveRun:
         return results.lease_key(self.wave_id, task_id)
 
     # ------------------------------------------------------------------ setup
+    def preflight(self) -> None:
+        """What this machine lacks for the wave (`cluster/wave/parts.py`), checked once: the CLI calls it before it
+        writes anything, and the set-up's own call is then a no-op (a league's, campaign's or test's wave is checked
+        by its set-up)."""
+        if not self.preflighted:
+            preflight(self.cfg)  # (the module's function: a test stubs cluster.driver.preflight)
+            self.preflighted = True
+
     def _setup(self) -> None:
-        preflight(self.cfg)
+        self.preflight()
         if "manifest" not in self.plan:  # what the wave runs on (a resumed wave keeps what it started on)
             from cluster import manifest
             from cluster.artifacts import reference_key
@@ -150,7 +159,7 @@ class WaveRun:
         if self.parts.fleet is not None:  # a lent fleet may have lost an actor or its store in an earlier wave
             replaced = self.parts.fleet.heal()  # (an attached one is not mended: a lost part is a harness error)
             if replaced:
-                self.timeline("fleet_healed", replaced=replaced)
+                self.timeline(Event.FLEET_HEALED, replaced=replaced)
         t_store = time.perf_counter()
         self.parts.launch_store(self.cfg, self.private)
         self.parts.start_services(self.cfg, self.out)
@@ -166,7 +175,7 @@ class WaveRun:
             self.figures["fleet_start_s"] = round(time.perf_counter() - t, 3)
             for warning in self.parts.fleet.warnings:
                 sys.stderr.write(f"warning: {warning}\n")
-                self.timeline("fleet_warning", warning=warning)
+                self.timeline(Event.FLEET_WARNING, warning=warning)
         store_s = self.parts.wait_ready(t_store)
         if store_s is not None:
             self.figures["store_start_s"] = store_s
@@ -182,7 +191,7 @@ class WaveRun:
             self.launch.update(remote_launch(self.parts, self.plan["runner"], binds, [self.results_root, self.private],
                                              gate_port=self.cfg.gateway.port))
             if self.launch.get("shipped"):
-                self.timeline("code_shipped", **self.launch.pop("shipped"))
+                self.timeline(Event.CODE_SHIPPED, **self.launch.pop("shipped"))
         self._write_json(results.NODES, nodes_record(self.parts.fleet))
 
         # the sweep actor watches the wave from now on
@@ -270,7 +279,7 @@ class WaveRun:
             return 0
         self.plan["references"] = list(self.plan["references"]) + extra
         self._write_json(results.PLAN, self.plan)
-        self.timeline("second_references", run=[t["task_id"] for t in extra], from_cache=cached)
+        self.timeline(Event.SECOND_REFERENCES, run=[t["task_id"] for t in extra], from_cache=cached)
         for t in extra:
             self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
             self.runs[t["task_id"]] = TaskRun(plan=PlannedTask.of(t))
@@ -301,7 +310,7 @@ class WaveRun:
         self.plan["enumerate"] = {"pending": False, "counts": counts, "tasks": len(self.plan["tasks"]),
                                   "sampled": self.cfg.boundaries}
         self._write_json(results.PLAN, self.plan)
-        self.timeline("boundaries_enumerated", counts=counts, tasks=len(self.plan["tasks"]))
+        self.timeline(Event.BOUNDARIES_ENUMERATED, counts=counts, tasks=len(self.plan["tasks"]))
         for t in self.plan["tasks"]:
             self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
 
@@ -334,12 +343,12 @@ class WaveRun:
         previous = signals.install()
         try:
             if self.resumed is None:
-                self.timeline("wave_start", wave=self.wave_id, tasks=self.cfg.tasks,
+                self.timeline(Event.WAVE_START, wave=self.wave_id, tasks=self.cfg.tasks,
                               runner=self.plan["runner"]["name"], faults=self.cfg.faults, seed=self.cfg.seed)
             self._setup()  # 3. the parts start (or are lent)
             signals.install()  # again: ray.init installs its own SIGTERM handler (it aborts)
             p = self.parts
-            self.timeline("parts_ready", store=p.endpoint.url, bucket=p.bucket, store_lent=p.store_lent,
+            self.timeline(Event.PARTS_READY, store=p.endpoint.url, bucket=p.bucket, store_lent=p.store_lent,
                           proxy=p.proxy.url, model=p.model.url,
                           effects=p.effects.url, pids=self.part_pids, **self.figures)
             asyncio.run(self._run_all())  # 4. every task runs its attempts; the faults fire; every part is watched
@@ -347,15 +356,15 @@ class WaveRun:
             if self.harness_fault is not None and not self.interrupted:
                 harness_error = self.health.error_text()
             else:
-                self.timeline("wave_interrupted", signal=self.interrupted)
+                self.timeline(Event.WAVE_INTERRUPTED, signal=self.interrupted)
         except Exception as exc:  # noqa: BLE001
             if self.interrupted:
-                self.timeline("wave_interrupted", signal=self.interrupted, during=f"{type(exc).__name__}: {exc}")
+                self.timeline(Event.WAVE_INTERRUPTED, signal=self.interrupted, during=f"{type(exc).__name__}: {exc}")
             elif self.harness_fault is not None or self.health.diagnose(exc):
                 harness_error = self.health.error_text()
             else:
                 harness_error = f"{type(exc).__name__}: {exc}"
-                self.timeline("harness_error", error=harness_error)
+                self.timeline(Event.HARNESS_ERROR, error=harness_error)
         finally:
             if harness_error is None and self.harness_fault is not None and not self.interrupted:
                 harness_error = self.health.error_text()  # the loop ended by itself after the fault: its cause
@@ -412,7 +421,7 @@ class WaveRun:
                 td.sweep()
         except Exception as exc:  # noqa: BLE001
             harness_error = harness_error or f"sweep failed: {exc}"
-            self.timeline("harness_error", error=f"sweep: {exc}")
+            self.timeline(Event.HARNESS_ERROR, error=f"sweep: {exc}")
         td.sweep_actor_report()
         try:
             if self.parts.endpoint is not None and self.runs and not self.lost("store"):
@@ -420,12 +429,12 @@ class WaveRun:
                 td.audit_store(self.cfg.store.audit_max_objects, self.cfg.seed)
         except Exception as exc:  # noqa: BLE001
             harness_error = harness_error or f"store snapshot failed: {exc}"
-            self.timeline("harness_error", error=f"store snapshot: {exc}")
+            self.timeline(Event.HARNESS_ERROR, error=f"store snapshot: {exc}")
         self._write_json(results.FAULTS, self.prior_receipts + [r.to_dict() for r in self.injector.receipts])
         td.stop_parts()
         if harness_error is None and self.harness_fault is not None and not self.interrupted:
             harness_error = self.health.error_text()  # a part lost while the wave ended (the watch runs to here)
         self.figures["wave_wall_s"] = round(time.perf_counter() - t_wave, 3)
-        self.timeline("wave_end", harness_error=harness_error, interrupted=self.interrupted, **self.figures)
+        self.timeline(Event.WAVE_END, harness_error=harness_error, interrupted=self.interrupted, **self.figures)
         self.timeline.close()
         return harness_error

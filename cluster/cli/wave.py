@@ -87,7 +87,7 @@ def wave_run(
 
 def run_wave(cfg, make_wave, before=None) -> int:
     """Preflight, then run and grade the wave; a harness that cannot run it exits 2 with its message."""
-    from cluster.driver import HarnessError, preflight
+    from cluster.driver import HarnessError
 
     if getattr(cfg, "node_isolation", "none") == "namespaces":
         from cluster import isolated
@@ -100,10 +100,10 @@ def run_wave(cfg, make_wave, before=None) -> int:
             err(f"error: {exc}")
             return EXIT_BAD_INPUT if exc.bad_input else EXIT_HARNESS
     try:
-        preflight(cfg)
+        wave = make_wave()  # (makes nothing on disk)
+        wave.preflight()  # before anything is written; the wave's set-up does not check again
         if before is not None:
             before()
-        wave = make_wave()
         result = wave.run()
     except HarnessError as exc:
         err(f"error: {exc}")

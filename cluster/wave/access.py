@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from cluster import results
+from cluster.wave.timeline import Event
 from fleet.model_endpoint import MODEL_ID
 from fleet.records import PlannedTask
 from fleet.runners import HERE as BUILTIN_DIR
@@ -161,7 +162,7 @@ class Access:
         rotated_at = time.time()
         self.akids[sandbox_id] = new.access_key
         self.key_ids.setdefault(sandbox_id, []).append(new.access_key)
-        self.timeline("key_rotated", task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
+        self.timeline(Event.KEY_ROTATED, task=task_id, sandbox=sandbox_id, akid=new.access_key, old_akid=old.access_key)
         await asyncio.sleep(delay_s)
         d = self.creds_dir(sandbox_id)
         published = False

@@ -27,7 +27,7 @@ from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
 from cluster.wave.logstream import LogStream
 from cluster.wave.silence import CHECK_EVERY_S, Activity
-from cluster.wave.timeline import TaskRun
+from cluster.wave.timeline import Event, TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import derive, drawn
 from fleet import workloads
@@ -97,7 +97,7 @@ class Attempts:
             launched = loop.time()
             deadline = launched + self.cfg.deadline_s
             run.life.to(TaskState.RUNNING, "launched")
-            tl("task_start", task=tid, seed=task.seed, runner=task.runner)
+            tl(Event.TASK_START, task=tid, seed=task.seed, runner=task.runner)
             self._start_faults(run, loop)
             final, why = TaskState.FAILED, ""
             while True:
@@ -120,7 +120,7 @@ class Attempts:
             for ft in self.fault_tasks[tid]:
                 ft.cancel()
             await asyncio.gather(*self.fault_tasks[tid], return_exceptions=True)
-            tl("task_end", task=tid, state=final.value, why=why, attempts=run.attempts,
+            tl(Event.TASK_END, task=tid, state=final.value, why=why, attempts=run.attempts,
                duration_s=round(loop.time() - launched, 3))
             on_change()
 
@@ -170,7 +170,7 @@ class Attempts:
             return PART_LOST
         if lease is None:
             self.nodes.load[node] -= 1
-            self.timeline("lease_busy", task=tid)
+            self.timeline(Event.LEASE_BUSY, task=tid)
             await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
             return WAIT
         run.attempts += 1
@@ -188,7 +188,7 @@ class Attempts:
                                        volume_crash=crash, volume_image=moved["image"] if moved else None,
                                        volume_seed=derive(self.plan["seed"], tid, "disk", attempt).randrange(2**31))
             self._disk_receipt(disk)
-        self.timeline("attempt_start", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
+        self.timeline(Event.ATTEMPT_START, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                       lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id),
                       **({"disk": disk} if disk is not None else {}))
         run.current, run.node = (host, sandbox_id), node
@@ -204,7 +204,7 @@ class Attempts:
             result = await self._await(run, ref, sandbox_id, max(0.1, deadline - loop.time()))
         except asyncio.CancelledError:  # the wave is stopping: the sweep ends this attempt's sandbox
             await self.logs.last(sandbox_id)  # (what its log gained since the last pull, while its host has it)
-            self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+            self.timeline(Event.ATTEMPT_END, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                           killed_by="wave stopped", ended_at=time.time(), cause=f"the wave stopped ({self.stop_why()})")
             raise
         except asyncio.TimeoutError:
@@ -296,11 +296,11 @@ class Attempts:
                 try:
                     r = f.result()
                     self.logs.finish(sid, r.log)
-                    self.timeline("zombie_end", task=task, sandbox=sid, exit_code=r.exit_code, killed_by=r.killed_by,
-                                  ended_at=r.ended_at)
+                    self.timeline(Event.ZOMBIE_END, task=task, sandbox=sid, exit_code=r.exit_code,
+                                  killed_by=r.killed_by, ended_at=r.ended_at)
                 except BaseException as exc:  # noqa: BLE001
                     self.logs.finish(sid, None)
-                    self.timeline("zombie_end", task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
+                    self.timeline(Event.ZOMBIE_END, task=task, sandbox=sid, error=f"{type(exc).__name__}"[:100])
             self.zombie_sids.add(sandbox_id)
             fut.add_done_callback(ended)
             self.zombies.append(fut)
@@ -319,7 +319,7 @@ class Attempts:
             return
         run.silenced = sandbox_id
         host = run.current[0]
-        self.timeline("attempt_silent", task=run.plan.task_id, sandbox=sandbox_id, silent_s=round(quiet, 2),
+        self.timeline(Event.ATTEMPT_SILENT, task=run.plan.task_id, sandbox=sandbox_id, silent_s=round(quiet, 2),
                       bound_s=bound)
         from ray.exceptions import RayActorError
 
@@ -341,7 +341,7 @@ class Attempts:
 
     def _retry(self, run: TaskRun, attempt: int, code, why: str) -> AttemptEnd:
         run.life.to(TaskState.RETRYING, why)
-        self.timeline("task_retry", task=run.plan.task_id, after_attempt=attempt, exit_code=code)
+        self.timeline(Event.TASK_RETRY, task=run.plan.task_id, after_attempt=attempt, exit_code=code)
         run.life.to(TaskState.RUNNING, f"attempt {attempt + 1}")
         return RETRY
 
@@ -355,7 +355,7 @@ class Attempts:
             run.last_killed_by = ab["instance"]
             if ab.get("fence", True):  # (NP1's negative control leaves them valid)
                 await asyncio.to_thread(self.access.revoke, sandbox_id, True)
-            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+            tl(Event.ATTEMPT_END, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                killed_by=ab["instance"], ended_at=ab["at"], node=node,
                cause=ab.get("cause") or f"killed: frozen, abandoned to run out its lease ({ab['instance']}); "
                                         "a zombie now")
@@ -366,14 +366,14 @@ class Attempts:
             # machine cannot say it is done); its key dies now
             lost = self.nodes.lost[node]
             run.last_killed_by = lost["instance"]
-            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+            tl(Event.ATTEMPT_END, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                killed_by=lost["instance"], ended_at=lost["at"], node=node,
                cause=f"killed: node {node} lost ({lost['instance']}, {lost['mode']})")
             await asyncio.to_thread(self.access.revoke, sandbox_id)
             on_change()
             return self._retry(run, attempt, None, f"attempt {attempt}: node {node} lost")
         if result.host_lost:
-            tl("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
+            tl(Event.ATTEMPT_END, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, exit_code=None,
                error=result.error[:300], cause="harness fault: the sandbox host was lost")
             self.health.part_lost(f"sandbox host {node}", f"the actor died while it ran attempt {sandbox_id} "
                                   f"({first_line(result.error)})")
@@ -460,7 +460,7 @@ class Attempts:
         captured = None
         if result.artifact is not None:
             captured = self.store_artifact(tid, attempt, result.artifact)
-        self.timeline("attempt_end", task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
+        self.timeline(Event.ATTEMPT_END, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id,
                       exit_code=code, killed_by=result.killed_by, start_ms=result.start_ms,
                       started_at=result.started_at, ended_at=result.ended_at,
                       error=result.error, start_error=result.start_error, artifact=captured,

@@ -24,6 +24,7 @@ from typing import Callable
 
 from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
+from cluster.wave.timeline import Event
 from fleet.markers import _cmdline, _start_time
 from fleet.records import HarnessFault
 
@@ -138,7 +139,7 @@ class Health:
         hint = HINTS.get(part) or HINTS.get(part.rsplit(" node-", 1)[0], f"{part} failed: re-run the wave (check "
                                                                         "Ray's logs for why)")
         self.harness_fault = HarnessFault(part, why, since or time.time(), hint)
-        self.timeline("harness_fault", **self.harness_fault.to_dict())
+        self.timeline(Event.HARNESS_FAULT, **self.harness_fault.to_dict())
         self.on_lost()
 
     def _watched_pids(self) -> dict[str, tuple[int, str]]:
@@ -357,7 +358,7 @@ class Health:
             try:
                 got = await probe()
             except Exception as exc:  # noqa: BLE001 - one probe round that failed in itself: the next one runs
-                self.timeline("part_probe_failed", part=probe.__name__, why=f"the probe failed: "
+                self.timeline(Event.PART_PROBE_FAILED, part=probe.__name__, why=f"the probe failed: "
                               f"{type(exc).__name__}: {str(exc)[:200]}", strike=0)
                 continue
             for part, bad in got.items():
@@ -368,7 +369,7 @@ class Health:
                     continue
                 why, certain = bad
                 strikes[part] = strikes.get(part, 0) + 1
-                self.timeline("part_probe_failed", part=part, why=why, strike=strikes[part])
+                self.timeline(Event.PART_PROBE_FAILED, part=part, why=why, strike=strikes[part])
                 if certain or strikes[part] >= strikes_needed:
                     self.part_lost(part, why, since=self.last_ok.get(part, t0))
                     return

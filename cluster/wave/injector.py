@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+from cluster.wave.timeline import Event
 from faults.base import CATALOG, UNKNOWN, FaultSpec, Receipt
 from faults.planner import drawn
 from fleet.records import Injected
@@ -47,7 +48,7 @@ class Injector:
                 injected = Injected(why=f"probability draw ({spec.probability}) said no")
                 return
             injected = Injected.of(await fault.inject(spec, ctx))
-            tl("fault_inject", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+            tl(Event.FAULT_INJECT, task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
                applied=injected.applied, why=injected.why)
             if injected.applied:
                 await fault.settle(spec, ctx, injected.to_dict())
@@ -69,7 +70,7 @@ class Injector:
             if injected.error is not None:
                 receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected.error}"
             self.receipts.append(receipt)
-            tl("fault_clear", task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
+            tl(Event.FAULT_CLEAR, task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
                status=receipt.status, detail=receipt.detail)
 
     @staticmethod

@@ -19,6 +19,7 @@ import contextlib
 import time
 from typing import Callable
 
+from cluster.wave.timeline import Event
 from faults.base import CATALOG
 
 
@@ -99,7 +100,8 @@ class Nodes:
                 await asyncio.sleep(0.1)
             if node is not None:
                 self.owner[node], self.owned[tid] = tid, node
-            self.timeline("node_fault_turn", task=tid, node=node, turns=need, waited_s=round(time.monotonic() - t0, 3),
+            self.timeline(Event.NODE_FAULT_TURN, task=tid, node=node, turns=need,
+                          waited_s=round(time.monotonic() - t0, 3),
                           **({} if node else {"why": "no live sandbox node was free of another turn, with another "
                                                      f"live beside it, within {self.TURN_NODE_WAIT_S:.0f} s"}))
             yield
@@ -184,7 +186,7 @@ class Nodes:
             out["moved"] = await self.detach(node, instance, on_node)
         self.lost[node] = {"instance": instance, "mode": mode, "at": time.time()}
         self.events[node] = asyncio.Event()
-        self.timeline("node_lost", node=node, fault=instance, mode=mode, sandboxes=on_node)
+        self.timeline(Event.NODE_LOST, node=node, fault=instance, mode=mode, sandboxes=on_node)
         out.update(await asyncio.to_thread(self.fleet.lose_node, node))
         out["reaped"] = await asyncio.to_thread(self.reap, node)
         out["applied"] = True
@@ -242,7 +244,7 @@ class Nodes:
             self.faults.pop(node, None)
             return {"applied": False, "why": f"the link could not be cut: {type(exc).__name__}: {str(exc)[:200]}"}
         try:
-            self.timeline("link_cut", node=node, fault=instance, link=cut["link"], sandboxes=on_node,
+            self.timeline(Event.LINK_CUT, node=node, fault=instance, link=cut["link"], sandboxes=on_node,
                           fencing=fencing)
             cause = (f"cut off: node {node}'s link to the head went down ({instance}); abandoned, a zombie now"
                      + ("" if fencing else " (fencing off: its keys were left valid)"))
@@ -253,7 +255,7 @@ class Nodes:
             await asyncio.sleep(max(0.0, cut["at"] + cut_s - time.time()))
         finally:  # a cut link is always healed, whatever happened meanwhile
             healed = await asyncio.to_thread(self.fleet.link, node, "heal")
-        self.timeline("link_healed", node=node, fault=instance, **healed)
+        self.timeline(Event.LINK_HEALED, node=node, fault=instance, **healed)
         out = {"applied": True, "node": node, "link": cut["link"], "at": cut["at"], "healed_at": healed.get("at"),
                "cut_s": round((healed.get("at") or time.time()) - cut["at"], 3), "sandboxes": on_node}
         host, t0 = self.host(node), time.monotonic()
@@ -271,7 +273,7 @@ class Nodes:
             out.pop("why_not_back", None)
         else:  # Ray gave the node up for dead: it stays out of the wave (nothing is left there to sweep)
             self.fleet.down.add(node)
-            self.timeline("node_lost", node=node, fault=instance, mode="partition", sandboxes=on_node)
+            self.timeline(Event.NODE_LOST, node=node, fault=instance, mode="partition", sandboxes=on_node)
         return out
 
     async def degrade(self, node: str, window_s: float, instance: str, **knobs) -> dict:
@@ -288,10 +290,10 @@ class Nodes:
             restored = await asyncio.to_thread(self.fleet.link, node, "restore")
             return {"applied": False, "node": node, "why": f"nothing could be applied: {'; '.join(got['not_applied'])}",
                     "restored": restored}
-        self.timeline("link_degraded", node=node, fault=instance, **{k: v for k, v in got.items() if k != "at"})
+        self.timeline(Event.LINK_DEGRADED, node=node, fault=instance, **{k: v for k, v in got.items() if k != "at"})
         await asyncio.sleep(max(0.0, got["at"] + window_s - time.time()))
         restored = await asyncio.to_thread(self.fleet.link, node, "restore")
-        self.timeline("link_restored", node=node, fault=instance, **restored)
+        self.timeline(Event.LINK_RESTORED, node=node, fault=instance, **restored)
         return dict(got, applied=True, node=node, sandboxes=on_node, restored=restored)
 
     def _live_besides(self, node: str) -> list[str]:
@@ -356,10 +358,10 @@ class Nodes:
             if early:
                 back["cut_short"] = "every task of the wave had ended: nothing was left to run or to miss the node"
             self.back_info[node] = back
-            self.timeline("node_back", fault=instance, **back)
+            self.timeline(Event.NODE_BACK, fault=instance, **back)
         except Exception as exc:  # noqa: BLE001
             self.back_info[node] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            self.timeline("node_not_back", node=node, fault=instance, **self.back_info[node])
+            self.timeline(Event.NODE_NOT_BACK, node=node, fault=instance, **self.back_info[node])
         finally:
             self.out.discard(node)
             self.lost.pop(node, None)

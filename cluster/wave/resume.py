@@ -5,7 +5,7 @@ import time
 
 from cluster import results
 from cluster.wave.errors import HarnessError
-from cluster.wave.timeline import Timeline
+from cluster.wave.timeline import Event, Timeline
 
 
 NEEDS = {"attempt_start": ("task", "sandbox", "attempt", "fence", "wall"), "task_end": ("task",),
@@ -54,11 +54,11 @@ def prepare_resume(out: results.ResultsDir, plan: dict, wave_id: str) -> tuple[d
     timeline = Timeline(out.timeline, since_wall=events[0]["wall"])
     now = time.time()
     for sid, e in open_attempts.items():  # reaped by the resume's sweep: they ended with the driver
-        timeline("attempt_end", task=e["task"], attempt=e["attempt"], fence=e["fence"], sandbox=sid,
+        timeline(Event.ATTEMPT_END, task=e["task"], attempt=e["attempt"], fence=e["fence"], sandbox=sid,
                       exit_code=None, killed_by="driver died", ended_at=now, started_at=e["wall"],
                       cause="the wave's driver died; the attempt was reaped when the wave resumed")
     unfinished = sorted(t["task_id"] for t in plan["references"] + plan["tasks"]
                         if t["task_id"] not in finished)
-    timeline("wave_resumed", finished=sorted(finished), unfinished=unfinished,
+    timeline(Event.WAVE_RESUMED, finished=sorted(finished), unfinished=unfinished,
                   closed_attempts=sorted(open_attempts), faults_fired_before=sorted(fired))
     return {"finished": finished, "attempts": attempts, "fired": set(fired)}, list(fired.values()), timeline

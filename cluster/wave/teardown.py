@@ -17,6 +17,7 @@ import orjson
 
 from cluster import results
 from cluster.wave.errors import HarnessError
+from cluster.wave.timeline import Event
 
 
 class _NamedCalls:
@@ -90,14 +91,14 @@ class Teardown:
     def clear_faults(self) -> None:
         """Belt and braces after the per-fault clears: no proxy rule survives the wave."""
         if self.health.lost("fault proxy"):
-            self.timeline("proxy_rules_not_cleared", why="the fault proxy is lost; it is stopped instead")
+            self.timeline(Event.PROXY_RULES_NOT_CLEARED, why="the fault proxy is lost; it is stopped instead")
         elif self.parts.proxy is not None and self.parts.proxy.proc is not None:
             try:
                 left = self.parts.proxy.control().close_all()
                 if left:
-                    self.timeline("proxy_rules_force_closed", rules=[r["rule_id"] for r in left])
+                    self.timeline(Event.PROXY_RULES_FORCE_CLOSED, rules=[r["rule_id"] for r in left])
             except Exception as exc:  # noqa: BLE001
-                self.timeline("proxy_clear_failed", error=str(exc))
+                self.timeline(Event.PROXY_CLEAR_FAILED, error=str(exc))
 
     def sweep_actor_report(self) -> None:
         """The sweep actor's last pass for this wave (after its settle window if anything still looks leaked);
@@ -130,7 +131,7 @@ class Teardown:
 
     def _write_sweeper(self, rep: dict) -> None:
         self.out.sweeper.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2, default=str))
-        self.timeline("sweep_actor", scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
+        self.timeline(Event.SWEEP_ACTOR, scans=rep.get("scans"), leaked=len(rep.get("leaked") or []),
                       reaped=len(rep.get("reaped") or []), dangling=len(rep.get("dangling_leases") or []),
                       expired_but_running=len(rep.get("expired_but_running") or []), errors=rep.get("errors"))
 
@@ -290,13 +291,13 @@ class Teardown:
                 self.parts.fleet.ray_session.ended_leftovers += end_leftovers(tmp)
             ended = self.parts.fleet.ray_session.ended_leftovers
             if ended:  # a dead GCS orphans its agents: they were ended by the session's temp dir (its marker)
-                self.timeline("ray_leftovers_ended", processes=ended)
+                self.timeline(Event.RAY_LEFTOVERS_ENDED, processes=ended)
         shutil.rmtree(self.private, ignore_errors=True)
         from fleet import cgroups
 
         cgroups.leave_harness(self.harness_cg)
         if errors:
-            self.timeline("teardown_errors", errors=errors)
+            self.timeline(Event.TEARDOWN_ERRORS, errors=errors)
 
     _try = staticmethod(lambda errors, what, fn: try_step(errors, what, fn))
 
@@ -334,7 +335,7 @@ class Teardown:
 
     def _record_counts(self) -> None:
         try:  # how the hosts' lease renewals went (cumulative over a lent fleet's life)
-            self.timeline("lease_renewals", hosts=self._get([h.renewals.remote() for h in self.parts.hosts], 10,
+            self.timeline(Event.LEASE_RENEWALS, hosts=self._get([h.renewals.remote() for h in self.parts.hosts], 10,
                                                             "sandbox host"))
         except Exception:  # noqa: BLE001 - a lost host has no figures
             pass
@@ -346,13 +347,13 @@ class Teardown:
                     per[r["task"]] = per.get(r["task"], 0) + 1
                 counts[key] = per
         if counts:
-            self.timeline("service_counts", **counts)
+            self.timeline(Event.SERVICE_COUNTS, **counts)
 
     def _revoke_lent_keys(self) -> None:
         """Keys of attempts that did not end in order (a lost host's): a lent store outlives the wave."""
         left = self.parts.keys.revoke_all(prefix=f"{self.wave_id}/")
         if left:
-            self.timeline("keys_revoked_at_end", owners=left)
+            self.timeline(Event.KEYS_REVOKED_AT_END, owners=left)
 
     def stop_at_once(self, name: str) -> None:
         """A second signal: kill what the wave started, by PID and by its markers, and exit now."""
@@ -382,7 +383,7 @@ class Teardown:
         cgroups.leave_harness(self.harness_cg)
         shutil.rmtree(self.private, ignore_errors=True)
         try:
-            self.timeline("wave_stopped_at_once", signal=name)
+            self.timeline(Event.WAVE_STOPPED_AT_ONCE, signal=name)
             self.out.summary.write_text(
                 f"# Wave {self.wave_id}\n\n**Stopped at once by a second {name}**: not graded. What was stored "
                 f"so far can be graded with `sandfleet grade {self.out.path}` (unfinished tasks are unknown).\n")

@@ -70,9 +70,9 @@ class Timeline:
         self.t0 = time.monotonic() - (time.time() - since_wall if since_wall is not None else 0.0)
         self.f = open(path, "ab")
 
-    def __call__(self, event: str, **fields) -> dict:
-        """Append one event (an `Event`, or its name: a name that is not one raises, so a typo cannot write an
-        event that nothing reads)."""
+    def __call__(self, event: Event, **fields) -> dict:
+        """Append one event. Every writer passes an `Event` (a unit test holds it); a name is read as one, and a name
+        that is not one raises, so a typo cannot write an event that nothing reads."""
         if event not in EVENTS:
             raise ValueError(f"unknown timeline event {event!r}; the events are cluster.wave.timeline.Event")
         rec = {"t": round(time.monotonic() - self.t0, 4), "wall": time.time(), "event": str(Event(event).value),

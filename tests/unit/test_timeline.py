@@ -18,15 +18,18 @@ def _py(folder: str) -> list[Path]:
 
 
 def test_every_event_written_or_read_is_an_event():
-    written, read = set(), set()
-    for py in _py("cluster"):
+    """Every writer names its event by the enum (`timeline(Event.WAVE_END, ...)`: issue 44), never by a string."""
+    by_name, written, read = set(), set(), set()
+    for py in _py("cluster") + _py("fleet"):
         text = py.read_text()
-        written |= set(re.findall(r"(?:timeline|\btl)\(\s*\"([a-z_]+)\"", text))
+        by_name |= {f"{py.relative_to(ROOT)}: {n}" for n in re.findall(r"(?:timeline|\btl)\(\s*\"([a-z_]+)\"", text)}
+        written |= set(re.findall(r"(?:timeline|\btl)\(\s*Event\.([A-Z_]+)\b", text))
         read |= set(re.findall(r"\[\"event\"\]\s*==\s*\"([a-z_]+)\"", text))
         read |= {n for group in re.findall(r"\[\"event\"\]\s*in\s*\(([^)]*)\)", text)
                  for n in re.findall(r"\"([a-z_]+)\"", group)}
+    assert not by_name, f"a timeline event written by its name, not as an Event: {sorted(by_name)}"
     assert len(written) > 20 and read, (written, read)
-    assert written <= EVENTS, sorted(written - EVENTS)
+    assert written <= set(Event.__members__), sorted(written - set(Event.__members__))
     assert read <= EVENTS, sorted(read - EVENTS)
 
 
