@@ -26,23 +26,59 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.bench.cpu import Cgroup, part_cpu
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "<!-- coldwarm -->"
+PHASES = "<!-- coldwarm-phases -->"
 
 
-def _wave(results: Path, cfg: dict, env: dict) -> tuple[float, dict]:
-    """The wave's wall and its plan; exit 0 or the bench stops, naming what the wave said."""
+def _wave(results: Path, cfg: dict, env: dict, profile: dict | None = None) -> tuple[float, dict]:
+    """The wave's wall and its plan; exit 0 or the bench stops, naming what the wave said. With `profile` (a dict),
+    the wave runs in a cpuacct cgroup and `profile` gets its phases (`_phases`)."""
     results.mkdir(parents=True, exist_ok=True)
     path = results.parent / f"{results.name}-{time.monotonic_ns()}.yaml"
     path.write_text(json.dumps(cfg))  # (JSON is YAML)
+    argv = [sys.executable, "-m", "cluster.cli", "wave", "run", str(path), "--results", str(results), "--no-progress"]
+    cg = Cgroup(f"cw{time.monotonic_ns()}") if profile is not None else None
+    t0 = time.time()
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(path), "--results", str(results),
-                        "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t
+    try:
+        if cg is not None:
+            p, seen = cg.run(argv, sample=True, cwd=ROOT, env=env, timeout=900)
+        else:
+            p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        wall = time.perf_counter() - t
+        if cg is not None:
+            total = cg.usage_s()
+    finally:
+        if cg is not None:
+            cg.remove()
     if p.returncode != 0:
         raise SystemExit(f"wave in {results}: exit {p.returncode}: {p.stdout[-800:]} {p.stderr[-2000:]}")
-    plan = json.loads(((results / "latest").resolve() / "plan.json").read_text())
+    d = (results / "latest").resolve()
+    plan = json.loads((d / "plan.json").read_text())
+    if profile is not None:
+        profile.update(_phases(d, t0, t0 + wall, total, seen))
     return wall, plan
+
+
+def _phases(d: Path, t0: float, t1: float, total: float, seen: dict) -> dict:
+    """Where one wave's wall and CPU went, by its own timeline marks: `cli` (the process start to `wave_start`),
+    `setup` (to `parts_ready`), `attempts` (to the last `attempt_end`), `end` (to `wave_end`: sweeps, audit, parts
+    stop), `after` (to the process's exit: grading, report, seal, the reference cache); the CPU of the runners (the
+    tree's CPU less the harness's processes) and of each harness part."""
+    events = [json.loads(x) for x in (d / "timeline.jsonl").read_text().splitlines()]
+    base = next(e["wall"] - e["t"] for e in events if e["event"] == "wave_start")
+    at = {e["event"]: e["t"] + base for e in events}
+    last = max(e["t"] for e in events if e["event"] == "attempt_end") + base
+    parts = part_cpu(seen)
+    end = next(e for e in events if e["event"] == "wave_end")
+    return {"cli": at["wave_start"] - t0, "setup": at["parts_ready"] - at["wave_start"],
+            "attempts": last - at["parts_ready"], "end": at["wave_end"] - last, "after": t1 - at["wave_end"],
+            "attempt_count": sum(1 for e in events if e["event"] == "attempt_end"),
+            "fleet_start_s": end.get("fleet_start_s"), "store_start_s": end.get("store_start_s"),
+            "cpu": total, "runners": total - sum(parts.values()), "parts": parts}
 
 
 def _reused(plan: dict) -> int:
@@ -134,9 +170,90 @@ def write_table(rows: list, rounds: int) -> str:
     return table
 
 
+def bench_phases(rounds: int = 1, tasks: int = 32, concurrency: int = 16, steps: int = 10,
+                 think_ms: int = 50) -> str:
+    """Cold then warm, each in a cpuacct cgroup, `rounds` times: a markdown table of where each one's wall and CPU
+    went (`_phases`), the cold's extra beside it, and the floor the runners' own CPU sets for the cold wave."""
+    root = Path(tempfile.mkdtemp(prefix="sfbench-coldwarm-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0")
+    cfg = {"seed": 5, "runner": "durable", "faults": "none", "deadline_s": 300, "tasks": tasks,
+           "concurrency": concurrency, "workload": {"steps": steps, "think_ms": think_ms}}
+    got: dict[str, list[dict]] = {"cold": [], "warm": []}
+    try:
+        for r in range(rounds):
+            for name in ("cold", "warm"):
+                prof: dict = {}
+                wall, _ = _wave(root / f"round{r}" / "a", cfg, env, prof)
+                got[name].append(dict(prof, wall=wall))
+    finally:
+        if not os.environ.get("SFBENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+
+    def med(name: str, f) -> float:
+        return statistics.median(f(x) for x in got[name])
+
+    keys = [("wall", "wall"), ("cli start (to wave_start)", "cli"), ("set-up (to parts_ready)", "setup"),
+            ("attempts (to the last attempt_end)", "attempts"), ("end (sweeps, audit, parts stop)", "end"),
+            ("after wave_end (grading, report, seal, cache)", "after"), ("fleet start (figure)", "fleet_start_s"),
+            ("store start (figure)", "store_start_s"), ("CPU all in", "cpu"), ("CPU of the runners", "runners")]
+    lines = [f"| {tasks} durable tasks ({steps} steps x {think_ms} ms), C={concurrency}, faults none, own Ray and "
+             f"store; median of {rounds} | cold | warm | cold - warm |",
+             "|---|---|---|---|"]
+    for label, k in keys:
+        c, w = (med(s, lambda x, k=k: x[k] or 0.0) for s in ("cold", "warm"))
+        lines.append(f"| {label} | {c:.2f} s | {w:.2f} s | {c - w:+.2f} s |")
+    names = sorted({n for x in got["cold"] + got["warm"] for n in x["parts"]})
+    for n in names:
+        c, w = (med(s, lambda x, n=n: x["parts"].get(n, 0.0)) for s in ("cold", "warm"))
+        lines.append(f"| CPU of {n} | {c:.2f} s | {w:.2f} s | {c - w:+.2f} s |")
+    c, w = med("cold", lambda x: x["attempt_count"]), med("warm", lambda x: x["attempt_count"])
+    lines.append(f"| attempts | {c:.0f} | {w:.0f} | |")
+    runs = {k: ", ".join(f"{x['wall']:.1f}" for x in v) for k, v in got.items()}
+    ratio = med("cold", lambda x: x["wall"]) / med("warm", lambda x: x["wall"])
+    lines.append(f"| cold / warm wall | x{ratio:.2f} | runs: cold {runs['cold']} | warm {runs['warm']} |")
+    # derived: the cold wave if the references cost the harness nothing and the machine were busy only with their
+    # runners (their CPU spread over every core): the least a cold wave can take here while it runs each reference
+    per_run = med("cold", lambda x: x["runners"] / x["attempt_count"]) * 1000
+    extra = med("cold", lambda x: x["runners"]) - med("warm", lambda x: x["runners"])
+    floor = med("warm", lambda x: x["wall"]) + extra / (os.cpu_count() or 1)
+    lines.append(f"| the runners' CPU per run (a sandbox's processes: runner, its start, its relays' clients) | "
+                 f"{per_run:.0f} ms | | derived floor of the cold wave at zero harness cost: warm + the references' "
+                 f"runner CPU / {os.cpu_count()} cores = {floor:.1f} s, x{floor / med('warm', lambda x: x['wall']):.2f}"
+                 " |")
+    return "\n".join(lines)
+
+
+def write_phases(tables: list[str], rounds: int, thinks: list[int]) -> str:
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    think = ",".join(map(str, thinks))
+    body = (f"{PHASES}\n\nWhere a cold wave's extra time goes (`flock /run/sandfleet-test-suite.lock .venv/bin/python -m "
+            f"tests.bench.coldwarm --phases --rounds {rounds} --think-ms {think}`), "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {rev.strip()}: each wave in a cpuacct cgroup, "
+            "its phases cut at its own timeline marks, the CPU split by process (the runners: every process in a "
+            "sandbox's cgroup).\n\n" + "\n\n".join(tables) + f"\n\n{PHASES}")
+    bench = ROOT / "BENCHMARKS.md"
+    text = bench.read_text()
+    if text.count(PHASES) == 2:
+        a, b = text.index(PHASES), text.rindex(PHASES) + len(PHASES)
+        text = text[:a] + body + text[b:]
+    elif text.count(MARK) == 2:  # right after the cold/warm table
+        b = text.rindex(MARK) + len(MARK)
+        text = text[:b] + "\n\n" + body + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    bench.write_text(text)
+    return body
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
+    if "--phases" in sys.argv:  # where the cold's extra goes, by phase and part
+        thinks = ([int(x) for x in sys.argv[sys.argv.index("--think-ms") + 1].split(",")]
+                  if "--think-ms" in sys.argv else [50])
+        print(write_phases([bench_phases(rounds=rounds, think_ms=t) for t in thinks], rounds, thinks))
+        return
     rows: list = []
     bench_coldwarm(rows, rounds=rounds)
     print(write_table(rows, rounds))
