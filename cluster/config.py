@@ -314,11 +314,6 @@ def _kills(fid: str, t, boundary: list[str]) -> None:
                          "time after launch would land while the next attempt starts")
 
 
-def _format(err: ValidationError, source: str) -> str:
-    """(cluster/league.py's name for it: the message is `config_errors.format_error`'s)"""
-    return format_error(err, source, WaveConfig)
-
-
 def build_config(data: dict, overrides: dict | None = None, source: str = "config") -> "WaveConfig":
     data = dict(data or {})
     store = data.get("store")

@@ -18,7 +18,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from cluster import results
-from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, _format, build_config, load_yaml, parse_runner
+from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, build_config, load_yaml, parse_runner
+from cluster.config_errors import format_error
 from faults.base import CATALOG
 
 
@@ -111,7 +112,8 @@ def load_league(path: Path) -> LeagueConfig:
     try:
         league = LeagueConfig(**data)
     except ValidationError as err:
-        raise ConfigError(_format(err, str(p)).replace("invalid wave config", "invalid league config")) from None
+        raise ConfigError(format_error(err, str(p), LeagueConfig).replace("invalid wave config",
+                                                                        "invalid league config")) from None
     league.waves()  # every wave's config must be valid before anything runs
     return league
 

@@ -93,6 +93,19 @@ def test_league_config_errors_name_the_field(tmp_path):
     assert all(c.seed == 3 for _, _, c in waves)
 
 
+def test_an_unknown_league_field_lists_the_league_fields_not_the_wave_configs(tmp_path):
+    """The league's errors went through the wave config's formatter, which walked the wave config: an unknown league
+    field was answered with the wave config's fields as the allowed ones."""
+    from cluster.league import load_league
+
+    p = tmp_path / "l.yaml"
+    p.write_text("runners: [durable]\nbogus: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_league(p)
+    assert "invalid league config" in str(err.value) and "field `bogus`: value 1: unknown field" in str(err.value)
+    assert "allowed fields here: fault_sets, name, runners, wave" in str(err.value), str(err.value)
+
+
 def test_a_league_fault_set_carries_wave_fields_of_its_own(tmp_path):
     """PK1 at every boundary beside the storage family in one league: a set's own wave fields override the
     league's, its label names its rows, and a bad fault id or field inside a set is named."""

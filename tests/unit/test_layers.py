@@ -38,8 +38,6 @@ PRIVATE_ALLOWED = {
     ("cluster.htmlreport", "cluster.grade.history", "_log_tails"),
     ("cluster.serve", "cluster.htmlreport", "_e"),
     ("cluster.serve", "cluster.htmlreport", "_verdict"),
-    # the league reads its own config's errors with the wave config's formatter
-    ("cluster.league", "cluster.config", "_format"),
 }
 
 # Today's module-level import cycles (sorted module names of each), none: a new one is red.
