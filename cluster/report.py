@@ -256,6 +256,8 @@ def _sweeper(d: Path) -> str:
         r = orjson.loads((Path(d) / results.SWEEPER).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return "no report (sweeper.json missing)"
+    if not isinstance(r, dict):
+        return f"unknown (sweeper.json is a JSON {type(r).__name__}, not the sweep actor's report)"
     if r.get("unavailable"):
         return "**unavailable**: " + "; ".join(r.get("errors") or [])
     out = (f"{r['scans']} pass(es) (p50 {r['scan_ms_p50']} ms); seen with no lease: {len(r['leaked'])}, reaped after "

@@ -179,6 +179,11 @@ def read_wave(d: Path) -> WaveRecord:
                                                f"a JSON {type(audit).__name__}, not the audit's report")
         audit = None
     sweeper = _json_or_none(inp, results.SWEEPER, None)  # the sweep actor's report (none: a wave before it existed)
+    for name, rep in ((results.SANDBOX_SWEEP, sweep), (results.SWEEPER, sweeper)):
+        if rep is not None and not isinstance(rep, dict):  # a report of another shape: unreadable, named
+            inp.unreadable[name] = f"a JSON {type(rep).__name__}, not the sweep's report"
+    sweep = sweep if isinstance(sweep, dict) else None
+    sweeper = sweeper if isinstance(sweeper, dict) else None
     hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
     return WaveRecord(d, inp, plan, timeline, receipts, calls, effects, proxy, sweep, audit, sweeper,
                       inp.lines_or_none(results.FENCED) or [], inp.lines_or_none(results.HOST_LOAD) or [], hfault)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from cluster.grade.evidence import redact, redact_grades, write_evidence
 from cluster.grade.history import Attribution, TaskHistory, _reference_of, attribute, task_history
 from cluster.grade.inputs import WaveRecord, read_wave
@@ -182,9 +183,10 @@ def wave_checks_of(w: WaveRecord, leaks: dict, ref_grades: list[dict], harness_e
     # are cgroups, processes and mounts, all looked at, and a stopped engine beside it hides none of them)
     cfg = w.plan.get("config") if isinstance(w.plan.get("config"), dict) else {}
     docker = not isinstance(cfg.get("sandbox"), dict) or cfg["sandbox"].get("backend") != "process"
-    looked = (sweep is not None and not sweep.get("problems")) and (sweeper is None or not (
-        sweeper.get("unavailable") or sweeper.get("unanswered_nodes") or
-        (docker and any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or []))))
+    # (no sweep actor report is a wave from before it existed; one that is there but unreadable proves nothing)
+    looked = (sweep is not None and not sweep.get("problems")) and results.SWEEPER not in w.inp.unreadable and (
+        sweeper is None or not (sweeper.get("unavailable") or sweeper.get("unanswered_nodes") or (
+            docker and any(e.startswith(LISTING_ERROR) for e in sweeper.get("errors") or []))))
     return {
         # after a harness fault, sandboxes its lost part left are the harness's, not a leak to judge
         "no_leaked_sandbox": (UNKNOWN if w.hfault is not None else FAIL) if (leaks["sandboxes"] or

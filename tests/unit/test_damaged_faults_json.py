@@ -74,3 +74,24 @@ def test_one_damaged_receipt_leaves_the_others_graded(tmp_path, no_picture):  # 
     write_summary(d, result)
     summary = (d / results.SUMMARY).read_text()
     assert "PK1 applied 1/1" in summary and "faults.json" in summary and "record 2" in summary, summary
+
+
+@pytest.mark.parametrize("name", [results.SANDBOX_SWEEP, results.SWEEPER, results.STORE_AUDIT])
+def test_a_report_of_another_shape_is_named_and_its_check_unknown(tmp_path, monkeypatch, no_picture,  # noqa: F811
+                                                                  name):
+    """The same review's kind of find, for the other JSON reports a grade reads: a sweep's or the audit's report that
+    is a list ended `report` with "AttributeError: 'list' object has no attribute 'get'", naming no file."""
+    monkeypatch.setenv("SANDFLEET_SEAL_KEY", str(tmp_path / "seal.key"))
+    d = tmp_path / "w"
+    shutil.copytree(FIXTURE, d)
+    (d / name).write_bytes(b"[1]")
+    code, out, err = _cli("report", d)
+    assert code == 2 and "AttributeError" not in err, (code, out, err)
+    summary = (d / results.SUMMARY).read_text()
+    assert f"`{name}`: unreadable: a JSON list" in summary, summary
+    v = orjson.loads((d / results.VERDICT).read_bytes())
+    assert v["verdict"] != "pass"
+    check = "store_audit" if name == results.STORE_AUDIT else "no_leaked_sandbox"
+    assert orjson.loads((d / "t000.grade.json").read_bytes())["inputs"]["unreadable"][name]
+    from cluster.grade import grade_wave
+    assert grade_wave(d)["wave_checks"][check] == "unknown"

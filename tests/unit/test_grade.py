@@ -485,7 +485,8 @@ def test_a_sandbox_node_whose_scan_did_not_answer_makes_no_leaked_sandbox_unknow
 
     def checks(sweeper: dict, plan: dict | None = None) -> str:
         w = SimpleNamespace(sweep={"leaked": [], "problems": []}, audit={"incomplete_uploads": []}, hfault=None,
-                            plan=plan or {}, sweeper=dict({"reaped": [], "left_at_end": [], "errors": []}, **sweeper))
+                            plan=plan or {}, sweeper=dict({"reaped": [], "left_at_end": [], "errors": []}, **sweeper),
+                            inp=SimpleNamespace(unreadable={}))
         return wave_checks_of(w, leaks_of(w), [], [])["no_leaked_sandbox"]
 
     assert checks({"nodes_scanned": ["node-1", "node-2"], "unanswered_nodes": {}}) == "pass"
