@@ -82,7 +82,8 @@ LAYOUT: list[tuple[str, str]] = [
     (SANDBOX_SWEEP, "the hosts' sweep at the wave's end: leaked sandboxes, active leases, problems"),
     (SWEEPER, "the sweep actor's report: leaks it reaped, dangling leases, expired-but-running"),
     (STORE_AUDIT, "the store audit: every object (or a seeded sample past a cap) read back and checked, "
-                  "stray keys, open uploads"),
+                  "stray keys, open uploads; or, when it failed, what failed (`error`: the call, bucket, prefix, "
+                  "key and error)"),
     (RAY_ERRORS, "what Ray said about the nodes it lost (PK3)"),
     ("<task>" + GRADE_SUFFIX, "one task's verdict, every check with its reason, the inputs' digests"),
     (f"{ARTIFACTS}/<task>/", "the workspace as the harness captured it (artifact.json + files/)"),
