@@ -58,9 +58,9 @@ test: setup lint docker browser examples
 # The process backend on a real cgroup v2 kernel: Debian's own kernel booted unified in a qemu VM (software
 # emulation: KVM guests do not boot on this machine kind), the image built once per machine from Debian's packages
 # (mmdebstrap) and cached under /var/cache/sandfleet-vm; no network in the VM; the checkout and the venv shared
-# read-only. Runs tests/integration/test_cgroup2.py there (~1.5 min); SFVM_WAVE=1 runs a wave after it (~4.5 min
-# under emulation; Ray's start there can time out, then it is tried again). Bounded: qemu is killed by its PID
-# after SFVM_TIMEOUT s (600; 1800 with the wave).
+# read-only. Runs tests/integration/test_cgroup2.py there (~1 min); SFVM_WAVE=1 (as CI runs it) runs `make wave`'s
+# config after it (~2.5 min under emulation; the guest waits up to 300 s for Ray's raylet, Ray's own 30 s being too
+# short there). Bounded: qemu is killed by its PID after SFVM_TIMEOUT s (600; 1800 with the wave).
 test-cgroup2: setup
 	infra/vm/test-cgroup2
 
