@@ -226,9 +226,11 @@ class Quota:
                 op = r["quota_op"]
                 if op not in COUNTED_OPS:
                     continue
-            else:  # a line from before `quota_op`
-                if not key:
+            elif not key:  # a line from before `quota_op`: a bucket-level POST that names keys is a DeleteObjects
+                if r.get("method") != "POST" or not isinstance(r.get("keys"), list):
                     continue
+                op = "DeleteObjects"
+            else:
                 op = {"PUT": "UploadPart" if uid and part is not None else "PutObject",
                       "POST": "CompleteMultipartUpload" if uid else None,
                       "DELETE": "AbortMultipartUpload" if uid else "DeleteObject"}.get(r.get("method"))
@@ -237,7 +239,8 @@ class Quota:
             deleted = ()
             if op == "DeleteObjects":
                 keys = r.get("keys") if isinstance(r.get("keys"), list) else []
-                kept = set(k for k in r.get("not_deleted") or [] if isinstance(k, str))
+                nd = r.get("not_deleted")
+                kept = {k for k in nd if isinstance(k, str)} if isinstance(nd, list) else set()
                 deleted = [k for k in keys if isinstance(k, str) and k not in kept]
             size = r.get("stored", r.get("req_bytes"))
             self.apply(slot_of(bucket, key), op, key, size if isinstance(size, int) else 0, uid, part, deleted)

@@ -369,3 +369,14 @@ def test_a_resumed_wave_preloads_the_totals_the_live_count_reached(tmp_path):
     assert deletes[0]["keys"] == ["w/t000/a", "w/t000/a", "w/t000/never", "w/t001/denied", "w/t000/b"]
     assert deletes[0]["not_deleted"] == ["w/t001/denied"] and deletes[1]["keys"] == ["w/t000/c"]
     assert [r["code"] for r in log if r.get("status") == 400] == ["MalformedXML"]
+
+
+def test_a_log_from_before_quota_op_still_frees_what_its_delete_objects_named():
+    """A wave whose first run logged no `quota_op` (an older proxy) resumes with its DeleteObjects applied too."""
+    q = Quota(max_objects=10, max_bytes=10**6)
+    log = [{"t": 1, "method": "PUT", "bucket": B, "key": "w/t000/a", "status": 200, "req_bytes": 5},
+           {"t": 2, "method": "PUT", "bucket": B, "key": "w/t000/b", "status": 200, "req_bytes": 7},
+           {"t": 3, "method": "POST", "bucket": B, "key": "", "keys": ["w/t000/b", "w/t000/none"], "status": 200},
+           {"t": 4, "method": "POST", "bucket": B, "key": "", "status": 200}]  # a POST that names no key
+    assert q.preload(log) == 3
+    assert q.usage(B, "w/t000/")["objects"] == 1 and q.usage(B, "w/t000/")["bytes"] == 5
