@@ -12,7 +12,9 @@ suite's lock (its waves are what the suite's leftover checks look for):
 
     flock /run/sandfleet-test-suite.lock .venv/bin/python -m tests.bench.coldwarm [--rounds N]
 
-It prints the table and writes it into BENCHMARKS.md between `<!-- coldwarm -->` marks.
+It prints the table and writes it into BENCHMARKS.md between `<!-- coldwarm -->` marks. With `--phases [--think-ms
+50,150]` it runs only cold and warm, each in a cpuacct cgroup, and writes where the cold's extra wall and CPU go (by
+the wave's own timeline marks, and by process) between `<!-- coldwarm-phases -->` marks.
 """
 from __future__ import annotations
 
