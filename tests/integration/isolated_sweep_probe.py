@@ -25,6 +25,13 @@ W3 = "w-20261203T000000-s9-150d"
 DAEMONIZING = "read -r go; (setsid sleep 300 &); exec sleep 300"
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def plant(wave: str, other: str) -> dict:
     """On this node: the leak (daemonizing), the leased sandbox, the decoys. Returns their pids (this node's)."""
     from fleet import cgroups
@@ -46,9 +53,12 @@ def plant(wave: str, other: str) -> dict:
                                   env={"PATH": "/usr/bin:/bin", "SANDFLEET_SANDBOX": f"{other}/t900-a1"})
     plain = subprocess.Popen(["sleep", "300"], start_new_session=True, env={"PATH": "/usr/bin:/bin"})
     deadline = time.monotonic() + 10
+    child: list[int] = []
     while time.monotonic() < deadline:  # the daemonized child carries the marker too
+        # the subshell that forks it is in the cgroup for a moment (on a loaded machine, long enough to be seen):
+        # the leak's child is the `sleep` that stays, once it is the only other pid there
         child = [int(p) for p in cgroups.SandboxCgroup(wave, "t900-a1").pids() if int(p) != leak.pid]
-        if child:
+        if len(child) == 1 and _comm(child[0]) == "sleep":
             break
         time.sleep(0.05)
     return {"leak": [leak.pid] + child, "live": live.pid, "decoys": [other_wave.pid, plain.pid],
