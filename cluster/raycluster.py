@@ -10,28 +10,8 @@ import threading
 from pathlib import Path
 
 from cluster import results
+from cluster.fleetnodes import NodeChanges, drop_harness_dir
 from cluster.raysession import HEALTH_CHECKS, RaySession, node_name, node_resource  # noqa: F401
-
-
-def _drop_harness_dir(info: dict, timeout_s: float = 5.0) -> None:
-    """Remove a (killed) host's harness cgroup once its process is gone; its parent too when empty."""
-    import time
-    from pathlib import Path
-
-    d = Path(info.get("cgroup") or "")
-    deadline = time.monotonic() + timeout_s
-    while d.name and d.is_dir():
-        try:
-            d.rmdir()
-        except OSError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-            continue
-        try:
-            d.parent.rmdir()
-        except OSError:
-            pass
 
 
 def discover_sandbox_nodes() -> dict[str, str]:
@@ -47,7 +27,7 @@ def discover_sandbox_nodes() -> dict[str, str]:
             for name, n in zip(names, alive)}
 
 
-class FleetSession:
+class FleetSession(NodeChanges):
     """Ray plus the long-lived actors a wave uses: one lease ledger and one sandbox host per node.
 
     A CLI wave makes its own and stops it at the end; a test session, a campaign and a league make one and
@@ -278,67 +258,6 @@ class FleetSession:
 
         return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
-    def lose_node(self, name: str) -> dict:
-        """A sandbox node goes away at once, with every sandbox on it: its host process is SIGKILLed (bubblewrap's
-        --die-with-parent takes the sandboxes with it), then its raylet and Ray's other processes for it."""
-        import signal
-        import time
-
-        if self.nodes == 1:
-            raise RuntimeError("a one-node fleet has no node to lose (the head holds the harness)")
-        i = self.node_ids.index(name)
-        t = time.time()
-        self.down.add(name)
-        if self.remote:  # the whole node goes at once (its pid namespace); its host's pid means nothing here
-            try:
-                self._tell_sweeper()  # before it goes: its scan not answering is no finding
-            except Exception:  # noqa: BLE001 - a lost sweep actor is the wave's to notice, not this fault's
-                pass
-            self.ray_session.remove_node(name)
-            return {"node": name, "at": t}
-        try:
-            os.kill(self.host_info[i]["pid"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.ray_session.remove_node(name)
-        _drop_harness_dir(self.host_info[i])
-        return {"node": name, "host_pid": self.host_info[i]["pid"], "at": t}
-
-    def restore_node(self, name: str) -> dict:
-        """Bring a lost node back as a new Ray node with the same name (an autoscaler replacing a spot VM)."""
-        import time
-
-        import ray
-
-
-        i = self.node_ids.index(name)
-        t = time.time()
-        self.ray_session.add_node(name)
-        if self.remote:
-            self.node_placement[name] = self.ray_session.node_id(name)
-        h = self._start_host(name)
-        self.host_info[i] = ray.get(h.join_harness.remote(), timeout=120)
-        if self.on_restore is not None:  # what the wave gives every node (its runner's code) before it is used
-            self.on_restore(name, h)
-        self.hosts[i] = h
-        self.down.discard(name)
-        if self.remote:
-            self._tell_sweeper()
-        out = {"node": name, "back_after_s": round(time.time() - t, 3)}
-        return out if self.remote else dict(out, host_pid=self.host_info[i]["pid"])
-
-    def link(self, name: str, action: str, **knobs) -> dict:
-        """NP1 and NP2 on a sandbox node's link to the head: `cut`, `heal`, `degrade` (loss_pct, rate_kbit,
-        delay_ms, jitter_ms) or `restore`. Only isolated nodes have a link of their own: elsewhere a RuntimeError
-        (the fault is then not applied)."""
-        iso = self.ray_session.isolated
-        if not self.remote or iso is None:
-            raise RuntimeError("network faults need isolated nodes (--isolated-nodes): a simulated node shares the "
-                               "machine's loopback and has no link to cut")
-        if name not in iso.nodes:
-            raise RuntimeError(f"node {name} is not a sandbox node of this fleet")
-        return getattr(iso, action)(name, **knobs)
-
     def heal(self, timeout_s: float = 15.0) -> list[str]:
         """Replace a ledger or host actor that died (a lent fleet outlives the wave that lost it). The ledger
         reopens its SQLite file, so leases and fences carry on. Returns what was replaced."""
@@ -381,7 +300,7 @@ class FleetSession:
                 pass
             ray.kill(h)  # a host bound to a replaced ledger is replaced too
             if not self.remote:
-                _drop_harness_dir(self.host_info[i])
+                drop_harness_dir(self.host_info[i])
             self.hosts[i] = self._start_host(n)
             self.host_info[i] = ray.get(self.hosts[i].join_harness.remote(), timeout=120)
             replaced.append(f"host {n}")
@@ -454,7 +373,7 @@ class FleetSession:
             # a host that died could not leave its harness cgroup itself; after the session's stop, which ends a
             # host that outlived its GCS (ray.kill cannot reach it) and so its relay child, whose cgroup it shares
             for info in getattr(self, "host_info", []) if not self.remote else []:
-                _drop_harness_dir(info)
+                drop_harness_dir(info)
         if store is not None:
             store.join()
             self.store, self.keys = None, None

@@ -27,6 +27,7 @@ from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
 from cluster.wave.logstream import LogStream
 from cluster.wave.silence import CHECK_EVERY_S, Activity
+from cluster.wave.taskdisk import TaskDisks
 from cluster.wave.timeline import Event, TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import derive, drawn
@@ -83,9 +84,9 @@ class Attempts:
         self.zombie_sids: set[str] = set()  # their sandboxes, until they end
         self.activity = Activity(parts.registry, out.proxy_requests if parts.proxy is not None else None)
         self.logs = LogStream(wave_id, out)  # remote attempts' runner logs, pulled from their nodes as they run
-        self.moved: dict[str, dict] = {}  # task id -> its volume detached from a lost node (`move`), for its next
+        self.disks = TaskDisks(cfg, wave_id, nodes, injector, context, self.fleet_down)
         if "move" in cfg.disk_modes():
-            nodes.detach = self._detach_volumes
+            nodes.detach = self.disks.detach
 
     # ------------------------------------------------------------------ a task
     async def run_task(self, run: TaskRun, sem: asyncio.Semaphore, on_change) -> None:
@@ -116,22 +117,13 @@ class Attempts:
                     final, why = end.state, end.why
                     break
             run.life.to(final, why)
-            await self._drop_volume(run)
+            await self.disks.drop(run)
             for ft in self.fault_tasks[tid]:
                 ft.cancel()
             await asyncio.gather(*self.fault_tasks[tid], return_exceptions=True)
             tl(Event.TASK_END, task=tid, state=final.value, why=why, attempts=run.attempts,
                duration_s=round(loop.time() - launched, 3))
             on_change()
-
-    async def _drop_volume(self, run: TaskRun) -> None:
-        """The task ended: its kept volume goes (bounded; one left is dropped by the hosts' end-of-wave sweep)."""
-        if not self.cfg.keeps_disks() or run.node is None or run.node in self.fleet_down():
-            return
-        try:
-            await asyncio.wait_for(self.nodes.host(run.node).drop_volume.remote(self.wave_id, run.plan.task_id), 30)
-        except Exception:  # noqa: BLE001 - the teardown's sweep drops what is left
-            pass
 
     def fleet_down(self) -> set:
         return set(getattr(self.parts.fleet, "down", ()) or ())
@@ -154,7 +146,7 @@ class Attempts:
 
         tid, loop = run.plan.task_id, asyncio.get_running_loop()
         sandbox_id = results.sandbox_id(tid, run.attempts + 1)
-        disk = self._disk(run)
+        disk = self.disks.next(run)
         node = self.nodes.place(prefer=run.node if disk and disk["mode"] == "keep" else None, task_id=tid)
         if node is None:  # every sandbox node is lost or draining: wait for one to come back
             await asyncio.sleep(0.1)
@@ -177,7 +169,7 @@ class Attempts:
         attempt, fence = lease.attempt, lease.fence
         spec = await self._sandbox_spec(run.plan, sandbox_id, attempt, fence)
         if disk is not None:
-            moved = self.moved.pop(tid, None) if disk["mode"] == "move" and run.attempts > 1 else None
+            moved = self.disks.moved.pop(tid, None) if disk["mode"] == "move" and run.attempts > 1 else None
             kept = disk["mode"] != "wipe" and run.attempts > 1 and (node == run.node or moved is not None)
             disk = dict(disk, kept=kept, **({} if kept or disk["mode"] == "wipe" or run.attempts == 1 else
                                             {"why": f"its node {run.node} is gone"}))
@@ -187,7 +179,7 @@ class Attempts:
             spec = dataclasses.replace(spec, volume=tid, volume_fresh=not kept, volume_lazy=self.cfg.lazy_volumes(),
                                        volume_crash=crash, volume_image=moved["image"] if moved else None,
                                        volume_seed=derive(self.plan["seed"], tid, "disk", attempt).randrange(2**31))
-            self._disk_receipt(disk)
+            self.disks.receipt(disk)
         self.timeline(Event.ATTEMPT_START, task=tid, attempt=attempt, fence=fence, sandbox=sandbox_id, node=node,
                       lease_acquired_at=lease.acquired_at, akid=self.access.akids.get(sandbox_id),
                       **({"disk": disk} if disk is not None else {}))
@@ -394,48 +386,6 @@ class Attempts:
             return AttemptEnd(Outcome.END, TaskState.DEADLINE, f"deadline {self.cfg.deadline_s}s")
         return self._retry(run, attempt, code, f"attempt {attempt} exit {code}")
 
-    def _disk(self, run: TaskRun) -> dict | None:
-        """The task's disk for its next attempt, when the wave keeps disks: {"mode", "after"}: the mode its last
-        attempt's end leaves (the fault that ended it: fault_timing.<id>.disk, else sandbox.disk)."""
-        if not self.cfg.keeps_disks():
-            return None
-        by = run.last_killed_by
-        fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == by), None)
-        return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
-
-    async def _detach_volumes(self, node: str, instance: str, sandboxes: list[str]) -> dict:
-        """PK3 with `move`: right before the node goes, each of its running tasks whose disk this loss moves has its
-        volume detached by the node's host (its processes stopped, volume read back) and kept here for its next attempt,
-        on another node: only Ray carries it. Returns what was detached, per task."""
-        from ray.exceptions import RayActorError
-
-        host, out = self.nodes.host(node), {}
-        for tid, run in self.context.runs.items():
-            if run.current is None or run.current[1] not in sandboxes:
-                continue
-            fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == instance), None)
-            if self.cfg.disk_after(fid) != "move":
-                continue
-            try:
-                got = await asyncio.wait_for(host.detach_volume.remote(self.wave_id, run.current[1], tid), 60)
-            except (RayActorError, asyncio.TimeoutError) as exc:
-                out[tid] = {"moved": False, "why": f"its host could not read the volume back: {first_line(exc)}"}
-                continue
-            if got.get("image") is None:
-                out[tid] = {"moved": False, "why": got.get("why")}
-                continue
-            self.moved[tid] = dict(got, node=node)
-            out[tid] = {"moved": True, "files": got["files"], "bytes": got["bytes"], "stopped": got["stopped"]}
-        return out
-
-    def _disk_receipt(self, disk: dict) -> None:
-        """The receipt of the fault that ended the last attempt names what became of the disk (a crash mode: what
-        it dropped, or kept of a torn write, once the next attempt's host did it)."""
-        for r in self.injector.receipts:
-            if disk.get("after") and r.instance == disk["after"]:
-                r.evidence["disk"] = dict(r.evidence.get("disk") or {}, **{k: v for k, v in disk.items()
-                                                                          if k != "after"})
-
     async def _close(self, run: TaskRun, node: str, sandbox_id: str, attempt: int, fence: int,
                      result: AttemptResult) -> AttemptResult:
         """An attempt that ended on its host: its lease released, its keys revoked, its workspace stored; returns
@@ -445,7 +395,7 @@ class Attempts:
         tid = run.plan.task_id
         code = result.exit_code
         if result.disk:  # the crash the last attempt's end left, done to the volume before this attempt started
-            self._disk_receipt({"after": run.last_killed_by, "done": result.disk})
+            self.disks.receipt({"after": run.last_killed_by, "done": result.disk})
         run.last_killed_by = result.killed_by
         if result.disk_ops is not None:  # the lazy layer's count of the volume's writes, fsyncs, renames so far
             run.disk_ops = dict(result.disk_ops)

@@ -69,7 +69,7 @@ def test_only_the_lost_nodes_running_tasks_whose_disk_the_loss_moves_are_detache
     import asyncio
     from types import SimpleNamespace
 
-    from cluster.wave.attempts import Attempts
+    from cluster.wave.taskdisk import TaskDisks
 
     cfg = build_config({"faults": ["PK3"], "nodes": 3, "fault_timing": {"PK3": {"disk": "move"}}})
     asked = []
@@ -94,7 +94,7 @@ def test_only_the_lost_nodes_running_tasks_whose_disk_the_loss_moves_are_detache
                            context=SimpleNamespace(runs={
                                "t000": run("t000", "t000-a1", pk3), "t001": run("t001", "t001-a1", []),
                                "t002": run("t002", "t002-a1", []), "t003": run("t003", None, [])}))
-    got = asyncio.run(Attempts._detach_volumes(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
+    got = asyncio.run(TaskDisks.detach(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
     # t000: its own PK3 moves it; t001: another task on the node, sandbox.disk (wipe) would say so, not moved
     assert asked == [("w", "t000-a1", "t000")], asked
     assert got == {"t000": {"moved": True, "files": 3, "bytes": 12, "stopped": 2}}
@@ -102,7 +102,7 @@ def test_only_the_lost_nodes_running_tasks_whose_disk_the_loss_moves_are_detache
 
     room.cfg = build_config({"faults": ["PK3"], "nodes": 3, "sandbox": {"disk": "move"}})
     room.moved, asked[:] = {}, []
-    got = asyncio.run(Attempts._detach_volumes(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
+    got = asyncio.run(TaskDisks.detach(room, "node-1", "t000-PK3", ["t000-a1", "t001-a1"]))
     assert [a[2] for a in asked] == ["t000", "t001"]  # sandbox.disk move: every task on the lost node
     assert got["t001"] == {"moved": False, "why": "no volume of task t001 is mounted on node-1"}
     assert set(room.moved) == {"t000"}
