@@ -251,9 +251,11 @@ def seed_cached_references(cache: ReferenceCache, plan: dict, out) -> None:
         ref = t["reference"]
         if ref["cached"]:
             files, manifest = cache.get(ref["key"])
-            write_artifact(out.artifact(ref["task_id"]), files,
-                           {"task_id": ref["task_id"], "attempt": manifest.get("attempt"), "skipped": [],
-                            "from_cache": ref["key"]})
+            meta = {"task_id": ref["task_id"], "attempt": manifest.get("attempt"),
+                    "skipped": [str(x) for x in manifest.get("skipped") or []], "from_cache": ref["key"]}
+            if manifest.get("capped"):  # what the capture left out is still named (a name that is not UTF-8)
+                meta["capped"] = [str(x) for x in manifest["capped"]]
+            write_artifact(out.artifact(ref["task_id"]), files, meta)
 
 
 def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: dict) -> None:
@@ -267,5 +269,8 @@ def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: di
             continue
         got = read_artifact(out.artifact(g["task_id"]))
         if got is not None:
-            cache.put(g["reference_key"], got[0], {"task_id": g["task_id"], "wave_id": wave_id,
-                                                   "attempt": got[1].get("attempt")})
+            meta = {"task_id": g["task_id"], "wave_id": wave_id, "attempt": got[1].get("attempt"),
+                    "skipped": got[1].get("skipped") or []}
+            if got[1].get("capped"):
+                meta["capped"] = got[1]["capped"]
+            cache.put(g["reference_key"], got[0], meta)

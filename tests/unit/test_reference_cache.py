@@ -91,3 +91,23 @@ def test_a_second_runs_key_is_a_key_and_its_plan_is_whole(tmp_path):
                            "cached": False, "second_of": plan["references"][0]["task_id"]}
     plan["references"].append(second)
     planfile.check(plan)
+
+
+def test_a_cached_reference_keeps_the_names_its_capture_left_out(tmp_path):
+    """A reference whose capture left a file out (a name that is not UTF-8, named escaped) passes since that skip is
+    the harness's (issue 42's last review, finding 5), so it is cached: the wave that reuses it still names what was
+    left out (it said `skipped: []`, as if the runner had left nothing else)."""
+    from cluster.artifacts import seed_cached_references
+
+    cache = ReferenceCache(tmp_path / "root")
+    out = SimpleNamespace(artifact=lambda tid: tmp_path / "artifacts" / tid)
+    skip = "artifact capture skipped: a file name that is not UTF-8 (shown escaped)"
+    write_artifact(out.artifact("ref-t000"), {"a.txt": b"a\n"},
+                   {"task_id": "ref-t000", "attempt": 1, "skipped": ["odd\\xffname.txt"], "capped": [skip]})
+    cache_passed_references(cache, "w1", out, {"references": [_ref("ref-t000", "pass", "pass")]})
+    later = SimpleNamespace(artifact=lambda tid: tmp_path / "later" / tid)
+    seed_cached_references(cache, {"tasks": [{"reference": {"task_id": "ref-t000", "key": _key("ref-t000"),
+                                                            "cached": True}}]}, later)
+    import orjson
+    m = orjson.loads((later.artifact("ref-t000") / "artifact.json").read_bytes())
+    assert m["skipped"] == ["odd\\xffname.txt"] and m["capped"] == [skip] and m["from_cache"] == _key("ref-t000")
