@@ -13,7 +13,7 @@ EXAMPLES := $(patsubst %/requirements.txt,%,$(wildcard examples/*/requirements.t
 setup: system $(STAMP)
 
 # The process sandbox backend needs bubblewrap, setpriv and nsenter (util-linux) and tini; the lazy file system of
-# the crash disk modes (fleet/lazyfs.py) needs fuse3 (fusermount3, libfuse3).
+# the crash disk modes (fleet/lazyfs/) needs fuse3 (fusermount3, libfuse3).
 system:
 	@if ! command -v tini >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || \
 	    ! command -v nsenter >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1 || \

@@ -259,7 +259,7 @@ class WaveConfig(Strict):
 
     def lazy_disks(self) -> bool:
         """Whether a crash mode is in play: every task's volume is then served through the lazy file system
-        (fleet/lazyfs.py), which can drop or tear what was not synced."""
+        (fleet/lazyfs/), which can drop or tear what was not synced."""
         return bool(self.disk_modes() & {"lose-unsynced", "torn"})
 
     def lazy_volumes(self) -> bool:

@@ -136,7 +136,7 @@ class Access:
 
     def remote_credentials(self, tid: str, sandbox_id: str) -> dict:
         """The attempt's own key for a host on another machine: it travels in the Ray call and the host writes it
-        on its node (fleet/host.py); nothing of it is written here."""
+        on its node (fleet/host/); nothing of it is written here."""
         creds = self._issue(tid, sandbox_id)
         return {"access_key": creds.access_key, "secret_key": creds.secret_key, "region": self.parts.endpoint.region,
                 "mount": CREDS_IN}

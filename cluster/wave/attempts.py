@@ -55,7 +55,7 @@ class AttemptEnd:
 WAIT, RETRY, PART_LOST = AttemptEnd(Outcome.WAIT), AttemptEnd(Outcome.RETRY), AttemptEnd(Outcome.PART_LOST)
 
 
-# what each crash mode does to a kept volume before the next attempt (fleet/lazyfs.py: drop = a power loss)
+# what each crash mode does to a kept volume before the next attempt (fleet/lazyfs/: drop = a power loss)
 CRASH = {"lose-unsynced": "drop", "torn": "tear"}
 
 

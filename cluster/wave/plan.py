@@ -94,7 +94,7 @@ def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCach
                 extra={"replay_of": {"wave_id": original["wave_id"], "task_id": task_id}}).to_dict()
 
 
-DISK_KINDS = ("disk_write", "disk_fsync", "disk_rename")  # counted on a lazy volume (fleet/lazyfs.py)
+DISK_KINDS = ("disk_write", "disk_fsync", "disk_rename")  # counted on a lazy volume (fleet/lazyfs/)
 
 
 def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:

@@ -15,7 +15,7 @@ stand for the nodes and are not the head.
 `SFBENCH_HOLLOW="10x1000,50x1000,100x1000"` runs those sizes (nodes x concurrent sandboxes: half of them tasks, half
 their references, which run beside them), `SFBENCH_HOLLOW_STEPS` (4), `SFBENCH_HOLLOW_THINK_MS` (the model's think
 per call, 50) and `SFBENCH_HOLLOW_HOLD_S` (the sandbox's own work per step, 5 s) shape each attempt. The model
-endpoint holds a thread per open connection (at most 512, fleet/services.py): a long model think with more sandboxes
+endpoint holds a thread per open connection (at most 512, fleet/services/): a long model think with more sandboxes
 than that in a call at once is refused, and the wave ends as a harness fault; so the attempts' length is the
 sandbox's own work, not the model's.
 """
