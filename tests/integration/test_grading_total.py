@@ -155,3 +155,9 @@ def test_a_file_name_that_is_not_utf8_is_named_and_never_ends_the_wave(run_wave,
     assert result["tasks"] and all(g.get("checks") for g in result["tasks"] + result["references"])
     manifests = [p.read_text() for p in d.glob("artifacts/*/artifact.json")]
     assert manifests and all("odd\\\\xffname.txt" in m for m in manifests), manifests[:1]
+    # the harness's own skip fails no reference (it once failed `completed`: "the runner fails on its own", exit 1);
+    # the skip is named in the grade, escaped
+    assert not result["runner_failures"], result["runner_failures"]
+    for g in result["references"]:
+        done = g["checks"]["completed"]
+        assert done["verdict"] == "pass" and "odd\\xffname.txt" in done["detail"], (g["task_id"], done)
