@@ -161,7 +161,7 @@ def test_a_rule_the_api_accepts_never_crashes_the_relay(spec, method, target):
 
 def test_windows_hits_and_lags_run_on_one_injectable_clock(monkeypatch):
     """A window opened by a request and a read-after-write lag, stepped with a fake clock (no sleeping)."""
-    import storage.proxy as px
+    import storage.proxy.rules as px
 
     now = [1000.0]
     monkeypatch.setattr(px, "clock", lambda: now[0])

@@ -297,7 +297,7 @@ def _live_then_preload(tmp_path):
                 answer = b""
                 if target.endswith("?delete"):
                     errors = b""
-                    for k in px.delete_keys(body):
+                    for k in delete_keys(body):
                         if "denied" in k:
                             errors += b"<Error><Code>AccessDenied</Code><Key>%s</Key></Error>" % k.encode()
                         else:
