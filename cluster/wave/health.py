@@ -27,6 +27,7 @@ from cluster.wave.parts import exit_text
 from cluster.wave.timeline import Event
 from fleet.markers import _cmdline, _start_time
 from fleet.records import HarnessFault
+from storage.proxy.handler import RELAY_LOST_EXIT
 
 HINTS = {"store": "the embedded S3 store (weed mini) failed: re-run the wave",
          "sweep actor": "the sweep actor failed, so leaks could no longer be seen: re-run the wave (check Ray's "
@@ -257,6 +258,9 @@ class Health:
         p = self.parts
         for part, proc in (("store", getattr(p.store, "proc", None)), ("fault proxy", p.proxy.proc)):
             if proc is not None and proc.poll() is not None:
+                if part == "fault proxy" and proc.returncode == RELAY_LOST_EXIT:
+                    return part, (f"its compiled relay (sandfleet-relay, which owns the proxy's port) exited, and "
+                                  f"the proxy (pid {proc.pid}) ended with it")
                 return part, f"pid {proc.pid} exited ({exit_text(proc.returncode)})"
         for part, svc in (("model endpoint", p.model), ("effects service", p.effects)):
             if not svc.thread.is_alive():

@@ -21,6 +21,7 @@ from storage.proxy.rules import (ACTIONS, CLOSE, HEALTH_ANSWER, HEALTH_PATH, NEX
 from storage.quota import Quota
 
 LOG_FLUSH_S = 0.01  # the request log is written in batches this often
+RELAY_LOST_EXIT = 3  # the compiled relay that owned the port exited: the health watch names the relay
 
 
 class FaultProxy(Relaying):
@@ -242,7 +243,7 @@ class FaultProxy(Relaying):
         await self.handle(creader, cwriter)
 
     async def serve(self, port: int = 0, control_port: int = 0) -> int:
-        """Serve until SIGTERM or SIGINT (0), or until the relay that owns the port exits (1)."""
+        """Serve until SIGTERM or SIGINT (0), or until the relay that owns the port exits (RELAY_LOST_EXIT)."""
         path, server = relay.binary(), None
         if path:
             self.relay = relay.Relay(path, self.upstream, self.log_path)
@@ -279,4 +280,4 @@ class FaultProxy(Relaying):
             self.log.close()
         if lost:
             print("the proxy's relay exited; the proxy's port is gone", file=sys.stderr, flush=True)
-        return 1 if lost else 0
+        return RELAY_LOST_EXIT if lost else 0

@@ -17,6 +17,7 @@ from tests import tcpmem
 
 from storage import relay
 from storage.proxy import ProxyProcess
+from storage.proxy.handler import RELAY_LOST_EXIT
 from storage.store import EmbeddedStore, s3_client
 
 pytestmark = [pytest.mark.integration,
@@ -242,7 +243,7 @@ def test_the_proxy_ends_when_its_relay_dies_and_leaves_nothing(store):
         deadline = time.monotonic() + 20
         while front.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert front.proc.returncode == 1
+        assert front.proc.returncode == RELAY_LOST_EXIT  # the health watch names the relay by it
         assert b"relay exited" in front.proc.stderr.read()
     with _proxy(ep.url, str(d / "stop.jsonl")) as stopped:
         kid = stopped.relay_pid()
