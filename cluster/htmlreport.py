@@ -211,10 +211,10 @@ def write_html(d: Path, result: dict) -> Path:
     pages = d / results.PAGES
     pages.mkdir(exist_ok=True)
     for g in grades:
-        (pages / f"{g['task_id']}.html").write_text(
-            _or_note("this task's page", task_page, d, g, events, receipts))
+        results.write_stored(pages / f"{g['task_id']}.html",
+                             _or_note("this task's page", task_page, d, g, events, receipts))
     out = d / results.INDEX_HTML
-    out.write_text(_page(f"wave {result['wave_id']}", body, FILTER_JS))
+    results.write_stored(out, _page(f"wave {result['wave_id']}", body, FILTER_JS))
     return out
 
 

@@ -183,7 +183,8 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
     except Exception as exc:  # noqa: BLE001 - the page is a view of the same files; the summary says if it failed
         lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
     out = d / results.SUMMARY
-    out.write_text(results.terminal_safe("\n".join(lines)))  # (a runner's words in it, escaped: `cat` is safe)
+    # (a runner's words in it, escaped: `cat` is safe)
+    results.write_stored(out, results.terminal_safe("\n".join(lines)))
     _write_verdict(d, result)
     return out
 
@@ -192,7 +193,7 @@ def _write_verdict(d: Path, result: dict) -> None:
     """`verdict.json`: what `sandfleet serve` lists a wave by, so its index reads one small file per wave."""
     from cluster.serve import summary_of
 
-    (d / results.VERDICT).write_bytes(orjson.dumps({
+    results.write_stored(d / results.VERDICT, orjson.dumps({
         "wave_id": result["wave_id"], "verdict": result["verdict"],
         "harness_errors": list(result.get("harness_errors") or []) + ([result["harness_error"]]
                                                                      if result.get("harness_error") else []),
@@ -251,13 +252,22 @@ def _wall(grades: list[dict], refs: list[dict]) -> str:
     return f"interrupted tasks took {extra[len(extra) // 2]:+.2f} s (p50) over their reference (n={len(extra)})"
 
 
-def _sweeper(d: Path) -> str:
+def _report(d: Path, name: str):
+    """(the harness report `name` with the shape the reports read, or None; why not, or None when it is missing)."""
     try:
-        r = orjson.loads((Path(d) / results.SWEEPER).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return "no report (sweeper.json missing)"
-    if not isinstance(r, dict):
-        return f"unknown (sweeper.json is a JSON {type(r).__name__}, not the sweep actor's report)"
+        r = orjson.loads(results.regular_bytes(Path(d) / name))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:  # (orjson.JSONDecodeError is a ValueError)
+        return None, f"{name} cannot be read: {str(exc).split(': ', 1)[-1][:200]}"
+    why = results.report_misfit(name, r)
+    return (None, f"{name}: {why}") if why else (r, None)
+
+
+def _sweeper(d: Path) -> str:
+    r, why = _report(d, results.SWEEPER)
+    if r is None:
+        return f"unknown ({why})" if why else "no report (sweeper.json missing)"
     if r.get("unavailable"):
         return "**unavailable**: " + "; ".join(r.get("errors") or [])
     out = (f"{r['scans']} pass(es) (p50 {r['scan_ms_p50']} ms); seen with no lease: {len(r['leaked'])}, reaped after "
@@ -274,12 +284,9 @@ def _sweeper(d: Path) -> str:
 
 
 def _audit(d: Path) -> str:
-    try:
-        a = orjson.loads((Path(d) / results.STORE_AUDIT).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return "unknown (no readable store-audit.json)"
-    if not isinstance(a, dict):
-        return f"unknown (store-audit.json is a JSON {type(a).__name__}, not the audit's report)"
+    a, why = _report(d, results.STORE_AUDIT)
+    if a is None:
+        return f"unknown ({why or 'no store-audit.json'})"
     if a.get("error") is not None:  # the audit failed: what failed is named (call, bucket, prefix, key, error)
         return f"unknown: the audit failed: {a.get('failed') or a['error']}"
     checked = sum(1 for recs in a.get("tasks", {}).values() for r in recs if r.get("checked_against_write"))

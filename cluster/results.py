@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import orjson
@@ -219,7 +220,53 @@ _IS = {NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
        INT: lambda v: isinstance(v, int) and not isinstance(v, bool), STR: lambda v: isinstance(v, str),
        BOOL: lambda v: isinstance(v, bool), LIST: lambda v: isinstance(v, list), NONE: lambda v: v is None,
        DICT: lambda v: isinstance(v, dict),
+       "list of records": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+       "list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+       "object of lists of records": lambda v: isinstance(v, dict) and all(
+           isinstance(x, list) and all(isinstance(r, dict) for r in x) for x in v.values()),
        "wall": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 95_617_584_000}
+
+
+# The harness's own reports (written by the driver at the wave's end) as the grader and the reports read them: a
+# damaged or hand-edited one is named with its field, and what reads it is unknown (never a traceback). REQUIRED:
+# a field the report always has (the sweep actor's, unless it was `unavailable`).
+RECORDS, STRINGS, RECORD_LISTS = "list of records", "list of strings", "object of lists of records"
+REPORT_SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
+    STORE_AUDIT: {"tasks": (RECORD_LISTS,), "incomplete_uploads": (RECORDS, NONE), "aborted_uploads": (LIST, NONE),
+                  "findings": (RECORDS, NONE), "objects_listed": (INT, NONE), "objects_checked": (INT, NONE),
+                  "error": (STR, NONE)},
+    SANDBOX_SWEEP: {"leaked": (LIST,), "problems": (LIST, NONE)},
+    SWEEPER: {"scans": (INT,), "settle_s": (NUM,), "scan_ms_p50": (NUM, NONE), "leaked": (LIST,),
+              "reaped": (RECORDS,), "left_at_end": (RECORDS,), "dangling_leases": (LIST,),
+              "expired_but_running": (LIST,), "errors": (STRINGS, NONE), "nodes_scanned": (STRINGS, NONE),
+              "unanswered_nodes": (DICT, NONE)},
+}
+REPORT_REQUIRED = {SWEEPER: ("scans", "settle_s", "scan_ms_p50", "leaked", "reaped", "left_at_end", "dangling_leases",
+                             "expired_but_running")}
+_FINDING_KEYS = ("signature", "key", "detail")
+
+
+def report_misfit(name: str, doc) -> str | None:
+    """Why the harness report `name` (store-audit.json, sandbox-sweep.json, sweeper.json) does not have the shape
+    the grader and the reports read (its field named), or None."""
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not the harness's report"
+    if name == SWEEPER and doc.get("unavailable"):
+        return misfit(doc, {"errors": (STRINGS, NONE)})
+    lacks = [k for k in REPORT_REQUIRED.get(name, ()) if k not in doc]
+    if lacks:
+        return f"no field {', '.join(f'`{k}`' for k in lacks)}"
+    why = misfit(doc, REPORT_SHAPES.get(name, {}))
+    if why is not None:
+        return "field " + why
+    if name == STORE_AUDIT:
+        for i, u in enumerate(doc.get("incomplete_uploads") or []):
+            if not isinstance(u.get("key"), str):
+                return f"field incomplete_uploads[{i}] has no `key` string"
+        for i, f in enumerate(doc.get("findings") or []):
+            if not all(k in f for k in _FINDING_KEYS):
+                return f"field findings[{i}] has no {', '.join(k for k in _FINDING_KEYS if k not in f)}"
+    return None
 
 
 def misfit(rec: dict, shape: dict[str, tuple[str, ...]]) -> str | None:
@@ -283,13 +330,37 @@ def receipts_of(doc) -> tuple[list[dict], list[str]]:
     return out, left
 
 
+def regular_bytes(path: str | Path, follow: bool = False) -> bytes:
+    """A stored file's bytes, read only when it is a regular file: never a FIFO (which would hang the reader) or a
+    device (ValueError naming it), and never through a link unless `follow`. FileNotFoundError when it is missing."""
+    fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{Path(path).name}: not a regular file")
+        return f.read()
+
+
+def write_stored(path: str | Path, data: bytes | str) -> None:
+    """Write a file of the wave's folder whole (a temporary file renamed over it): a reader never sees it half
+    written, and a FIFO or a link left in its place is replaced, never written through (a FIFO would hang us)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_receipts(path: str | Path) -> tuple[list[dict], str | None]:
     """The receipts of a `faults.json` that have the shape the harness reads, and what is wrong with the file (None:
     nothing; a missing file is no receipt and nothing wrong). Never raises on the file's content."""
     try:
-        data = Path(path).read_bytes()
+        data = regular_bytes(path, follow=True)
     except FileNotFoundError:
         return [], None
+    except ValueError as exc:
+        return [], f"{FAULTS}: {str(exc).split(': ', 1)[-1]}"
     except OSError as exc:
         return [], f"{FAULTS}: cannot be read ({exc.strerror or exc})"
     try:
@@ -331,7 +402,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = (), skip_bad: bool 
     """`parse_jsonl` of a file ([] when it is missing), less the records that do not have the shape the harness reads
     of that file (`fit`); a damaged line raises ValueError naming the file and the line."""
     try:
-        data = Path(path).read_bytes()
+        data = regular_bytes(path, follow=True)
     except FileNotFoundError:
         return []
     try:

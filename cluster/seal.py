@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from cluster import results
 from cluster.results import SEAL, SEAL_MANIFEST as MANIFEST
 
 ALGORITHM = "ed25519"
@@ -184,8 +185,8 @@ def seal(d: str | Path) -> dict:
     key = _private_key()
     out = {"algorithm": ALGORITHM, "public_key": _public_hex(key), "fingerprint": fingerprint(_public_hex(key)),
            "manifest_sha256": hashlib.sha256(manifest).hexdigest(), "signature": key.sign(manifest).hex()}
-    (d / MANIFEST).write_bytes(manifest)
-    (d / SEAL).write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    results.write_stored(d / MANIFEST, manifest)
+    results.write_stored(d / SEAL, orjson.dumps(out, option=orjson.OPT_INDENT_2))
     return out
 
 

@@ -21,7 +21,12 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
     results_dir = dir_arg(results_dir, "RESULTS_DIR") if isinstance(results_dir, str) else results_dir
     if results_dir is None:
         return EXIT_BAD_INPUT
-    if not (results_dir / results.PLAN).is_file():
+    plan = results_dir / results.PLAN
+    if plan.is_symlink() or (plan.exists() and not plan.is_file()):  # a FIFO would hang the reader: named, never read
+        err(f"error: cannot grade {results_dir}: {results.PLAN}: not a regular file (the file is damaged; nothing "
+            "was graded)")
+        return EXIT_HARNESS
+    if not plan.is_file():
         err(f"error: {results_dir} has no plan.json; pass a wave's results directory (e.g. results/latest)")
         return EXIT_BAD_INPUT
     from cluster.grade import Unreadable

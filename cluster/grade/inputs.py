@@ -27,9 +27,7 @@ class Inputs:
 
     def _bytes(self, name: str) -> bytes | None:
         try:
-            from cluster.artifacts import _regular_bytes
-
-            data = _regular_bytes(self.d / name)
+            data = results.regular_bytes(self.d / name)
         except FileNotFoundError:
             return None
         except ValueError as exc:
@@ -179,11 +177,13 @@ def read_wave(d: Path) -> WaveRecord:
                                                f"a JSON {type(audit).__name__}, not the audit's report")
         audit = None
     sweeper = _json_or_none(inp, results.SWEEPER, None)  # the sweep actor's report (none: a wave before it existed)
-    for name, rep in ((results.SANDBOX_SWEEP, sweep), (results.SWEEPER, sweeper)):
-        if rep is not None and not isinstance(rep, dict):  # a report of another shape: unreadable, named
-            inp.unreadable[name] = f"a JSON {type(rep).__name__}, not the sweep's report"
-    sweep = sweep if isinstance(sweep, dict) else None
-    sweeper = sweeper if isinstance(sweeper, dict) else None
+    reports = {results.SANDBOX_SWEEP: sweep, results.STORE_AUDIT: audit, results.SWEEPER: sweeper}
+    for name, rep in reports.items():  # a report of another shape (a field's type, one missing): unreadable, named
+        why = None if rep is None else results.report_misfit(name, rep)
+        if why is not None:
+            inp.unreadable[name] = why
+            reports[name] = None
+    sweep, audit, sweeper = reports[results.SANDBOX_SWEEP], reports[results.STORE_AUDIT], reports[results.SWEEPER]
     hfault = next((e for e in timeline if e["event"] == "harness_fault"), None)
     return WaveRecord(d, inp, plan, timeline, receipts, calls, effects, proxy, sweep, audit, sweeper,
                       inp.lines_or_none(results.FENCED) or [], inp.lines_or_none(results.HOST_LOAD) or [], hfault)

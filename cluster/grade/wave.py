@@ -82,7 +82,7 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
             g["inputs"]["digests"][art.relative_to(w.d).as_posix()] = hashlib.sha256(art.read_bytes()).hexdigest()
         if g["verdict"] != PASS:
             write_evidence(w.d, g, hist_of[g["task_id"]], tuple(secrets))
-        w.out.grade(g["task_id"]).write_bytes(orjson.dumps(g, option=orjson.OPT_INDENT_2))
+        results.write_stored(w.out.grade(g["task_id"]), orjson.dumps(g, option=orjson.OPT_INDENT_2))
 
 
 def skipped_of(w: WaveRecord) -> dict:

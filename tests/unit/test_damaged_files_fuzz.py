@@ -23,7 +23,8 @@ from cluster.wave.errors import HarnessError
 from tests.unit.test_grade_fuzz import FIXTURE, json_values, no_picture  # noqa: F401 - a fixture, used by name
 
 TASK = "t000"
-FILES = (results.PLAN, f"{TASK}.grade.json", results.VERDICT, results.SEAL_MANIFEST, results.SEAL, results.FAULTS)
+FILES = (results.PLAN, f"{TASK}.grade.json", results.VERDICT, results.SEAL_MANIFEST, results.SEAL, results.FAULTS,
+         results.STORE_AUDIT, results.SANDBOX_SWEEP, results.SWEEPER)
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 PLAN_IDS = ("wave_id", "task_id", "instance", "reference_of")
 
@@ -245,3 +246,29 @@ def test_resume_of_a_wave_whose_timeline_is_a_fifo_is_named_never_hangs(tmp_path
     os.mkfifo(d / results.TIMELINE)
     code, out, err = _cli("wave", "resume", d)
     assert code == 2 and "timeline.jsonl" in err and "not a regular file" in err, (code, err)
+
+
+@pytest.mark.parametrize("name", [results.STORE_AUDIT, results.FAULTS, f"{TASK}.grade.json", results.SWEEPER,
+                                  results.SANDBOX_SWEEP, results.PLAN])
+@pytest.mark.parametrize("command", ["grade", "report"])
+def test_a_fifo_in_place_of_a_stored_file_is_named_never_waited_on(tmp_path, base, name, command):
+    """A hostile review's find: a FIFO in place of store-audit.json, faults.json or t000.grade.json hung `grade`
+    forever, and plan.json as a FIFO was "has no plan.json" (254). Every stored file is read only when it is a
+    regular file; a file the grade writes (t000.grade.json) is replaced whole, never written through. (Run in a child
+    with a timeout: a hang must fail the test, not the suite.)"""
+    import subprocess
+    import sys
+
+    d = tmp_path / "w"
+    shutil.copytree(base, d, symlinks=True)
+    (d / name).unlink()
+    os.mkfifo(d / name)
+    p = subprocess.run([sys.executable, "-m", "cluster.cli", command, str(d)], capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert "Traceback" not in p.stderr
+    if name.endswith(".grade.json"):  # an output of the grade: replaced by the new grade
+        assert (d / name).is_file() and orjson.loads((d / name).read_bytes())["task_id"] == TASK
+        return
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert f"{name}: not a regular file" in p.stdout + p.stderr + (
+        (d / "SUMMARY.md").read_text() if (d / "SUMMARY.md").is_file() else ""), (p.stdout, p.stderr)
