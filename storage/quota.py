@@ -158,7 +158,7 @@ class Quota:
             rng = headers.get("x-amz-copy-source-range")
             if not part or not rng:
                 return size
-            m = re.fullmatch(r"bytes=(\d{1,18})-(\d{1,18})", rng)
+            m = re.fullmatch(r"bytes=([0-9]{1,18})-([0-9]{1,18})", rng)
             if m is None or int(m.group(1)) > int(m.group(2)):
                 raise Refused(400, "InvalidArgument", f"x-amz-copy-source-range {rng[:60]!r} must be "
                                                       "bytes=FIRST-LAST with FIRST <= LAST")

@@ -17,7 +17,7 @@ from storage.proxy import rules
 from storage.proxy.http import MAX_HEAD, Head, access_key_id, copy_body, framing_problem, read_head
 from storage.proxy.relay import Relaying
 from storage.proxy.rules import (ACTIONS, CLOSE, HEALTH_ANSWER, HEALTH_PATH, NEXT, REASONS, WRITES, Hit, Rule,
-                                 RuleSet, S3Request, bad_request, xml_error)
+                                 InvalidArgument, RuleSet, S3Request, bad_request, xml_error)
 from storage.quota import Quota
 
 LOG_FLUSH_S = 0.01  # the request log is written in batches this often
@@ -77,14 +77,15 @@ class FaultProxy(Relaying):
                     await cwriter.drain()
                     return
                 try:
-                    why = framing_problem(head.raw)  # a head the store may frame otherwise: never forwarded
+                    why = framing_problem(head.raw) or head.repeated_read()  # the store may read it otherwise
                     if why is not None:
                         raise ValueError(why)
                     req = S3Request.parse(method, target)
                     if not method.isalpha() or not target.startswith("/"):
                         raise ValueError("malformed request line or framing")
                 except ValueError as exc:  # answered, logged, closed; never forwarded
-                    await self._refuse_bad(cwriter, method, str(exc))
+                    await self._refuse_bad(cwriter, method, str(exc),
+                                           "InvalidArgument" if isinstance(exc, InvalidArgument) else "BadRequest")
                     return
                 t0 = rules.clock()
                 base = {"t": t0, "method": method, "bucket": req.bucket, "key": req.key,
@@ -130,9 +131,9 @@ class FaultProxy(Relaying):
                 if w is not None:
                     w.close()
 
-    async def _refuse_bad(self, cwriter, method: str, why: str) -> None:
+    async def _refuse_bad(self, cwriter, method: str, why: str, code: str = "BadRequest") -> None:
         """A request the proxy will not forward: 400 BadRequest (S3's XML error), logged with no key, closed."""
-        cwriter.write(bad_request(why))
+        cwriter.write(bad_request(why, code))
         await cwriter.drain()
         self.record(t=rules.clock(), method=method[:16], bucket=None, key=None, status=400, req_bytes=0, resp_bytes=0,
                     rule=None, fault=None, bad_request=why[:200])

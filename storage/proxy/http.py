@@ -70,17 +70,34 @@ def framing_problem(raw: bytes) -> str | None:
     return None
 
 
+# fields the proxy or its quota reads: given twice, Go's Header.Get (the store) reads the first, so one request
+# could be counted for one value and applied for another (a copy of a large object counted as a small one)
+READ_ONCE = ("content-length", "transfer-encoding", "expect", "authorization", "x-amz-copy-source",
+             "x-amz-copy-source-range", "x-amz-content-sha256", "x-amz-decoded-content-length", "content-encoding",
+             "x-amz-sdk-checksum-algorithm", "x-amz-trailer")
+
+
 class Head:
     def __init__(self, raw: bytes):
         self.raw = raw
         lines = raw.decode("latin-1").split("\r\n")
         self.start = lines[0]
         self.headers: dict[str, str] = {}
+        self.repeated: list[str] = []  # field names given more than once
         for line in lines[1:]:
             if not line:
                 continue
             name, _, value = line.partition(":")
-            self.headers[name.strip().lower()] = value.strip()
+            name = name.strip().lower()
+            if name in self.headers:
+                self.repeated.append(name)
+                continue  # the first value, as Go's Header.Get reads it
+            self.headers[name] = value.strip()
+
+    def repeated_read(self) -> str | None:
+        """Why this head must be refused: a field the proxy reads given twice (the store may read the other)."""
+        names = sorted({n for n in self.repeated if n in READ_ONCE})
+        return f"header {names[0]!r} given more than once: refused (give it once)" if names else None
 
     def get(self, name: str, default: str = "") -> str:
         return self.headers.get(name, default)

@@ -23,6 +23,45 @@ MERGE_SLASHES = False
 ROUTE_MAX = 150 * 1024  # the relay is told at most this many bytes of slots (one SOCK_SEQPACKET packet), else all
 
 
+class InvalidArgument(ValueError):
+    """A request the proxy refuses as S3 does a malformed argument: 400 InvalidArgument (not BadRequest)."""
+
+
+_ESCAPE_OK = re.compile(r"%[0-9A-Fa-f]{2}")
+_ASCII_NUMBER = re.compile(r"[0-9]{1,9}")
+# query values the proxy or the store reads as numbers: ASCII digits only (`int()` and `isdecimal()` take U+0661,
+# Go's router and strconv do not, so SeaweedFS would run another operation than the one logged and counted)
+NUMERIC_PARAMS = ("partNumber", "max-keys", "max-parts", "max-uploads", "part-number-marker")
+
+
+def go_query(raw: str) -> dict[str, list[str]]:
+    """A query string read as Go's url.ParseQuery reads it, or ValueError where the two could differ: Go drops a
+    pair with a `;` or a bad percent escape (Python's parse_qs keeps it: `?tagging=%zz` would be a tagging
+    sub-resource here and a plain PutObject in the store), and keeps escaped bytes that are not UTF-8 as bytes.
+    A name given twice, or a number that is not ASCII digits, is refused too."""
+    out: dict[str, list[str]] = {}
+    for pair in raw.split("&"):
+        if not pair:
+            continue
+        if ";" in pair:
+            raise ValueError(f"query {pair[:60]!r}: a `;` (Go's query parser drops the pair): refused")
+        name, _, value = pair.partition("=")
+        for s in (name, value):
+            if s.count("%") != len(_ESCAPE_OK.findall(s)):
+                raise ValueError(f"query {pair[:60]!r}: a bad percent escape (Go's query parser drops the pair)")
+        try:
+            name, value = (urllib.parse.unquote_to_bytes(s.replace("+", " ")).decode("utf-8", "strict")
+                           for s in (name, value))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"query {pair[:60]!r}: an escape that is not UTF-8: refused") from exc
+        if name in out:
+            raise ValueError(f"query parameter {name[:40]!r} given twice: refused")
+        if name in NUMERIC_PARAMS and not _ASCII_NUMBER.fullmatch(value):
+            raise InvalidArgument(f"query {name}={value[:20]!r} must be ASCII digits [0-9]+ (at most 9)")
+        out[name] = [value]
+    return out
+
+
 @dataclass
 class S3Request:
     """What a rule can match on, parsed from a path-style request head."""
@@ -64,9 +103,12 @@ class S3Request:
 
     @classmethod
     def parse(cls, method: str, target: str) -> "S3Request":
+        """Raises ValueError (answered 400, logged) for a target the store (Go) may read otherwise than this."""
+        if "#" in target:  # Python's urlsplit cuts a fragment; Go's request-URI parse keeps `#` in the path/query
+            raise ValueError("a `#` in the request target: the store reads it otherwise (percent-encode it)")
         parts = urllib.parse.urlsplit(target)
         path = urllib.parse.unquote(parts.path)
-        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+        query = go_query(parts.query)
         segs = path.lstrip("/").split("/", 1)
         bucket = segs[0] if segs and segs[0] else ""
         key = segs[1] if len(segs) > 1 else ""
@@ -74,7 +116,7 @@ class S3Request:
             key = re.sub("/{2,}", "/", key).lstrip("/")
         part = query.get("partNumber", [None])[0]
         return cls(method=method, bucket=bucket, key=key,
-                   part=int(part) if part and part.isdecimal() and len(part) < 10 else None,
+                   part=int(part) if part is not None else None,
                    upload_id=query.get("uploadId", [None])[0],
                    list_prefix=query.get("prefix", [None])[0] if not key else None, flags=frozenset(query))
 
@@ -335,8 +377,8 @@ HEALTH_PATH = "/.sandfleet/health"
 HEALTH_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 
 
-def bad_request(why: str) -> bytes:
-    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadRequest</Code><Message>'
+def bad_request(why: str, code: str = "BadRequest") -> bytes:
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code + '</Code><Message>'
             f"{why[:200].replace('<', ' ').replace('&', ' ')}</Message></Error>").encode()
     return (f"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode() + body

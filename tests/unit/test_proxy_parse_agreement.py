@@ -1,0 +1,114 @@
+"""The proxy must read a request as the store (SeaweedFS: Go's net/http, url.ParseQuery, gorilla/mux) reads it, or
+refuse it: each test is a hostile review's way past the store quota, through a real FaultProxy with a quota on a
+real socket, where the proxy logged one operation and the store would have run another."""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from storage import proxy as px
+from storage.quota import Quota
+
+HIDDEN = b"PUT /b/w/t000/hidden HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"
+
+
+async def _through_quota_proxy(tmp_path, sends: list[bytes]) -> tuple[list[bytes], list[bytes], list[dict]]:
+    """Each of `sends` on its own connection to a real FaultProxy with a quota; (answers, upstream bytes, log)."""
+    got: list[bytes] = []
+
+    async def upstream(r, w):
+        while True:
+            data = await r.read(65536)
+            if not data:
+                break
+            got.append(data)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await w.drain()
+        w.close()
+
+    up = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    proxy = px.FaultProxy("127.0.0.1", up.sockets[0].getsockname()[1], str(tmp_path / "log.jsonl"),
+                          Quota(max_objects=5, max_bytes=1000))
+    proxy.quota.use.setdefault(("b", "w", "t000"), proxy.quota._use(("b", "w", "t000")))
+    proxy.quota.use[("b", "w", "t000")].objects["w/t000/big"] = 600  # as if written (600 B) earlier
+    proxy.quota.use[("b", "w", "t000")].objects["w/t000/small"] = 1
+    front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    answers = []
+    for data in sends:
+        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        w.write(data)
+        await w.drain()
+        answer = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+        if b"Connection: close" in answer:  # to EOF: the proxy closes a refused connection
+            answer += await asyncio.wait_for(r.read(), 10)
+        answers.append(answer)
+        w.close()
+    front.close()
+    up.close()
+    proxy.flush_log()
+    log = [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
+    return answers, got, log
+
+
+def _refused(tmp_path, head: bytes, code: bytes) -> None:
+    answers, got, log = asyncio.run(_through_quota_proxy(tmp_path, [head + HIDDEN]))
+    assert answers[0].startswith(b"HTTP/1.1 400 "), answers[0][:300]
+    assert b"<Code>" + code + b"</Code>" in answers[0] and answers[0].count(b"HTTP/1.1") == 1, answers[0]
+    assert got == []  # neither the request nor what followed it reached the store
+    assert len(log) == 1 and log[0]["status"] == 400 and log[0]["bad_request"], log
+
+
+@pytest.mark.parametrize("value", ["%D9%A1", "%EF%BC%91", "1%C2%B2", "+1", "-1", "", "1x", "0x1", "1234567890"])
+def test_a_part_number_that_is_not_ascii_digits_is_refused_invalid_argument(tmp_path, value):
+    """Finding a: `partNumber=%D9%A1` (U+0661) was UploadPart 1 here (int() takes it) and a whole PutObject in the
+    store (its route needs [0-9]+): logged as a part, freed by the abort."""
+    head = (f"PUT /b/w/t000/evade1?partNumber={value}&uploadId=U HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 1\r\n\r\nx").encode()
+    _refused(tmp_path, head, b"InvalidArgument")
+
+
+@pytest.mark.parametrize("query", ["tagging=%zz", "tagging=%", "tagging&x=%4", "tagging;x=1", "tagging=1;x",
+                                   "tagging&%zz", "tagging&tagging", "tagging&uploadId=A&uploadId=B",
+                                   "tagging&prefix=%ff"])
+def test_a_query_go_would_read_otherwise_is_refused(tmp_path, query):
+    """Finding b: `?tagging=%zz` kept the tagging flag in parse_qs (uncounted) while Go's ParseQuery drops the pair
+    (a plain PutObject in the store)."""
+    head = f"PUT /b/w/t000/tagq?{query} HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx".encode()
+    _refused(tmp_path, head, b"BadRequest")
+
+
+def test_a_fragment_mark_in_the_target_is_refused(tmp_path):
+    """Python's urlsplit cuts `#...`; Go's request-URI parse keeps it (`?tagging#` is no tagging there)."""
+    _refused(tmp_path, b"PUT /b/w/t000/x?tagging# HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx", b"BadRequest")
+
+
+@pytest.mark.parametrize("fields", [
+    "X-Amz-Copy-Source: /b/w/t000/small\r\nX-Amz-Copy-Source: /b/w/t000/big",
+    "x-amz-copy-source: /b/w/t000/big\r\nx-amz-copy-source-range: bytes=0-0\r\nx-amz-copy-source-range: bytes=0-999",
+    "X-Amz-Content-Sha256: UNSIGNED-PAYLOAD\r\nx-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+    "Expect: 100-continue\r\nexpect: x",
+])
+def test_a_header_the_quota_reads_given_twice_is_refused(tmp_path, fields):
+    """Finding c: the proxy's Head kept the last X-Amz-Copy-Source, Go's Header.Get reads the first: a copy of a
+    600,000 B object was counted as the small one."""
+    head = f"PUT /b/w/t000/c?partNumber=1&uploadId=U HTTP/1.1\r\nHost: x\r\n{fields}\r\nContent-Length: 0\r\n\r\n"
+    _refused(tmp_path, head.encode(), b"BadRequest")
+
+
+def test_a_duplicate_content_length_of_the_same_value_is_refused(tmp_path):
+    _refused(tmp_path, b"PUT /b/w/t000/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+             b"BadRequest")
+
+
+def test_well_formed_numbers_queries_and_repeated_unread_headers_still_pass(tmp_path):
+    sends = [b"PUT /b/w/t000/p?partNumber=0001&uploadId=U HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+             b"PUT /b/w/t000/t?tagging= HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",
+             b"GET /b?list-type=2&prefix=w%2Ft000%2F&max-keys=10 HTTP/1.1\r\nHost: x\r\n\r\n",
+             b"PUT /b/w/t000/k%2Bv?x-id=PutObject HTTP/1.1\r\nHost: x\r\nX-Foo: 1\r\nX-Foo: 2\r\n"
+             b"Content-Length: 1\r\n\r\nx"]
+    answers, got, log = asyncio.run(_through_quota_proxy(tmp_path, sends))
+    assert len(got) == 4 and all(not r.get("bad_request") for r in log), log
+    assert [r["key"] for r in log] == ["w/t000/p", "w/t000/t", "", "w/t000/k+v"]
+    assert log[0]["part"] == 1 and log[2]["prefix"] == "w/t000/"
