@@ -136,6 +136,18 @@ def _check_plan(inp: Inputs, plan) -> None:
                 raise bad(f"{where}[{i}] ({task.get('task_id', '?')}) has no {', '.join(lacks)}")
 
 
+def _check_wave_id(inp: Inputs, plan: dict, timeline: list[dict]) -> None:
+    """The plan's wave id is the one the wave ran as (its timeline's `wave_start`): every store key and prefix is
+    judged against it, so a plan that names another wave would blame each runner for writes outside its prefix."""
+    start = next((e for e in timeline if e["event"] == "wave_start"), None)
+    ran_as = start.get("wave") if start is not None else None
+    if isinstance(ran_as, str) and plan["wave_id"] != ran_as:
+        why = (f"field `wave_id` is {results.terminal_safe(str(plan['wave_id'])[:80])!r}, but the wave ran as "
+               f"{results.terminal_safe(ran_as[:80])!r} ({results.TIMELINE}'s wave_start): the plan was changed")
+        inp.unreadable[results.PLAN] = why
+        raise Unreadable(f"{results.PLAN}: {why}")
+
+
 def read_wave(d: Path) -> WaveRecord:
     inp = Inputs(d)
     plan = inp.json(results.PLAN)  # the plan and the timeline are the spine: unreadable = no grade (Unreadable)
@@ -143,6 +155,7 @@ def read_wave(d: Path) -> WaveRecord:
         raise FileNotFoundError(f"{d / results.PLAN} not found: not a wave results directory")
     _check_plan(inp, plan)
     timeline = inp.lines(results.TIMELINE) or []
+    _check_wave_id(inp, plan, timeline)
     try:  # a receipt of another shape is left out and named; a file that is no list of receipts is unreadable
         receipts, left = results.receipts_of(inp.json(results.FAULTS, []))
         if left:
