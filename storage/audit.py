@@ -8,7 +8,9 @@ Bounded: the listing is whole (a key outside every task's prefix is found wherev
 `max_objects` objects are read back; past that a seeded sample of `max_objects` of them is (`random.Random` of
 the wave's seed, so a re-run reads the same ones). The report says how many of how many it read and the seed
 (`objects_listed`, `objects_checked`, `sample_seed`, `sampled`): an audit that read a sample never claims it
-read everything. (Reading back costs ~1.1 ms an object here: BENCHMARKS.md, "Store audit".)
+read everything. Each task's totals (`task_totals`: objects and bytes under its prefix) come from the whole
+listing, never the sample: the grader holds them to the store quota (`within_store_quota`). (Reading back
+costs ~1.1 ms an object here: BENCHMARKS.md, "Store audit".)
 
 Findings carry a named signature: `store_object_differs_from_write`, `store_object_short_read`,
 `store_key_outside_task_prefixes`, `incomplete_multipart_upload`.
@@ -147,9 +149,14 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
     chosen = sample_keys([k for k, _, _ in listed], max_objects, seed)
     owners = {p: t for t, p in prefixes.items()}
     seen_outside: set[str] = set()
+    # what each task's prefix holds, from the whole listing (never a sample): the grader holds it to the quota
+    totals = {tid: {"objects": 0, "bytes": 0} for tid in task_ids}
     for key, size, etag in listed:
         segs = key.split("/", 2)
         owner = owners.get(f"{segs[0]}/{segs[1]}/") if len(segs) == 3 else None
+        if owner is not None:
+            totals[owner]["objects"] += 1
+            totals[owner]["bytes"] += size or 0
         if owner is None and key not in seen_outside:
             seen_outside.add(key)
             outside.append(key)
@@ -177,7 +184,8 @@ def audit(mc: Minio, bucket: str, wave_id: str, task_ids: list[str], proxy_log: 
                          "task": next((t for t, p in prefixes.items() if u["key"].startswith(p)), None),
                          "detail": f"upload {u['upload_id'][:16]} of {u['key']} was never completed or aborted"})
     aborted = [u["upload_id"] for u in uploads if u.get("aborted")]
-    return {"bucket": bucket, "scope": scope or "", "client": "minio", "tasks": tasks, "incomplete_uploads": uploads,
+    return {"bucket": bucket, "scope": scope or "", "client": "minio", "tasks": tasks, "task_totals": totals,
+            "incomplete_uploads": uploads,
             "aborted_uploads": aborted, "outside_task_prefixes": outside, "findings": findings,
             "objects_listed": len(listed), "objects_checked": len(listed) if chosen is None else len(chosen),
             "sampled": chosen is not None, "sample_seed": seed, "max_objects": max_objects,

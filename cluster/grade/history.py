@@ -38,6 +38,9 @@ class TaskHistory:
     refused: list[dict] = field(default_factory=list)  # its requests the model could not answer (no dialect fits)
     host_load: list[dict] = field(default_factory=list)  # {"t", "running", "cores"}: runnable tasks on the host
     volatile: list[dict] = field(default_factory=list)  # the config's volatile paths: {"glob", "why"}
+    # what the end-of-wave store audit listed under its prefix: {"objects", "bytes"}, or {"why"} it cannot say;
+    # None: a history built by hand, with no audit asked for
+    store_held: dict | None = None
 
 
 def _attempt_windows(events: list[dict]) -> dict[int, dict]:
@@ -180,6 +183,21 @@ def receipts_damage(w: WaveRecord) -> str | None:
     return None
 
 
+def store_held(w: WaveRecord, tid: str) -> dict:
+    """What the store audit listed under the task's prefix ({"objects", "bytes"}), or {"why"} it cannot say."""
+    if w.audit is None:
+        why = w.inp.unreadable.get(results.STORE_AUDIT)
+        return {"why": f"{results.STORE_AUDIT}: {why}" if why else f"there is no {results.STORE_AUDIT}"}
+    totals = w.audit.get("task_totals")
+    if not isinstance(totals, dict):
+        return {"why": f"{results.STORE_AUDIT} has no `task_totals` (an audit from before they were kept)"}
+    t = totals.get(tid)
+    if not (isinstance(t, dict) and all(isinstance(t.get(k), int) and not isinstance(t.get(k), bool)
+                                        and t[k] >= 0 for k in ("objects", "bytes"))):
+        return {"why": f"{results.STORE_AUDIT}'s task_totals has no objects and bytes for {tid}"}
+    return {"objects": t["objects"], "bytes": t["bytes"]}
+
+
 def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     tid = task["task_id"]
     prefix = f"{w.plan['wave_id']}/{tid}/"
@@ -187,12 +205,15 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     limits = {"max_attempts": cfg.get("max_attempts"), "liveness_s": cfg.get("liveness_s"),
               "retry_loop_n": cfg.get("retry_loop_n"),
               "store_quota": (cfg.get("store") or {}).get("quota_objects") if isinstance(cfg.get("store"), dict)
+              else None,
+              "store_quota_mb": (cfg.get("store") or {}).get("quota_mb") if isinstance(cfg.get("store"), dict)
               else None}
     art, why = _read_artifact_safe(w.out.artifact(tid))
     leaked = None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
                                            if u["key"].startswith(prefix)]
     return TaskHistory(
         requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
+        store_held=store_held(w, tid),
         volatile=[v for v in cfg.get("volatile") or [] if isinstance(v, dict)],
         fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
         task=task, events=[e for e in w.timeline if e.get("task") == tid], receipts=w.receipts,

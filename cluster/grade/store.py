@@ -278,6 +278,26 @@ def fenced_writes_rejected(h: TaskHistory, facts: Facts) -> dict:
 
 
 
+def _held_past_quota(h: TaskHistory) -> dict | str | None:
+    """The store audit's totals for the task against the configured quota: a FAIL verdict when the store holds
+    more than it allows, the reason it cannot be told (a str), or None (within it, or no audit was asked for)."""
+    held = h.store_held
+    if held is None:
+        return None
+    if "why" in held:
+        return str(held["why"])
+    max_objects, mb = h.limits.get("store_quota"), h.limits.get("store_quota_mb")
+    if not isinstance(max_objects, int) or not isinstance(mb, int):
+        return f"the plan's store.quota_objects / quota_mb are {max_objects!r} / {mb!r}, not numbers"
+    max_bytes = mb << 20
+    if held["objects"] <= max_objects and held["bytes"] <= max_bytes:
+        return None
+    return {"verdict": FAIL, "store_held": held, "max_objects": max_objects, "max_bytes": max_bytes,
+            "detail": f"the store audit lists {held['objects']} objects, {held['bytes']} bytes under the task's "
+                      f"prefix; its store quota is {max_objects} objects, {max_bytes} bytes ({mb} MiB): the "
+                      "runner stored past the quota by a write the proxy did not count"}
+
+
 def within_store_quota(h: TaskHistory, facts: Facts) -> dict:
     """The per-task store quota (storage/quota.py): a write the proxy refused for it (logged with `quota`) fails
     the task, whatever its artifact: the runner stored more than the wave allows a task, and what it would have
@@ -286,8 +306,17 @@ def within_store_quota(h: TaskHistory, facts: Facts) -> dict:
     # that task's failure, named by its no_foreign_writes, never this one's)
     own = set().union(*facts.akids.values()) if facts.akids else set()
     refused = [q for q in h.requests or [] if isinstance(q.get("quota"), dict) and q.get("akid") in own]
+    over = _held_past_quota(h)  # the backstop: what the store holds, whatever the proxy's parse missed
+    if isinstance(over, dict):
+        return dict(over, refused=len(refused))
     if not refused:
-        return {"verdict": PASS, "detail": "no write of this task was refused by the store quota"}
+        if over is not None:
+            return {"verdict": UNKNOWN, "detail": f"no write of this task was refused by the store quota, but what "
+                                                  f"the store holds under its prefix is unknown: {over}"}
+        held = h.store_held or {}
+        return {"verdict": PASS, "detail": "no write of this task was refused by the store quota" + (
+            f"; the store audit lists {held['objects']} objects, {held['bytes']} bytes under its prefix"
+            if "objects" in held else "")}
     first, q = refused[0], refused[0]["quota"]
     return {"verdict": FAIL, "refused": len(refused),
             "requests": [{"t": r.get("t"), "method": r.get("method"), "key": r.get("key"), "status": r.get("status"),
