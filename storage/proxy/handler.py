@@ -14,7 +14,8 @@ import orjson
 
 from storage import relay
 from storage.proxy import rules
-from storage.proxy.http import MAX_HEAD, Head, access_key_id, copy_body, framing_problem, read_head
+from storage.proxy.http import (HEAD_TOO_LARGE, MAX_HEAD, Head, HeadTooLarge, access_key_id, copy_body,
+                                framing_problem, read_head)
 from storage.proxy.relay import Relaying
 from storage.proxy.rules import (ACTIONS, CLOSE, HEALTH_ANSWER, HEALTH_PATH, NEXT, REASONS, WRITES, Hit, Rule,
                                  InvalidArgument, RuleSet, S3Request, bad_request, xml_error)
@@ -68,7 +69,11 @@ class FaultProxy(Relaying):
         upstream = uwriter = None
         try:
             while True:
-                head = await read_head(creader)
+                try:
+                    head = await read_head(creader)
+                except HeadTooLarge as exc:  # answered 431 and logged, never forwarded; the connection ends
+                    await self._refuse_too_large(creader, cwriter, str(exc))
+                    return
                 if head is None:
                     return
                 method, target, _ = (head.start.split(" ", 2) + ["", ""])[:3]
@@ -137,6 +142,22 @@ class FaultProxy(Relaying):
         await cwriter.drain()
         self.record(t=rules.clock(), method=method[:16], bucket=None, key=None, status=400, req_bytes=0, resp_bytes=0,
                     rule=None, fault=None, bad_request=why[:200])
+
+    async def _refuse_too_large(self, creader, cwriter, why: str) -> None:
+        """A head past MAX_HEAD: 431, logged with no key; what the client still sends is read (bounded) before the
+        close, so the answer is not lost to a reset."""
+        cwriter.write(HEAD_TOO_LARGE)
+        await cwriter.drain()
+        self.record(t=rules.clock(), method=None, bucket=None, key=None, status=431, req_bytes=0, resp_bytes=0,
+                    rule=None, fault=None, bad_request=why[:200])
+        if cwriter.can_write_eof():
+            cwriter.write_eof()
+        try:
+            for _ in range(64):  # at most 64 reads (the unread head) or 5 s: the peer sees the 431, then EOF
+                if not await asyncio.wait_for(creader.read(MAX_HEAD), 5):
+                    break
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            pass
 
     async def _refuse_quota(self, head: Head, req: S3Request, base: dict, refusal: tuple, creader,
                             cwriter) -> str:

@@ -120,8 +120,16 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
             raise ConnectionError("connection closed inside an HTTP head") from exc
         return None
     except asyncio.LimitOverrunError as exc:
-        raise ConnectionError("HTTP head too large") from exc
+        raise HeadTooLarge(f"the request head is over {MAX_HEAD} bytes") from exc
     return Head(raw)
+
+
+class HeadTooLarge(ConnectionError):
+    """A head past MAX_HEAD: answered 431 and logged, then the connection ends."""
+
+
+HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n"
+                  b"Content-Length: 35\r\nConnection: close\r\n\r\nrequest head over 64 KiB: refused\r\n")
 
 
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(;[\x09\x20-\x7e]*)?\r\n")

@@ -112,3 +112,12 @@ def test_well_formed_numbers_queries_and_repeated_unread_headers_still_pass(tmp_
     assert len(got) == 4 and all(not r.get("bad_request") for r in log), log
     assert [r["key"] for r in log] == ["w/t000/p", "w/t000/t", "", "w/t000/k+v"]
     assert log[0]["part"] == 1 and log[2]["prefix"] == "w/t000/"
+
+
+def test_a_head_past_64_kib_is_answered_431_and_logged(tmp_path):
+    """A 70,000-byte header line got no answer and no log line (the connection just closed)."""
+    big = b"PUT /b/w/t000/x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 70_000 + b"\r\nContent-Length: 1\r\n\r\nx"
+    answers, got, log = asyncio.run(_through_quota_proxy(tmp_path, [big]))
+    assert answers[0].startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), answers[0][:200]
+    assert answers[0].endswith(b"\r\n\r\nrequest head over 64 KiB: refused\r\n")
+    assert got == [] and len(log) == 1 and log[0]["status"] == 431 and "65536" in log[0]["bad_request"], log
