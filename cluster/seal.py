@@ -171,14 +171,22 @@ def digests(d: Path) -> dict[str, str]:
     return {name: _digest(p, st) for name, p, st in _entries(d)}
 
 
-def seal(d: str | Path) -> dict:
-    """Write MANIFEST.json and SEAL.json for the wave in `d`; returns the seal."""
+PREV_MANIFEST, PREV_SEAL = "MANIFEST.prev.json", "SEAL.prev.json"  # the seal a folder failed, kept by `reseal`
+
+
+def seal(d: str | Path, wave_dir: str | None = None, resealed_after: str | None = None) -> dict:
+    """Write MANIFEST.json and SEAL.json for the wave in `d`; returns the seal. `wave_dir`: the name to bind (the
+    wave's id; the folder's own name by default); `resealed_after`: why the folder failed its earlier seal (kept in
+    the manifest, and said by `verify`)."""
     d = Path(d)
     entries = list(_entries(d, NAMES))
     files = {name: _digest(p, st) for name, p, st in entries}
     size = {name: st.st_size for name, p, st in entries if files[name] not in ("<empty dir>", "<not a regular file>")
             and not files[name].startswith("<link>")}
-    doc = {"wave_dir": _name(d.resolve().name, NAMES), "files": files, "sizes": size}
+    doc = {"wave_dir": wave_dir if wave_dir is not None else _name(d.resolve().name, NAMES), "files": files,
+           "sizes": size}
+    if resealed_after is not None:
+        doc["resealed_after"] = resealed_after
     if NAMES is not None:
         doc["names"] = NAMES
     manifest = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
@@ -188,6 +196,27 @@ def seal(d: str | Path) -> dict:
     results.write_stored(d / MANIFEST, manifest)
     results.write_stored(d / SEAL, orjson.dumps(out, option=orjson.OPT_INDENT_2))
     return out
+
+
+def sealed_as(d: str | Path) -> str | None:
+    """The folder name (the wave's id) the manifest in `d` binds, read without checking it (None: none)."""
+    try:
+        m = orjson.loads(_read_regular(Path(d) / MANIFEST, "the manifest"))
+    except (FileNotFoundError, SealError, orjson.JSONDecodeError):
+        return None
+    return m.get("wave_dir") if isinstance(m, dict) and isinstance(m.get("wave_dir"), str) and m["wave_dir"] else None
+
+
+def reseal(d: str | Path, why: str) -> dict:
+    """Seal a folder that failed its seal as it is now: the old MANIFEST.json and SEAL.json are kept as
+    MANIFEST.prev.json and SEAL.prev.json (covered by the new seal), the new manifest says `why`, and it binds the
+    name the old seal bound (the wave's id), never a copy's: a renamed copy still verifies as renamed."""
+    d = Path(d)
+    name = sealed_as(d)
+    for now, prev in ((MANIFEST, PREV_MANIFEST), (SEAL, PREV_SEAL)):
+        if os.path.lexists(d / now):
+            os.replace(d / now, d / prev)
+    return seal(d, wave_dir=name, resealed_after=why)
 
 
 def verify(d: str | Path, public_key: str | None = None) -> dict:
@@ -221,6 +250,13 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
     except (InvalidSignature, ValueError):
         raise SealError(f"{d / MANIFEST}: its signature in {SEAL} does not verify (the manifest or the seal was "
                         "changed)") from None
+    # what the seal says of itself for people (every seal has said both) must be true too: a damaged seal is exit 2
+    if s.get("manifest_sha256") != hashlib.sha256(manifest).hexdigest():
+        raise SealError(f"{d / SEAL}: its manifest_sha256 is {str(s.get('manifest_sha256'))[:70]!r}, not the "
+                        f"sha256 of {MANIFEST} (the seal was changed)")
+    if s.get("fingerprint") != fingerprint(s["public_key"]):
+        raise SealError(f"{d / SEAL}: its fingerprint is {str(s.get('fingerprint'))[:40]!r}, not its public key's "
+                        f"({fingerprint(s['public_key'])}; the seal was changed)")
     try:
         m = orjson.loads(manifest)
         listed, listed_sizes = m["files"], m.get("sizes") or {}
@@ -251,4 +287,5 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
     changed.sort()
     added, missing = sorted(now - set(listed)), sorted(set(listed) - now)
     return {"ok": not (changed or added or missing or renamed_from), "fingerprint": fingerprint(s["public_key"]),
-            "changed": changed, "added": added, "missing": missing, "renamed_from": renamed_from, "now_as": now_as}
+            "changed": changed, "added": added, "missing": missing, "renamed_from": renamed_from, "now_as": now_as,
+            "resealed_after": m.get("resealed_after") if isinstance(m.get("resealed_after"), str) else None}

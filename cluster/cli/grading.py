@@ -12,9 +12,15 @@ from cluster.cli.common import (EXIT_BAD_INPUT, EXIT_FAIL, EXIT_HARNESS, EXIT_OK
 
 
 @app.command("grade")
-def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory")) -> int:
+def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results directory"),
+              reseal: bool = typer.Option(False, "--reseal",
+                                          help="seal a folder that fails its seal as it is now (the old seal kept "
+                                               "as SEAL.prev.json and MANIFEST.prev.json, its wave id kept)")) -> int:
     """Re-grade a finished wave from its stored files (runs nothing). Exit as a wave does (0, 1, 2); 2 also when a
-    stored file it needs is damaged (named), 254 when RESULTS_DIR is empty, missing or not a wave's directory."""
+    stored file it needs is damaged (named), 254 when RESULTS_DIR is empty, missing or not a wave's directory.
+    A folder that fails its seal (`sandfleet verify`: a file changed, added or missing, renamed, or a damaged seal)
+    is graded as it is now, named as a harness error (exit 2), and not sealed again: `verify` still says what
+    changed. `--reseal` seals it anyway, keeping the old seal beside it and the wave id the old seal bound."""
     from cluster.grade import exit_code, grade_wave
     from cluster.report import write_summary
 
@@ -36,6 +42,7 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
         err(f"error: cannot grade {results_dir}: {damaged} (the file is damaged; nothing was graded, SUMMARY.md and "
              "the grade files there are from before)")
         return EXIT_HARNESS
+    broken = _fails_its_seal(results_dir)  # asked before the grade rewrites the files the seal covers
     try:
         result = grade_wave(results_dir)
     except Unreadable as exc:
@@ -46,11 +53,50 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
         err(f"error: cannot grade {results_dir}: {_damaged_plan(results_dir) or f'{type(exc).__name__}: {exc}'} "
              "(a results file has unexpected content; nothing was graded)")
         return EXIT_HARNESS
+    if broken:
+        result["harness_errors"] = list(result.get("harness_errors") or []) + [
+            f"the folder failed its seal before this grade ({broken}): graded as it is now" + (
+                "; sealed again with --reseal, the old seal kept as SEAL.prev.json" if reseal else
+                "; not sealed again (`sandfleet verify` names what changed; `grade --reseal` seals it as it is)")]
     write_summary(results_dir, result)
-    seal_again(results_dir)
+    if not broken:
+        seal_again(results_dir)
+    elif reseal:
+        from cluster.seal import SealError
+        from cluster.seal import reseal as reseal_folder
+
+        try:
+            reseal_folder(results_dir, broken)
+        except (SealError, OSError) as exc:
+            err(f"warning: {results_dir} not sealed: {exc}")
+    else:
+        err(f"warning: {results_dir} fails its seal ({broken}): graded as it is now, not sealed again "
+            "(pass --reseal to seal it as it is, keeping the old seal as SEAL.prev.json)")
     out.print(f"wave {result['wave_id']}: {result['verdict']}", highlight=False, soft_wrap=True)
     out.print(f"SUMMARY: {results_dir / results.SUMMARY}", highlight=False, soft_wrap=True)
     return exit_code(result)
+
+
+def _fails_its_seal(results_dir: Path) -> str | None:
+    """Why a sealed folder is not the one its seal names (a file changed, added or missing, the folder renamed, the
+    seal damaged), or None: intact, or never sealed."""
+    import os
+
+    from cluster.seal import SealError, verify
+
+    if not any(os.path.lexists(results_dir / n) for n in (results.SEAL, results.SEAL_MANIFEST)):
+        return None
+    try:
+        got = verify(results_dir)
+    except SealError as exc:
+        return f"its seal is damaged: {exc}"
+    if got["ok"]:
+        return None
+    parts = [f"{what}: {', '.join(got[what][:5])}" + (" ..." if len(got[what]) > 5 else "")
+             for what in ("changed", "added", "missing") if got[what]]
+    if got.get("renamed_from"):
+        parts.append(f"renamed: sealed as {got['renamed_from']!r}, now {got['now_as']!r}")
+    return "; ".join(parts)
 
 
 def _damaged_plan(results_dir: Path) -> str | None:
@@ -93,15 +139,22 @@ def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
         err(f"error: cannot verify {results_dir}: {exc}")
         return EXIT_HARNESS
     if got["ok"]:
-        out.print(f"{results_dir}: intact, sealed by key {got['fingerprint']}", highlight=False, soft_wrap=True)
+        again = (f" (sealed again after it failed its earlier seal: {got['resealed_after']}; that seal is kept as "
+                 "SEAL.prev.json)") if got.get("resealed_after") else ""
+        out.print(f"{results_dir}: intact, sealed by key {got['fingerprint']}{again}", highlight=False,
+                  soft_wrap=True)
         return EXIT_OK
     for what in ("changed", "added", "missing"):
         for name in got[what]:
             err(f"{what}: {name}")
     if got.get("renamed_from"):  # the seal binds the folder's name (the wave id) as well as its files
-        files = "its files are intact" if not (got["changed"] or got["added"] or got["missing"]) else "and"
-        err(f"renamed: sealed as {got['renamed_from']!r}, this folder is {got['now_as']!r} ({files}; the name is "
+        intact = not (got["changed"] or got["added"] or got["missing"])
+        files = "its files are intact; " if intact else "its files differ too, named above; "
+        err(f"renamed: sealed as {got['renamed_from']!r}, this folder is {got['now_as']!r} ({files}the name is "
             f"the wave's id: move it back to {got['renamed_from']!r} to verify it)")
+    if got.get("resealed_after"):
+        err(f"note: sealed again after it failed its earlier seal ({got['resealed_after']}; that seal is kept as "
+            "SEAL.prev.json)")
     err(f"{results_dir}: NOT the folder key {got['fingerprint']} sealed: {len(got['changed'])} changed, "
          f"{len(got['added'])} added, {len(got['missing'])} missing"
         + (f", renamed from {got['renamed_from']!r}" if got.get("renamed_from") else ""))
@@ -115,7 +168,7 @@ def report_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
     results_dir = dir_arg(results_dir, "RESULTS_DIR")
     if results_dir is None:
         return EXIT_BAD_INPUT
-    code = grade_cmd(results_dir)
+    code = grade_cmd(results_dir, reseal=False)
     if code in (0, 1, 2) and (results_dir / results.INDEX_HTML).is_file():
         out.print(f"REPORT: {results_dir / results.INDEX_HTML}", highlight=False, soft_wrap=True)
     return code

@@ -230,6 +230,87 @@ def test_a_seal_made_before_names_were_escaped_still_verifies(wave):
     # it took the folder's name as given (`sandfleet grade results/latest` sealed it as `latest`): it binds none
     (wave / MANIFEST).write_bytes(orjson.dumps(dict(m, wave_dir="latest")))
     sealmod_sign = sealmod._private_key()
+    import hashlib
+
+    signed = (wave / MANIFEST).read_bytes()
     (wave / SEAL).write_bytes(orjson.dumps(dict(orjson.loads((wave / SEAL).read_bytes()),
-                                                signature=sealmod_sign.sign((wave / MANIFEST).read_bytes()).hex())))
+                                                signature=sealmod_sign.sign(signed).hex(),
+                                                manifest_sha256=hashlib.sha256(signed).hexdigest())))
     assert verify(wave)["ok"]
+
+
+def _cli(*argv) -> Ran:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            main([str(a) for a in argv])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    return Ran(code, buf.getvalue())
+
+
+def test_grade_never_reseals_a_tampered_renamed_copy_as_intact(wave, tmp_path, monkeypatch):
+    """A hostile review's find: a wave copied to t2 with effects.jsonl's last line deleted verified exit 1, then
+    `grade t2` sealed it again silently, binding the copy's name, and `verify t2` said "intact". Now the grade names
+    the failed seal (exit 2) and keeps the old seal; `--reseal` keeps it as SEAL.prev.json and binds the wave's id."""
+    monkeypatch.setattr("cluster.report.start_timeline_png", lambda d: None)
+    seal(wave)
+    t2 = tmp_path / "t2"
+    shutil.copytree(wave, t2)
+    fx = t2 / "effects.jsonl"
+    fx.write_bytes(b"".join(fx.read_bytes().splitlines(keepends=True)[:-1]))
+    assert _verify(t2).exit_code == 1
+    old_seal = (t2 / SEAL).read_bytes()
+    r = _cli("grade", t2)
+    assert r.exit_code == 2 and "fails its seal" in r.output and "changed: effects.jsonl" in r.output, r.output
+    assert (t2 / SEAL).read_bytes() == old_seal  # not sealed again
+    assert "the folder failed its seal before this grade" in (t2 / "SUMMARY.md").read_text()
+    r = _verify(t2)
+    assert r.exit_code == 1 and "changed: effects.jsonl" in r.output and "renamed: sealed as 'w'" in r.output
+    r = _cli("grade", "--reseal", t2)
+    assert r.exit_code == 2 and (t2 / "SEAL.prev.json").read_bytes() == old_seal, r.output
+    assert orjson.loads((t2 / MANIFEST).read_bytes())["wave_dir"] == "w"  # the wave's id, never the copy's name
+    r = _verify(t2)
+    assert r.exit_code == 1 and "renamed: sealed as 'w'" in r.output and "sealed again after it failed" in r.output
+    moved = tmp_path / "back" / "w"
+    moved.parent.mkdir()
+    shutil.move(t2, moved)
+    r = _verify(moved)
+    assert r.exit_code == 0 and "sealed again after it failed its earlier seal" in r.output, r.output
+
+
+def test_grade_of_an_intact_folder_seals_it_again(wave, monkeypatch):
+    monkeypatch.setattr("cluster.report.start_timeline_png", lambda d: None)
+    seal(wave)
+    r = _cli("grade", wave)
+    assert "fails its seal" not in r.output and not (wave / "SEAL.prev.json").exists(), r.output
+    assert _verify(wave).exit_code == 0
+
+
+@pytest.mark.parametrize("field, value", [("manifest_sha256", None), ("manifest_sha256", "0" * 64),
+                                          ("fingerprint", None), ("fingerprint", "x")])
+def test_a_seal_whose_own_digest_or_fingerprint_is_wrong_is_exit_2(wave, field, value):
+    """A hostile review's find: SEAL.json with a missing or wrong manifest_sha256 or fingerprint verified "intact"."""
+    seal(wave)
+    s = orjson.loads((wave / SEAL).read_bytes())
+    if value is None:
+        del s[field]
+    else:
+        s[field] = value
+    (wave / SEAL).write_bytes(orjson.dumps(s))
+    r = _verify(wave)
+    assert r.exit_code == 2 and field in r.output, r.output
+
+
+def test_changed_files_in_a_renamed_folder_read_plainly(wave, tmp_path):
+    """A hostile review's find: "(and; the name is the wave's id..." for a renamed folder with changed files."""
+    seal(wave)
+    t2 = tmp_path / "t2"
+    shutil.move(wave, t2)
+    (t2 / "extra.txt").write_text("x")
+    r = _verify(t2)
+    assert r.exit_code == 1 and "(and;" not in r.output and "its files differ too" in r.output, r.output
