@@ -98,7 +98,7 @@ def _durability(d: Path, result: dict) -> list[str]:
     resume = [x for g in grades for x in g.get("resume_s") or []]
     commit = [g["store_write_ms_per_step"] for g in grades if g.get("store_write_ms_per_step") is not None]
     leaks, checks = result["leaks"], result["wave_checks"]
-    tested = _fault_coverage(d)
+    tested = _fault_coverage(d, plan)
     lines = ["## Faults", "", "- " + "; ".join(tested), ""] if tested else []
     return lines + ["## Durability", ""] + _replay_lines(grades) + [
         f"- Time to resume (a failed attempt's end to the next attempt's first model request): {_pcts(resume, 's')}",
@@ -200,11 +200,16 @@ def _write_verdict(d: Path, result: dict) -> None:
         "tasks": [summary_of(g) for g in result["tasks"]]}, option=orjson.OPT_INDENT_2))
 
 
-def _fault_coverage(d: Path) -> list[str]:
+def _fault_coverage(d: Path, plan: dict | None = None) -> list[str]:
     """Per fault id: how many planned instances really applied; a fault none of which applied is NOT TESTED
     by this wave (whatever the tasks' verdicts say about everything else). A damaged faults.json is named (file,
     record, what is wrong): the faults it does not show are not counted as tested."""
     receipts, damage = results.read_receipts(Path(d) / results.FAULTS)
+    if plan is not None:
+        receipts, left = results.planned_receipts(receipts, plan)
+        if left:
+            damage = "; ".join(x for x in (damage, f"{results.FAULTS}: {len(left)} receipt(s) that answer no planned "
+                                           "fault, left out: " + "; ".join(left[:5])) if x)
     by: dict[str, Counter] = defaultdict(Counter)
     for r in receipts:
         by[r["fault_id"]][r["status"]] += 1

@@ -352,6 +352,26 @@ def write_stored(path: str | Path, data: bytes | str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def planned_receipts(receipts: list[dict], plan) -> tuple[list[dict], list[str]]:
+    """(the receipts that answer a fault the plan planned: same instance, task and fault id; "receipt (instance):
+    why" of each that answers none, left out: it is named, never counted as a fault that applied)."""
+    planned = {(f.get("instance"), f.get("task_id")): f.get("fault_id")
+               for where in ("tasks", "references") for t in ((plan or {}).get(where) or [])
+               if isinstance(t, dict) for f in (t.get("faults") or []) if isinstance(f, dict)} \
+        if isinstance(plan, dict) else {}
+    out, left = [], []
+    for r in receipts:
+        want = planned.get((r["instance"], r["task_id"]), ...)
+        if want == r["fault_id"]:
+            out.append(r)
+            continue
+        why = (f"fault_id {terminal_safe(r['fault_id'][:40])!r}, but the plan's is "
+               f"{terminal_safe(str(want)[:40])!r}" if want is not ... else
+               f"matches no planned fault (instance and task_id {terminal_safe(r['task_id'][:40])!r})")
+        left.append(f"receipt ({terminal_safe(r['instance'][:60])}): {why}")
+    return out, left
+
+
 def read_receipts(path: str | Path) -> tuple[list[dict], str | None]:
     """The receipts of a `faults.json` that have the shape the harness reads, and what is wrong with the file (None:
     nothing; a missing file is no receipt and nothing wrong). Never raises on the file's content."""
