@@ -234,7 +234,7 @@ RECORDS, STRINGS, RECORD_LISTS = "list of records", "list of strings", "object o
 REPORT_SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     STORE_AUDIT: {"tasks": (RECORD_LISTS,), "incomplete_uploads": (RECORDS, NONE), "aborted_uploads": (LIST, NONE),
                   "findings": (RECORDS, NONE), "objects_listed": (INT, NONE), "objects_checked": (INT, NONE),
-                  "error": (STR, NONE)},
+                  "error": (STR, DICT, NONE), "failed": (STR, NONE)},  # a failed audit: what failed, named
     SANDBOX_SWEEP: {"leaked": (LIST,), "problems": (LIST, NONE)},
     SWEEPER: {"scans": (INT,), "settle_s": (NUM,), "scan_ms_p50": (NUM, NONE), "leaked": (LIST,),
               "reaped": (RECORDS,), "left_at_end": (RECORDS,), "dangling_leases": (LIST,),
