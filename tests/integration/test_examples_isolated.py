@@ -6,9 +6,10 @@ own venv read-only over the shipped code, on the empty place the snapshot keeps 
 that mount point in the read-only staged copy: every attempt of every example exited 1); the uninterrupted
 reference passes on the nodes, and under PK1 each example gets the verdict examples/README.md gives it.
 
-Each example is a wave of its own on a fresh isolated cluster (10-18 s each here, 91 s for all seven), so
+Each example is a wave of its own on a fresh isolated cluster (10-18 s each here; 91 s for the first seven, 53 s for
+LangGraph ReAct, AG2, DBOS and Temporal), so
 `make test` runs a representative pair: `openai_journal` (store-backed: passes PK1) and `mini_swe_agent` (the
-biggest venv, 755 MB, and the text dialect; unmodified: a named verdict). SANDFLEET_ALL_EXAMPLES_ISOLATED=1 runs the other five too."""
+biggest venv, 755 MB, and the text dialect; unmodified: a named verdict). SANDFLEET_ALL_EXAMPLES_ISOLATED=1 runs the others too."""
 from __future__ import annotations
 
 import os
@@ -34,7 +35,8 @@ _REST = pytest.mark.skipif(not ALL, reason="one isolated cluster per example: SA
 EXAMPLES = {"openai_journal": ("agent.py", "pass"), "mini_swe_agent": ("run.py", "named"),
             "langgraph_s3": ("agent.py", "pass"), "langgraph_sqlite": ("agent.py", "no_model_recall"),
             "dbos_sqlite": ("agent.py", "no_model_recall"), "openai_agents_sdk": ("run.py", "named"),
-            "pydantic_ai": ("run.py", "named")}
+            "pydantic_ai": ("run.py", "named"), "langgraph_react": ("run.py", "named"), "ag2": ("run.py", "named"),
+            "dbos_workflow": ("run.py", "named"), "temporal_workflow": ("run.py", "named")}
 PARAMS = [pytest.param(n, marks=() if n in ("openai_journal", "mini_swe_agent") else _REST) for n in EXAMPLES]
 
 
