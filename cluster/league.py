@@ -122,7 +122,9 @@ def wave_metrics(result: dict, d: Path) -> dict:
     """The league's figures for one graded wave, from its stored files."""
     grades = result["tasks"]
     timeline = results.read_jsonl(d / results.TIMELINE)
-    interrupted = [g for g in grades if g["interrupted"]]
+    # as SUMMARY counts them (report.py): a kill that landed before the attempt did anything durable
+    # (`not_exercised`, the task not_applied) tests no recovery, so it is in neither the numerator nor the n
+    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
     workload = result["plan"]["config"]["workload"]
 
     def count(pred) -> int:
