@@ -184,13 +184,16 @@ def receipts_damage(w: WaveRecord) -> str | None:
 
 
 def store_held(w: WaveRecord, tid: str) -> dict:
-    """What the store audit listed under the task's prefix ({"objects", "bytes"}), or {"why"} it cannot say."""
+    """What the store audit listed under the task's prefix ({"objects", "bytes"}), {"why"} it cannot say, or
+    {"predates"}: an audit from before per-task totals were kept."""
     if w.audit is None:
         why = w.inp.unreadable.get(results.STORE_AUDIT)
         return {"why": f"{results.STORE_AUDIT}: {why}" if why else f"there is no {results.STORE_AUDIT}"}
     totals = w.audit.get("task_totals")
     if not isinstance(totals, dict):
-        return {"why": f"{results.STORE_AUDIT} has no `task_totals` (an audit from before they were kept)"}
+        # an audit the harness wrote before it kept them (results graded again later): the backstop cannot run, and
+        # the check keeps its rule of then (the proxy's refusals), saying so
+        return {"predates": f"{results.STORE_AUDIT} has no `task_totals` (an audit from before they were kept)"}
     t = totals.get(tid)
     if not (isinstance(t, dict) and all(isinstance(t.get(k), int) and not isinstance(t.get(k), bool)
                                         and t[k] >= 0 for k in ("objects", "bytes"))):

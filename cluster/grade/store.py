@@ -282,7 +282,7 @@ def _held_past_quota(h: TaskHistory) -> dict | str | None:
     """The store audit's totals for the task against the configured quota: a FAIL verdict when the store holds
     more than it allows, the reason it cannot be told (a str), or None (within it, or no audit was asked for)."""
     held = h.store_held
-    if held is None:
+    if held is None or "predates" in held:
         return None
     if "why" in held:
         return str(held["why"])
@@ -316,7 +316,8 @@ def within_store_quota(h: TaskHistory, facts: Facts) -> dict:
         held = h.store_held or {}
         return {"verdict": PASS, "detail": "no write of this task was refused by the store quota" + (
             f"; the store audit lists {held['objects']} objects, {held['bytes']} bytes under its prefix"
-            if "objects" in held else "")}
+            if "objects" in held else f"; what the store holds was not compared: {held['predates']}"
+            if "predates" in held else "")}
     first, q = refused[0], refused[0]["quota"]
     return {"verdict": FAIL, "refused": len(refused),
             "requests": [{"t": r.get("t"), "method": r.get("method"), "key": r.get("key"), "status": r.get("status"),

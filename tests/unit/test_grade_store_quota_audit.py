@@ -60,12 +60,15 @@ def test_a_store_holding_past_the_quota_fails_the_task_though_the_proxy_refused_
     assert got["t001"]["verdict"] == "pass"  # another task's holdings are its own
 
 
-def test_an_audit_without_per_task_totals_is_unknown(tmp_path):
+def test_an_audit_from_before_per_task_totals_keeps_the_rule_of_then_and_says_so(tmp_path):
+    """Results graded again later (the league's, a user's older waves): an audit the harness wrote before it kept
+    task_totals makes no task unknown; the proxy's refusals still decide, and the detail says the backstop did not
+    run. Totals that are there but damaged are unknown."""
     d = _wave(tmp_path)
     _edit_audit(d, lambda a: a.pop("task_totals"))
     got = _checks(d)
-    assert {c["verdict"] for c in got.values()} == {"unknown"}, got
-    assert "task_totals" in got["t000"]["detail"]
+    assert {c["verdict"] for c in got.values()} == {"pass"}, got
+    assert "was not compared" in got["t000"]["detail"] and "task_totals" in got["t000"]["detail"]
     _edit_audit(d, lambda a: a.update(task_totals={"t000": {"objects": "many", "bytes": 1}}))
     assert _checks(d)["t000"]["verdict"] == "unknown"
 
