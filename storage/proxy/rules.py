@@ -38,7 +38,8 @@ def go_query(raw: str) -> dict[str, list[str]]:
     """A query string read as Go's url.ParseQuery reads it, or ValueError where the two could differ: Go drops a
     pair with a `;` or a bad percent escape (Python's parse_qs keeps it: `?tagging=%zz` would be a tagging
     sub-resource here and a plain PutObject in the store), and keeps escaped bytes that are not UTF-8 as bytes.
-    A name given twice, or a number that is not ASCII digits, is refused too."""
+    A name given twice keeps its values in order (the first is read, as Go's Get does); a number that is not ASCII
+    digits is refused."""
     out: dict[str, list[str]] = {}
     for pair in raw.split("&"):
         if not pair:
@@ -54,11 +55,9 @@ def go_query(raw: str) -> dict[str, list[str]]:
                            for s in (name, value))
         except UnicodeDecodeError as exc:
             raise ValueError(f"query {pair[:60]!r}: an escape that is not UTF-8: refused") from exc
-        if name in out:
-            raise ValueError(f"query parameter {name[:40]!r} given twice: refused")
         if name in NUMERIC_PARAMS and not _ASCII_NUMBER.fullmatch(value):
             raise InvalidArgument(f"query {name}={value[:20]!r} must be ASCII digits [0-9]+ (at most 9)")
-        out[name] = [value]
+        out.setdefault(name, []).append(value)  # a name given twice: Go keeps both and reads the first, as here
     return out
 
 
