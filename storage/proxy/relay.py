@@ -157,10 +157,10 @@ class Relaying:
                         for k, t in r.visible_at.items())]
 
     @staticmethod
-    def _strip_listing(body: bytes, bucket: str, rules: list[Rule]) -> tuple[bytes, int]:
+    def _strip_listing(body: bytes, bucket: str, lagging: list[Rule]) -> tuple[bytes, int]:
         """Remove lagging keys' <Contents> entries from a listing (and fix KeyCount); returns (body, removed)."""
         now = rules.clock()
-        hidden = {k.split("/", 1)[1] for r in rules for k, t in r.visible_at.items()
+        hidden = {k.split("/", 1)[1] for r in lagging for k, t in r.visible_at.items()
                   if t > now and k.startswith(bucket + "/")}
         removed = 0
 
@@ -175,7 +175,7 @@ class Relaying:
         if removed:
             out = re.sub(rb"<KeyCount>(\d+)</KeyCount>",
                          lambda m: b"<KeyCount>%d</KeyCount>" % max(0, int(m.group(1)) - removed), out)
-            for r in rules:
+            for r in lagging:
                 r.hits += 1
                 r.matched += 1
                 r.first_hit_at = r.first_hit_at or now
