@@ -84,6 +84,18 @@ def suite_lock(request):
     yield
 
 
+@pytest.fixture(autouse=True)
+def cwd_kept():
+    """A test that leaves the process in another directory fails: Ray workers of a fleet started later import
+    `tests` from the directory the driver was in (a leaked `os.chdir` once broke an unrelated test's actors)."""
+    before = os.getcwd()
+    yield
+    after = os.getcwd()
+    if after != before:
+        os.chdir(before)
+        pytest.fail(f"the test left the working directory at {after} (use monkeypatch.chdir)")
+
+
 @pytest.fixture(scope="session")
 def baseline(suite_lock):
     from fleet import cgroups

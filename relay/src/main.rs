@@ -484,7 +484,11 @@ impl Head {
         if !framing_ok(&text) {
             return None;
         }
-        Some(Head::from_text(&text, raw))
+        let head = Head::from_text(&text, raw);
+        if read_once_repeated(&head.headers) {
+            return None;
+        }
+        Some(head)
     }
 
     fn from_text(text: &str, raw: Vec<u8>) -> Head {
@@ -505,8 +509,8 @@ impl Head {
     }
 
     fn get(&self, name: &str) -> &str {
-        // the last one wins, as in the proxy's dict
-        self.headers.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).unwrap_or("")
+        // the first one wins, as the proxy (and Go's Header.Get) reads it
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).unwrap_or("")
     }
 
     fn chunked(&self) -> bool {
@@ -570,6 +574,16 @@ fn framing_ok(text: &str) -> bool {
     codings == 0 || (length.is_none() && codings == 1 && chunked)
 }
 
+/// The proxy's READ_ONCE: fields it or its quota reads; given twice, the proxy refuses the request (the store
+/// reads the first, another reader the last), so such a head is the proxy's.
+const READ_ONCE: [&str; 11] = ["content-length", "transfer-encoding", "expect", "authorization",
+    "x-amz-copy-source", "x-amz-copy-source-range", "x-amz-content-sha256", "x-amz-decoded-content-length",
+    "content-encoding", "x-amz-sdk-checksum-algorithm", "x-amz-trailer"];
+
+fn read_once_repeated(headers: &[(String, String)]) -> bool {
+    READ_ONCE.iter().any(|name| headers.iter().filter(|(n, _)| n == name).count() > 1)
+}
+
 // ------------------------------------------------------------------ what the log says of a request
 fn unhex(b: u8) -> Option<u8> {
     match b {
@@ -607,6 +621,44 @@ struct S3Req {
     prefix: Option<String>,
 }
 
+/// The query names the proxy (and the store) reads as numbers: their values must be 1-9 ASCII digits.
+const NUMERIC_PARAMS: [&str; 5] = ["partNumber", "max-keys", "max-parts", "max-uploads", "part-number-marker"];
+
+/// The proxy's `go_query` raises for this query (a `;`, a bad percent escape, an escape that is not UTF-8, a
+/// number that is not 1-9 ASCII digits in any of a name's values): the request is the proxy's to refuse.
+fn query_refused(query: &str) -> bool {
+    for pair in query.split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        if pair.contains(';') {
+            return true;
+        }
+        let (n, v) = match pair.find('=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, ""),
+        };
+        for s in [n, v] {
+            let b = s.as_bytes();
+            let bad = (0..b.len()).any(|i| {
+                b[i] == b'%' && !(i + 2 < b.len() && unhex(b[i + 1]).is_some() && unhex(b[i + 2]).is_some())
+            });
+            if bad {
+                return true;
+            }
+        }
+        let (n, v) = match (unquote(n, true), unquote(v, true)) {
+            (Some(n), Some(v)) => (n, v),
+            _ => return true,
+        };
+        if NUMERIC_PARAMS.contains(&n.as_str())
+            && !(!v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit())) {
+            return true;
+        }
+    }
+    false
+}
+
 /// S3Request.parse for a target the proxy would split the same way; None otherwise.
 fn parse_target(target: &str) -> Option<S3Req> {
     if target.starts_with("//") || target.contains('#') {
@@ -624,6 +676,9 @@ fn parse_target(target: &str) -> Option<S3Req> {
     };
     if key.starts_with('/') || key.contains("//") {
         return None; // the proxy may read it as the store will hold it (`--merge-slashes`)
+    }
+    if query_refused(query) {
+        return None; // the proxy answers it 400, as it alone would
     }
     let mut first: Vec<(String, String)> = Vec::new();
     for field in query.split('&') {
