@@ -11,6 +11,17 @@ from fleet.cgroups.hierarchy import (CONTROLLERS, MARK, UNIFIED, V2_CONTROLLERS,
                                      shares_to_weight, unified, wave_dir)
 
 
+def procs_of(cgroup_dir) -> list[int]:
+    """The PIDs in a cgroup, [] once it is gone: ENOENT, or ENODEV when it went between open and read."""
+    try:
+        text = (cgroup_dir / "cgroup.procs").read_text()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return []
+        raise
+    return [int(p) for p in text.split()]
+
+
 class SandboxCgroup:
     """A sandbox's cgroup(s). Made as the v2 kind (`UnifiedSandboxCgroup`) on a v2 host."""
 
@@ -46,13 +57,7 @@ class SandboxCgroup:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
 
     def pids(self) -> list[int]:
-        try:
-            text = (self.dirs["pids"] / "cgroup.procs").read_text()
-        except OSError as exc:  # removed meanwhile: ENOENT, or ENODEV when it went between open and read
-            if exc.errno in (errno.ENOENT, errno.ENODEV):
-                return []
-            raise
-        return [int(p) for p in text.split()]
+        return procs_of(self.dirs["pids"])
 
     def events(self) -> dict:
         """Counters that say why an attempt ended: OOM kills, forks refused at pids.max."""
@@ -169,13 +174,7 @@ class UnifiedSandboxCgroup(SandboxCgroup):
             (self.dir / "cpu.max").write_text(f"{max(1000, int(cpu_cores * period))} {period}")
 
     def pids(self) -> list[int]:
-        try:
-            text = (self.dir / "cgroup.procs").read_text()
-        except OSError as exc:  # removed meanwhile
-            if exc.errno in (errno.ENOENT, errno.ENODEV):
-                return []
-            raise
-        return [int(p) for p in text.split()]
+        return procs_of(self.dir)
 
     def events(self) -> dict:
         out = {"oom_kills": 0, "pids_max_hits": 0}
