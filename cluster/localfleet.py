@@ -75,9 +75,9 @@ def daemons(path: Path) -> list[int]:
 def _alive(info: dict, path: Path) -> bool:
     """The record's daemon runs: its pid has the recorded start time and is a daemon of this file (a pid reused by
     another process, or a record naming some other process, is not)."""
-    from fleet.markers import _start_time
+    from fleet.markers import proc_start_time
 
-    return _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path)
+    return proc_start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path)
 
 
 _FIELDS = {"kind": str, "pid": int, "start": str, "ready": bool, "up_since": (int, float), "state_dir": str,
@@ -158,24 +158,24 @@ def require() -> dict:
 def join(info: dict, wave_id: str) -> Path:
     """A wave attached to the fleet says so in the fleet's state dir (its driver's pid and start time), for
     `status` and `down`; its driver removes it when it lets go (a dead driver's is ignored)."""
-    from fleet.markers import _start_time
+    from fleet.markers import proc_start_time
 
     d = Path(info["state_dir"], "waves")
     d.mkdir(mode=0o700, exist_ok=True)
     path = d / f"{wave_id}.json"
-    _write(path, {"wave": wave_id, "pid": os.getpid(), "start": _start_time(os.getpid())})
+    _write(path, {"wave": wave_id, "pid": os.getpid(), "start": proc_start_time(os.getpid())})
     return path
 
 
 def attached_waves(info: dict) -> list[dict]:
     """The waves whose drivers run attached to the fleet now: [{wave, pid}]."""
-    from fleet.markers import _start_time
+    from fleet.markers import proc_start_time
 
     out = []
     for p in sorted(Path(info["state_dir"], "waves").glob("*.json")):
         try:
             w = orjson.loads(p.read_bytes())
-            if _start_time(int(w["pid"])) == w["start"]:
+            if proc_start_time(int(w["pid"])) == w["start"]:
                 out.append({"wave": str(w["wave"]), "pid": int(w["pid"])})
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -196,7 +196,7 @@ def serve(path: Path) -> int:
     """The daemon: start the fleet, write its record, wait for SIGTERM or SIGINT, stop the fleet, remove the
     record. Its stdout and stderr are the fleet's log (beside the record)."""
     from cluster.raycluster import FleetSession
-    from fleet.markers import _start_time
+    from fleet.markers import proc_start_time
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -204,7 +204,7 @@ def serve(path: Path) -> int:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token = secrets.token_hex(32)
-    me = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+    me = {"pid": os.getpid(), "start": proc_start_time(os.getpid())}
     session = FleetSession("local", store=True, names="sandfleet-", namespace=NAMESPACE)
     try:
         session.start()
@@ -217,8 +217,9 @@ def serve(path: Path) -> int:
                     actors={"ledger": "sandfleet-ledger", "sweeper": "sandfleet-sweeper",
                             "hosts": [f"sandfleet-host-{n}" for n in session.node_ids]},
                     node_ids=session.node_ids, host_info=session.host_info, bucket=session.bucket,
-                    store={"workdir": str(store.workdir), "pid": store.proc.pid, "start": _start_time(store.proc.pid),
-                           "url": store.endpoint.url, "region": store.endpoint.region, "ports": store.ports,
+                    store={"workdir": str(store.workdir), "pid": store.proc.pid,
+                           "start": proc_start_time(store.proc.pid), "url": store.endpoint.url,
+                           "region": store.endpoint.region, "ports": store.ports,
                            "admin": [store.endpoint.creds.access_key, store.endpoint.creds.secret_key]})
         _write(path, info)
         print(f"fleet up: pid {me['pid']}, Ray {info['ray']['address']}, store {store.endpoint.url}", flush=True)
@@ -346,7 +347,7 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
     waits (bounded). A daemon that does not end in time is SIGKILLed and what it left is swept. Returns the record
     of the fleet stopped, None when none was up. A file there that is not a fleet's record, with no daemon serving
     it, is a FleetError and is left as it is."""
-    from fleet.markers import _start_time
+    from fleet.markers import proc_start_time
 
     path = fleet_file()
     try:
@@ -359,27 +360,27 @@ def down(timeout_s: float = DOWN_TIMEOUT_S) -> dict | None:
         pids = daemons(path)
         if not pids:
             return None
-        info = dict(info or {}, pid=pids[0], start=_start_time(pids[0]), ready=True)
+        info = dict(info or {}, pid=pids[0], start=proc_start_time(pids[0]), ready=True)
         sd = _state_dir_of(pids[0])
         if sd:
             info["state_dir"] = sd
-    if _start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path):
+    if proc_start_time(info["pid"]) == info["start"] and info["pid"] in daemons(path):
         if "state_dir" in info:
             info["waves"] = attached_waves(info)  # (they end with a harness error: the CLI says so)
         pid = info["pid"]
         os.kill(pid, signal.SIGTERM)
         info["stopped"] = True
         deadline = time.monotonic() + timeout_s
-        while _start_time(pid) == info["start"] and time.monotonic() < deadline:
+        while proc_start_time(pid) == info["start"] and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _start_time(pid) == info["start"]:
+        if proc_start_time(pid) == info["start"]:
             os.kill(pid, signal.SIGKILL)
             info["killed"] = True
     if info.get("killed") or path.exists():  # what a killed daemon left, by its markers
         from cluster import sweep
 
         deadline = time.monotonic() + 10  # (the kill lands in a moment)
-        while info.get("killed") and _start_time(info["pid"]) == info["start"] and time.monotonic() < deadline:
+        while info.get("killed") and proc_start_time(info["pid"]) == info["start"] and time.monotonic() < deadline:
             time.sleep(0.05)
         found = sweep.find()
         found = {"waves": {}, "harness_cgroups": found["harness_cgroups"],

@@ -291,9 +291,9 @@ class RaySession:
 
         # every process of our own Ray, by PID, while the raylets still say which agents are theirs: a raylet that
         # dies first orphans its agents (no parent left to find them by); they carry no marker on their command line
-        from fleet.markers import _cmdline
+        from fleet.markers import proc_cmdline
 
-        mine = [{"pid": pid, "cmd": _cmdline(str(pid))[:160]} for _, _, pid in self.core_processes()]
+        mine = [{"pid": pid, "cmd": proc_cmdline(str(pid))[:160]} for _, _, pid in self.core_processes()]
         steps = []
         if self.owned and ray.is_initialized():
             steps.append(ray.shutdown)

@@ -30,15 +30,15 @@ import orjson
 
 from cluster import results
 from fleet import cgroups
-from fleet.markers import (PRIVATE_GLOB, SANDBOX_MARK, WAVE_RE, _cmdline, _environ, _start_time,  # noqa: F401
-                           markers)
+from fleet.markers import PRIVATE_GLOB, markers, proc_cmdline, proc_start_time
 
 RESUMABLE_KEEP_S = 7 * 24 * 3600  # a dead resumable wave's store and ledger are kept this long by a plain sweep
 
 
 def record_driver(private: Path) -> None:
     """Called by a wave's driver first thing: who owns this wave."""
-    (private / results.DRIVER_RECORD).write_bytes(orjson.dumps({"pid": os.getpid(), "start": _start_time(os.getpid())}))
+    me = {"pid": os.getpid(), "start": proc_start_time(os.getpid())}
+    (private / results.DRIVER_RECORD).write_bytes(orjson.dumps(me))
 
 
 def driver_alive(private: Path) -> bool:
@@ -46,7 +46,7 @@ def driver_alive(private: Path) -> bool:
         d = orjson.loads((private / results.DRIVER_RECORD).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return False
-    return _start_time(d["pid"]) == d["start"]
+    return proc_start_time(d["pid"]) == d["start"]
 
 
 def live_waves() -> list[str]:
@@ -180,7 +180,7 @@ def _without_live_ray(e: dict, live: set[str]) -> dict:
         from fleet.markers import of_ray
 
         e = dict(e, ray_tmpdir=None, processes=[p for p in e["processes"]
-                                                if not of_ray(str(p["pid"]), _cmdline(str(p["pid"])), tmp)])
+                                                if not of_ray(str(p["pid"]), proc_cmdline(str(p["pid"])), tmp)])
     return e
 
 
@@ -209,7 +209,7 @@ def _processes():
     me = str(os.getpid())
     for pid in os.listdir("/proc"):
         if pid.isdigit() and pid != me:
-            cmd = _cmdline(pid)
+            cmd = proc_cmdline(pid)
             if cmd:
                 yield pid, cmd
 
@@ -353,7 +353,7 @@ def _remove_harness_cgroups(found: dict) -> list[str]:
                 if e.get("private_dir")}
         busy = [d for d in cgroups.harness_dirs() if d.split("/")[-1].startswith(("driver-", "host-"))
                 and (not wave or d.split("/")[-1] in mine)
-                and d.rsplit("-", 1)[1].isdigit() and not _start_time(int(d.rsplit("-", 1)[1]))] if again else []
+                and d.rsplit("-", 1)[1].isdigit() and not proc_start_time(int(d.rsplit("-", 1)[1]))] if again else []
         if not busy or time.monotonic() > deadline:
             return done
         time.sleep(0.1)
@@ -363,7 +363,7 @@ def _kill_listed(procs: list[dict]) -> list[str]:
     """SIGKILL each listed process that is still the same one (its command line unchanged)."""
     done = []
     for p in procs:
-        if _cmdline(str(p["pid"]))[:160] == p["cmd"]:
+        if proc_cmdline(str(p["pid"]))[:160] == p["cmd"]:
             try:
                 os.kill(p["pid"], signal.SIGKILL)
                 done.append(f"killed {p['pid']} ({p['cmd'][:60]})")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from fleet.markers import WAVE_RE, _start_time
+from fleet.markers import WAVE_RE, proc_start_time
 
 HOST_GLOB = "sandfleet-host-*"
 HOST_RECORD = "host.json"
@@ -28,7 +28,7 @@ NO_RECORD_AGE_S = 30.0  # a dir with no record (a host that died as it made it) 
 def record_owner(home: Path) -> None:
     """This process owns `home` (made if missing, root's, others may only traverse it)."""
     home.mkdir(mode=0o711, exist_ok=True)
-    me = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+    me = {"pid": os.getpid(), "start": proc_start_time(os.getpid())}
     rec = home / HOST_RECORD
     try:
         if orjson.loads(rec.read_bytes()) == me:
@@ -44,7 +44,7 @@ def owner_alive(home: Path) -> bool | None:
     """Whether the host that recorded itself in `home` still runs (None: no record)."""
     try:
         rec = orjson.loads((home / HOST_RECORD).read_bytes())
-        now = _start_time(int(rec["pid"]))
+        now = proc_start_time(int(rec["pid"]))
         return now is not None and now == rec["start"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

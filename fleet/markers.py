@@ -27,7 +27,7 @@ RAY_RECORD = "ray.json"
 ATTEMPT_CREDENTIALS = "credentials.json"
 
 
-def _start_time(pid: int) -> str | None:
+def proc_start_time(pid: int) -> str | None:
     """The process's start time (field 22 of /proc/<pid>/stat), or None when it is gone or a zombie (dead, not yet
     reaped by its parent): a pid with another start time is another process."""
     try:
@@ -37,7 +37,7 @@ def _start_time(pid: int) -> str | None:
     return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
-def _cmdline(pid: str) -> str:
+def proc_cmdline(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -67,7 +67,7 @@ def of_ray(pid: str, cmd: str, tmp: str) -> bool:
     return tmp + "/" in cmd or cmd.rstrip().endswith(tmp) or (cmd.startswith("ray::") and _holds(pid, tmp))
 
 
-def _environ(pid: str) -> bytes:
+def proc_environ(pid: str) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -103,8 +103,8 @@ def markers(errors: list | None = None, engine_lost: str | None = None) -> tuple
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or pid == me:
             continue
-        cmd = _cmdline(pid)
-        env = _environ(pid)
+        cmd = proc_cmdline(pid)
+        env = proc_environ(pid)
         m = SANDBOX_MARK.search(env)
         if m:
             entry(m.group(1).decode())["processes"].append({"pid": int(pid), "cmd": cmd[:160],

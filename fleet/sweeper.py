@@ -66,7 +66,7 @@ def reap_here(wave_id: str, sid: str) -> dict:
     for p in finder.markers()[0].get(wave_id, {}).get("processes", []):
         if p.get("sandbox") != sid:
             continue
-        m = finder.SANDBOX_MARK.search(finder._environ(str(p["pid"])))
+        m = finder.SANDBOX_MARK.search(finder.proc_environ(str(p["pid"])))
         if m and m.group(1).decode() == wave_id and m.group(2).decode() == sid:
             try:
                 os.kill(p["pid"], signal.SIGKILL)

@@ -117,9 +117,9 @@ class EmbeddedStore:
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
-        from fleet.markers import _start_time
+        from fleet.markers import proc_start_time
 
-        return self.pid is not None and _start_time(self.pid) == self.pid_start
+        return self.pid is not None and proc_start_time(self.pid) == self.pid_start
 
     # -- identities -------------------------------------------------------
     @staticmethod

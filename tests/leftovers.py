@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fleet.markers import _cmdline, _environ
+from fleet.markers import proc_cmdline, proc_environ
 from fleet import cgroups
 
 
@@ -19,10 +19,10 @@ def marked_processes() -> list[str]:
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or pid == me:
             continue
-        cmd = _cmdline(pid)
+        cmd = proc_cmdline(pid)
         if not cmd:
             continue
-        if (b"SANDFLEET_SANDBOX=" in _environ(pid) or "/tmp/sandfleet-" in cmd or "storage.proxy" in cmd
+        if (b"SANDFLEET_SANDBOX=" in proc_environ(pid) or "/tmp/sandfleet-" in cmd or "storage.proxy" in cmd
                 or "sandfleet-launch" in cmd or "sandfleet-init" in cmd or "sandfleet-lazyfs" in cmd):
             out.append(f"{pid} {cmd[:160]}")
     return out
@@ -32,7 +32,7 @@ def forwarder_parents() -> dict[int, int]:
     """pid -> parent pid of every `sandfleet-relay forward` (a sandbox host's relay, fleet/netns.py)."""
     out = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or "sandfleet-relay forward" not in _cmdline(pid):
+        if not pid.isdigit() or "sandfleet-relay forward" not in proc_cmdline(pid):
             continue
         try:
             out[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -44,12 +44,12 @@ def forwarder_parents() -> dict[int, int]:
 def forwarders() -> list[str]:
     """`sandfleet-relay forward` processes not started by this process: each ends when its host process does."""
     me = os.getpid()
-    return [f"{pid} {_cmdline(str(pid))[:160]}" for pid, ppid in forwarder_parents().items() if ppid != me]
+    return [f"{pid} {proc_cmdline(str(pid))[:160]}" for pid, ppid in forwarder_parents().items() if ppid != me]
 
 
 def ray_processes(tmpdir: str) -> list[str]:
-    return [f"{pid} {_cmdline(pid)[:160]}" for pid in os.listdir("/proc")
-            if pid.isdigit() and tmpdir in _cmdline(pid)]
+    return [f"{pid} {proc_cmdline(pid)[:160]}" for pid in os.listdir("/proc")
+            if pid.isdigit() and tmpdir in proc_cmdline(pid)]
 
 
 def sandbox_cgroups() -> list[str]:
@@ -120,11 +120,11 @@ def private_ray(tmpdir: str) -> dict[int, str]:
                 continue
             for kid in kids:
                 if kid not in found:
-                    found[kid] = _cmdline(str(kid))[:160]
+                    found[kid] = proc_cmdline(str(kid))[:160]
                     todo.append(kid)
     return found
 
 
 def still_running(procs: dict[int, str]) -> list[str]:
     """Those of `procs` (pid -> command line) that are still the same process."""
-    return [f"{pid} {cmd}" for pid, cmd in procs.items() if cmd and _cmdline(str(pid))[:160] == cmd]
+    return [f"{pid} {cmd}" for pid, cmd in procs.items() if cmd and proc_cmdline(str(pid))[:160] == cmd]

@@ -25,7 +25,7 @@ from typing import Callable
 from cluster.wave.errors import first_line
 from cluster.wave.parts import exit_text
 from cluster.wave.timeline import Event
-from fleet.markers import _cmdline, _start_time
+from fleet.markers import proc_cmdline, proc_start_time
 from fleet.records import HarnessFault
 from storage.proxy.handler import RELAY_LOST_EXIT
 
@@ -71,7 +71,7 @@ class Health:
 
     def own(self, part: str, pid: int | None) -> None:
         """Watch `pid` (a process of this machine the wave owns) for being stopped, as `part`."""
-        since = _start_time(pid) if pid else None
+        since = proc_start_time(pid) if pid else None
         if since:
             with self._pids_lock:
                 self.own_pids[part] = (pid, since)
@@ -89,7 +89,7 @@ class Health:
             found += [(f"sandbox host {n}", (i or {}).get("pid"), "SandboxHost")
                       for n, i in zip(fleet.node_ids, getattr(fleet, "host_info", None) or [])]
         for part, pid, cls in found:
-            if isinstance(pid, int) and _cmdline(str(pid)).startswith(f"ray::{cls}"):
+            if isinstance(pid, int) and proc_cmdline(str(pid)).startswith(f"ray::{cls}"):
                 self.own(part, pid)
 
     def start_watch(self) -> None:
@@ -152,8 +152,8 @@ class Health:
         lent = getattr(p, "store_lent", False)  # a lent store (a fleet's) outlives the wave: never ended by it
         for part, proc in (("store", None if lent else getattr(getattr(p, "store", None), "proc", None)),
                            ("fault proxy", getattr(getattr(p, "proxy", None), "proc", None))):
-            if proc is not None and proc.poll() is None and _start_time(proc.pid):
-                out[part] = (proc.pid, _start_time(proc.pid))
+            if proc is not None and proc.poll() is None and proc_start_time(proc.pid):
+                out[part] = (proc.pid, proc_start_time(proc.pid))
         gone = self.nodes.out | set(getattr(p.fleet, "down", ()) or ())
         out.update({part: v for part, v in own.items()
                     if not (part.startswith("sandbox host ") and part.rsplit(" ", 1)[1] in gone)})
@@ -168,7 +168,7 @@ class Health:
         out: dict[str, tuple[str, bool] | None] = {}
         for part, (pid, since) in self._watched_pids().items():
             state = _state(pid)
-            stopped = state in ("T", "t") and _start_time(pid) == since
+            stopped = state in ("T", "t") and proc_start_time(pid) == since
             out[part] = (f"pid {pid} is stopped (state {state}: SIGSTOP, or a debugger holds it)", False) \
                 if stopped else None
         return out
@@ -178,7 +178,7 @@ class Health:
         start time): left stopped, it would hold every call to it (a stopped GCS every Ray call) until the wave's
         bounds ran out one by one. Returns what was done, or None."""
         pid, since = self._watched_pids().get(part, (None, None))
-        if pid is None or _state(pid) not in ("T", "t") or _start_time(pid) != since:
+        if pid is None or _state(pid) not in ("T", "t") or proc_start_time(pid) != since:
             return None
         try:
             os.kill(pid, signal.SIGKILL)
@@ -230,9 +230,9 @@ class Health:
         for part in [k for k, (node, _, _) in self.ray_procs.items() if node in gone]:
             del self.ray_procs[part]
         for part, node, pid in session.core_processes():
-            if node not in gone and part not in self.ray_procs and _start_time(pid):
-                self.ray_procs[part] = (node, pid, _start_time(pid))
-        dead = [(part, pid) for part, (_, pid, since) in self.ray_procs.items() if _start_time(pid) != since]
+            if node not in gone and part not in self.ray_procs and proc_start_time(pid):
+                self.ray_procs[part] = (node, pid, proc_start_time(pid))
+        dead = [(part, pid) for part, (_, pid, since) in self.ray_procs.items() if proc_start_time(pid) != since]
         if not dead:
             return None
         # the first in the order they were listed (the GCS, then each raylet before its agents); a raylet and its
@@ -247,7 +247,7 @@ class Health:
             procs = list(self.ray_procs.items())
         for part, (_, pid, since) in procs:
             state = _state(pid)
-            if state in ("T", "t") and _start_time(pid) == since:
+            if state in ("T", "t") and proc_start_time(pid) == since:
                 return part, f"pid {pid} is stopped (state {state}: SIGSTOP, or a debugger holds it)"
         return None
 

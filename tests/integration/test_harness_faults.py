@@ -133,10 +133,10 @@ def test_a_killed_or_hung_part_ends_the_wave_as_a_harness_fault(fleet, tmp_path,
 
 def _ray_leftovers(tmpdir: str) -> list[str]:
     """Processes of a wave's private Ray: its temp dir on their command line, or (the retitled agents) open."""
-    from fleet.markers import _cmdline, of_ray
+    from fleet.markers import proc_cmdline, of_ray
 
-    return [f"{pid} {_cmdline(pid)[:100]}" for pid in os.listdir("/proc")
-            if pid.isdigit() and pid != str(os.getpid()) and of_ray(pid, _cmdline(pid), tmpdir)]
+    return [f"{pid} {proc_cmdline(pid)[:100]}" for pid in os.listdir("/proc")
+            if pid.isdigit() and pid != str(os.getpid()) and of_ray(pid, proc_cmdline(pid), tmpdir)]
 
 
 @pytest.mark.parametrize("part, sig", [("Ray GCS", signal.SIGKILL), ("raylet node-0", signal.SIGKILL),

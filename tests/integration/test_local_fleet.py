@@ -52,10 +52,10 @@ def _gone(info: dict, timeout_s: float = 20.0) -> list[str]:
 
 def _actor_pid(title: str, info: dict) -> int:
     """The pid of the fleet's actor process retitled `title` (one of its Ray's: its temp dir is open in it)."""
-    from fleet.markers import _cmdline, of_ray
+    from fleet.markers import proc_cmdline, of_ray
 
-    found = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).startswith(title)
-             and of_ray(pid, _cmdline(pid), info["ray"]["tmpdir"])]
+    found = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and proc_cmdline(pid).startswith(title)
+             and of_ray(pid, proc_cmdline(pid), info["ray"]["tmpdir"])]
     assert len(found) == 1, found
     return found[0]
 

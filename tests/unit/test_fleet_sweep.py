@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results, sweep
-from fleet.markers import _start_time
+from fleet.markers import proc_start_time
 
 HOLD = "import time; print('ready', flush=True); time.sleep(120)"
 
@@ -31,7 +31,7 @@ def test_a_dead_owners_fleet_is_swept_and_a_live_one_is_not():
     procs = []
     try:
         for d, rec in ((dead_dir, {"pid": owner.pid, "start": "gone"}),
-                       (live_dir, {"pid": os.getpid(), "start": _start_time(os.getpid())})):
+                       (live_dir, {"pid": os.getpid(), "start": proc_start_time(os.getpid())})):
             d.mkdir()
             (d / results.DRIVER_RECORD).write_bytes(orjson.dumps(rec))
         ray_tmp.mkdir()

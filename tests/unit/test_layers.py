@@ -17,16 +17,6 @@ LOWER = ("fleet", "storage", "faults")  # the floors below cluster/
 # the name a public spelling where it is defined, import that, and drop the line here). A new one is red.
 # (importing module, imported module, name)
 PRIVATE_ALLOWED = {
-    # fleet/markers.py: the process helpers every sweep reads (fleet/ is being split into rooms)
-    ("cluster.localfleet", "fleet.markers", "_start_time"),
-    ("cluster.raysession", "fleet.markers", "_cmdline"),
-    ("cluster.sweep", "fleet.markers", "_cmdline"),
-    ("cluster.sweep", "fleet.markers", "_environ"),
-    ("cluster.sweep", "fleet.markers", "_start_time"),
-    ("cluster.wave.health", "fleet.markers", "_cmdline"),
-    ("cluster.wave.health", "fleet.markers", "_start_time"),
-    ("fleet.hostdirs", "fleet.markers", "_start_time"),
-    ("storage.store", "fleet.markers", "_start_time"),
     ("fleet.gateway", "fleet.netns", "_pipe"),
     # the Ray session ends its own Ray's processes with the sweep's killer
     ("cluster.raysession", "cluster.sweep", "_kill_listed"),

@@ -13,7 +13,7 @@ import pytest
 from pathlib import Path
 
 from cluster import localfleet
-from fleet.markers import _start_time
+from fleet.markers import proc_cmdline, proc_start_time
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_a_file_that_is_not_a_fleet_record_is_refused_and_left_as_it_is(record, 
 
 
 def test_a_record_others_could_read_or_change_is_refused(record):
-    body = orjson.dumps(_valid(os.getpid(), _start_time(os.getpid())))
+    body = orjson.dumps(_valid(os.getpid(), proc_start_time(os.getpid())))
     _write(record, body, 0o644)
     with pytest.raises(localfleet.FleetError, match="has mode 644 .* only a file of this user with mode 600"):
         localfleet.down()
@@ -67,7 +67,7 @@ def test_a_record_naming_a_process_that_is_not_the_daemon_is_never_signalled(rec
     """A forged record naming this very process (right pid, right start time) is a dead fleet's: `read` says no
     fleet, `stale` names it, and `down` removes the record without a signal (this test would die of SIGTERM)."""
     me = os.getpid()
-    _write(record, orjson.dumps(_valid(me, _start_time(me))))
+    _write(record, orjson.dumps(_valid(me, proc_start_time(me))))
     assert localfleet.read() is None and localfleet.stale()["pid"] == me
     got = localfleet.down(timeout_s=1)
     assert got["pid"] == me and not got.get("killed") and not got.get("stopped") and not record.exists()
@@ -122,7 +122,7 @@ def test_a_huge_file_or_a_state_dir_outside_tmp_is_not_a_record(record):
     os.chmod(record, 0o600)
     with pytest.raises(localfleet.FleetError, match="bytes; a record is a few kB"):
         localfleet.read()
-    info = _valid(os.getpid(), _start_time(os.getpid()))
+    info = _valid(os.getpid(), proc_start_time(os.getpid()))
     for sd in ("/tmp/sandfleet-fleet-../../etc", "/tmp/sandfleet-fleet-x/sub", "/etc/sandfleet-fleet-x"):
         _write(record, orjson.dumps(dict(info, state_dir=sd)))
         with pytest.raises(localfleet.FleetError, match="state_dir"):
@@ -148,7 +148,7 @@ def test_a_dead_fleets_dir_never_names_a_live_owners_ray(tmp_path):
         for d, owner in ((live, os.getpid()), (forged, None)):
             d.mkdir()
             (d / "ray.json").write_bytes(orjson.dumps({"tmpdir": ray_tmp}))
-            (d / "driver.json").write_bytes(orjson.dumps({"pid": owner or 999999999, "start": _start_time(owner)
+            (d / "driver.json").write_bytes(orjson.dumps({"pid": owner or 999999999, "start": proc_start_time(owner)
                                                           if owner else "1"}))
         got = sweep.dead_fleets()
         assert str(live) not in got and got[str(forged)]["ray_tmpdir"] is None
@@ -157,7 +157,7 @@ def test_a_dead_fleets_dir_never_names_a_live_owners_ray(tmp_path):
         got = sweep.dead_fleets()
         assert got[str(forged)]["ray_tmpdir"] == ray_tmp
         assert proc.poll() is None, f"the stand-in for the dead fleet's Ray ended on its own ({proc.returncode})"
-        assert proc.pid in [p["pid"] for p in got[str(forged)]["processes"]], (got, sweep._cmdline(str(proc.pid)))
+        assert proc.pid in [p["pid"] for p in got[str(forged)]["processes"]], (got, proc_cmdline(str(proc.pid)))
     finally:
         proc.kill()
         proc.wait()

@@ -9,7 +9,7 @@ import sys
 import orjson
 
 from cluster import sweep
-from fleet import hostdirs
+from fleet import hostdirs, markers
 
 W1, W2 = "w-20261206T060000-s1-aaaa", "w-20261206T060000-s2-bbbb"
 
@@ -22,7 +22,7 @@ def _host_dir(root, node: str, pid: int | None, waves=(W1, W2)):
         (d / w / "sandboxes" / "t000-a1").mkdir(parents=True)
     (d / "code" / "abc").mkdir(parents=True)
     if pid is not None:
-        (d / hostdirs.HOST_RECORD).write_bytes(orjson.dumps({"pid": pid, "start": sweep._start_time(pid)}))
+        (d / hostdirs.HOST_RECORD).write_bytes(orjson.dumps({"pid": pid, "start": markers.proc_start_time(pid)}))
     return d
 
 
