@@ -16,15 +16,10 @@ import hmac
 import socket
 import threading
 
-from fleet.netns import _pipe
+from fleet.wire import MAGIC, pipe
 
-MAGIC = b"SFGW1"
 MAX_LINE = 256
 LINE_TIMEOUT_S = 5.0
-
-
-def preface(token: str, service: str) -> bytes:
-    return b"%s %s %s\n" % (MAGIC, token.encode(), service.encode())
 
 
 class Gateway:
@@ -91,7 +86,7 @@ class Gateway:
                 s = w.get_extra_info("socket")
                 if s is not None:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await asyncio.gather(_pipe(reader, upstream), _pipe(ureader, writer))
+            await asyncio.gather(pipe(reader, upstream), pipe(ureader, writer))
         except asyncio.CancelledError:  # the gate is stopping: this connection ends here (asyncio's stream
             return  # callback would print a cancelled handler's traceback to stderr)
         finally:

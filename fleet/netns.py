@@ -31,11 +31,11 @@ import threading
 import time
 from pathlib import Path
 
+from fleet.wire import pipe, preface
 from storage.process import installed_binary, stop_process
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-CHUNK = 256 * 1024
 # connections one sandbox may hold open to one service at once: one more is closed at once, before anything is
 # relayed, so a runner that opens thousands takes at most this many of the service's own (services.MAX_CONNECTIONS)
 # from the tasks beside it. An agent holds one or two per service; an HTTP pool keeps at most 10 (boto3) or 20
@@ -103,22 +103,6 @@ def make(ports: list[int], join_pid: int | None = None) -> tuple[int, list[socke
     finally:
         os.close(orig)
     return nsfd, socks
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-    """Copy until the reader's EOF, passed on as a half close (True); False on an error of either end."""
-    try:
-        while True:
-            data = await reader.read(CHUNK)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError, RuntimeError):
-        return False
-    return True
 
 
 async def _both_ways(up: asyncio.Task, down: asyncio.Task) -> bool:
@@ -319,8 +303,6 @@ class SandboxNet:
         if os.environ.get("SANDFLEET_NETNS_RELAY") != "python":
             fwd = _forwarder if _forwarder is not None and _forwarder.alive() else await asyncio.to_thread(forwarder)
         if fwd is not None:
-            from fleet.gateway import preface  # (gateway imports this module)
-
             name = fwd.name()
             try:
                 for port, sock in zip(ports, socks):
@@ -354,8 +336,6 @@ class SandboxNet:
             try:
                 ureader, uwriter = await asyncio.open_connection(host, port)
                 if service is not None:
-                    from fleet.gateway import preface
-
                     uwriter.write(preface(self.token or "", service))
                 for w in (uwriter, cwriter):
                     s = w.get_extra_info("socket")
@@ -363,8 +343,8 @@ class SandboxNet:
                         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF) if CONN_BUF > 0 else ():
                             s.setsockopt(socket.SOL_SOCKET, opt, CONN_BUF)
-                clean = await _both_ways(asyncio.ensure_future(_pipe(creader, uwriter)),
-                                         asyncio.ensure_future(_pipe(ureader, cwriter)))
+                clean = await _both_ways(asyncio.ensure_future(pipe(creader, uwriter)),
+                                         asyncio.ensure_future(pipe(ureader, cwriter)))
             except (OSError, asyncio.CancelledError):  # (cancelled: the sandbox's relays are closing)
                 pass
             finally:

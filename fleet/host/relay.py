@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from fleet.wire import preface
+
 RELAY_CHECK_S = 1.0  # how often a host asks its compiled sandbox relay whether it still serves
 RELAY_ANSWER_S = 5.0  # and how long it waits for the answer before it calls the relay hung
 PROBE_PATHS = {"s3": "/.sandfleet/health", "model": "/v1/models", "effects": "/"}  # (the proxy's: unlogged)
@@ -48,8 +50,6 @@ async def probe_head(targets: dict[str, str], token: str, timeout_s: float,
     """From this node, each of the head's services through its gate, end to end as a sandbox's relay goes
     (`host:port/service`, the relay token line, then an HTTP request): service -> None (it answered) or why
     not. Run where the sandboxes are, so a broken node-to-head path is seen as that node's."""
-    from fleet.gateway import preface
-
     async def one(service: str, target: str) -> str | None:
         addr, _, name = target.partition("/")
         host, _, port = addr.rpartition(":")

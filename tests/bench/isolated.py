@@ -80,7 +80,7 @@ def bench_waves(rows: list, rounds: int = 2) -> None:
 def _relay(upstream: str, token: str | None) -> int:
     """A sandbox-like relay on 127.0.0.1 (its own thread) to `upstream` (`host:port`, or `host:port/service` of the
     head's gate, opened with the token line); returns its port."""
-    from fleet.gateway import preface
+    from fleet.wire import preface
     from fleet.netns import _pipe
 
     addr, _, service = upstream.partition("/")

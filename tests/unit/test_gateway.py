@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from fleet.gateway import LINE_TIMEOUT_S, Gateway, preface
+from fleet.gateway import LINE_TIMEOUT_S, Gateway
+from fleet.wire import preface
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -17,7 +17,6 @@ LOWER = ("fleet", "storage", "faults")  # the floors below cluster/
 # the name a public spelling where it is defined, import that, and drop the line here). A new one is red.
 # (importing module, imported module, name)
 PRIVATE_ALLOWED = {
-    ("fleet.gateway", "fleet.netns", "_pipe"),
     # the Ray session ends its own Ray's processes with the sweep's killer
     ("cluster.raysession", "cluster.sweep", "_kill_listed"),
     # the grader's and the reports' shared helpers (cluster/grade/, cluster/htmlreport.py, cluster/serve.py)
