@@ -80,8 +80,7 @@ def bench_waves(rows: list, rounds: int = 2) -> None:
 def _relay(upstream: str, token: str | None) -> int:
     """A sandbox-like relay on 127.0.0.1 (its own thread) to `upstream` (`host:port`, or `host:port/service` of the
     head's gate, opened with the token line); returns its port."""
-    from fleet.wire import preface
-    from fleet.netns import _pipe
+    from fleet.wire import pipe, preface
 
     addr, _, service = upstream.partition("/")
     host, _, port = addr.rpartition(":")
@@ -92,7 +91,7 @@ def _relay(upstream: str, token: str | None) -> int:
         ureader, uwriter = await asyncio.open_connection(host, int(port))
         if service:
             uwriter.write(preface(token or "", service))
-        await asyncio.gather(_pipe(creader, uwriter), _pipe(ureader, cwriter))
+        await asyncio.gather(pipe(creader, uwriter), pipe(ureader, cwriter))
 
     def run():
         loop = asyncio.new_event_loop()
