@@ -2,6 +2,7 @@
 
 - `host/`: `SandboxHost`, the per-node actor (leases, relay watch, node dir, volumes, watches, sweep).
 - `ledger`: the lease ledger actor; `lifecycle`: transition tables; `records`: records that cross the wave's seams.
+- `refs`: a Ray answer as an asyncio future (hosts, sweep actor, wave); `wire`: the gate line and byte copy.
 - `sweeper`: the sweep actor; `markers`: what carries a marker on this machine; `hostdirs`: a host's dir on its node.
 - `sandbox/`: the backend template and the process backend; `docker_backend`, `dockerapi`, `dockerimage`: docker.
 - `backends`: a host's backend factory; `hollow`: the scale bench's hollow nodes.

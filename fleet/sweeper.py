@@ -24,6 +24,8 @@ import signal
 import time
 from typing import Any
 
+from fleet.refs import awaitable
+
 
 def _alive_parts(entry: dict) -> dict[str, dict]:
     """sandbox id -> what of it is alive: {"pids": [...], "cgroup": bool, "mounts": [...]}."""
@@ -132,8 +134,6 @@ class WaveSweep:
 
     async def _leases(self) -> tuple[dict, dict]:
         """(active leases by sandbox id, every lease row of the wave by sandbox id (latest fence))."""
-        from fleet.host import awaitable
-
         rows = await awaitable(self.ledger.leases_of.remote(self.prefix))
         now = self.clock()
         active = {r["sandbox_id"]: r for r in rows if r["state"] == "active" and r["expires_at"] > now}
@@ -258,8 +258,6 @@ class WaveSweep:
         node = self.where.get((self.wave_id, sid))
         if node is None or self.lister is None:
             return await asyncio.to_thread(self._reap, sid)
-        from fleet.host import awaitable
-
         host = self.lister.hosts().get(node)
         if host is None:
             raise RuntimeError(f"node {node} is not a sandbox node of the fleet any more")
@@ -293,8 +291,6 @@ class NodeScans:
         return {n: h for n, h in self.nodes.items() if n not in self.down}
 
     async def __call__(self, waves: list[str], engine_lost: str | None = None) -> tuple[dict, dict, list, dict]:
-        from fleet.host import awaitable
-
         hosts = self.hosts()
 
         async def one(n: str, h) -> dict:

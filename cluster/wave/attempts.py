@@ -32,9 +32,9 @@ from cluster.wave.timeline import Event, TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import derive, drawn
 from fleet import workloads
-from fleet.host import awaitable
 from fleet.lifecycle import TaskState
 from fleet.records import AttemptResult, PlannedTask
+from fleet.refs import awaitable
 from fleet.sandbox import SandboxSpec
 
 

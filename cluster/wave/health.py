@@ -302,7 +302,7 @@ class Health:
     async def probe_actors(self) -> dict[str, tuple[str, bool] | None]:
         from ray.exceptions import RayActorError
 
-        from fleet.host import awaitable
+        from fleet.refs import awaitable
 
         p = self.parts
         actors = [("lease ledger", p.ledger)] + [(f"sandbox host {n}", h) for n, h in
@@ -325,7 +325,7 @@ class Health:
     async def probe_node_paths(self) -> dict[str, tuple[str, bool] | None]:
         """Sandbox nodes that are other machines: from each live node, the head's services through its gate, end
         to end (`SandboxHost.probe_head`). A broken path is that node's harness fault: `path node-1 -> head`."""
-        from fleet.host import awaitable
+        from fleet.refs import awaitable
 
         p = self.parts
         gw = getattr(p, "gateway", None)
@@ -402,7 +402,7 @@ class Health:
             await asyncio.sleep(0.5)
 
     async def _sample_node_loads(self) -> None:
-        from fleet.host import awaitable
+        from fleet.refs import awaitable
 
         while self.harness_fault is None:
             p = self.parts

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fleet.host import LOG_CAP, awaitable
+from fleet.host import LOG_CAP
+from fleet.refs import awaitable
 from fleet.sandbox import sandbox_key
 
 PULL_EVERY_S = 1.0

@@ -212,7 +212,7 @@ class Nodes:
         and every attempt running there is given up (as a driver must when a machine stops answering: it cannot
         tell a cut from a death) with its keys revoked, unless `fencing` is off (the negative control). Then the
         link heals and the node is used again once its host answers (bounded)."""
-        from fleet.host import awaitable
+        from fleet.refs import awaitable
 
         why = self._link_refusal(node, "NP1")
         if why:

@@ -10,14 +10,12 @@ the rooms below; `start_host_actor` makes it remote at the edge). Rooms:
 - `sweep`: the node's sandboxes no lease covers; the sweep actor's scan and reap here.
 - `workspace_io`: what the host writes into or reads from a hostile workspace.
 - `wave`: a wave's handle on hosts other waves share (`WaveHost`, `WaveHosts`).
-- `refs`: `awaitable`, a Ray answer as an asyncio future.
 """
 from fleet.host.actor import HollowHost, SandboxHost, start_host_actor
 from fleet.host.nodedir import LOG_CAP
-from fleet.host.refs import awaitable
 from fleet.host.relay import PROBE_PATHS, RELAY_ANSWER_S, RELAY_CHECK_S
 from fleet.host.wave import PER_SANDBOX, WaveHost, WaveHosts
 from fleet.host.workspace_io import BALLAST, CheckpointReader
 
 __all__ = ["BALLAST", "LOG_CAP", "PER_SANDBOX", "PROBE_PATHS", "RELAY_ANSWER_S", "RELAY_CHECK_S", "CheckpointReader",
-           "HollowHost", "SandboxHost", "WaveHost", "WaveHosts", "awaitable", "start_host_actor"]
+           "HollowHost", "SandboxHost", "WaveHost", "WaveHosts", "start_host_actor"]

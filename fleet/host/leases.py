@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fleet.host.refs import awaitable
+from fleet.refs import awaitable
 from fleet.records import Lease
 
 

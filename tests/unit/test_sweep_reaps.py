@@ -40,12 +40,12 @@ class _Sweep(WaveSweep):
 def test_a_failed_reap_loses_none_of_the_others_and_is_reported(monkeypatch):
     """A pass reaped t1, then t2's reap raised: t1 was killed but went missing from the report (seen as a
     leaked sandbox in `leaked` and not in `reaped` in a loaded make test run)."""
-    import fleet.host
+    import fleet.sweeper
 
     async def plain(x):
         return x
 
-    monkeypatch.setattr(fleet.host, "awaitable", plain)
+    monkeypatch.setattr(fleet.sweeper, "awaitable", plain)
     sw = _Sweep({"t2-a1"}, clock=lambda: 100.0)
     sw.gate.set()
     asyncio.run(sw.scan(_waves("t1-a1", "t2-a1", "t3-a1")))
@@ -56,12 +56,12 @@ def test_a_failed_reap_loses_none_of_the_others_and_is_reported(monkeypatch):
 def test_two_passes_of_one_wave_never_reap_at_once(monkeypatch):
     """The actor's loop and `final` both scan: their passes take turns, so a sandbox is never reaped by two
     threads at once (the second pass finds it gone)."""
-    import fleet.host
+    import fleet.sweeper
 
     async def plain(x):
         return x
 
-    monkeypatch.setattr(fleet.host, "awaitable", plain)
+    monkeypatch.setattr(fleet.sweeper, "awaitable", plain)
     sw = _Sweep(set(), clock=lambda: 100.0)
     gone: set[str] = set()
     orig = sw._reap

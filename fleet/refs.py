@@ -1,4 +1,4 @@
-"""Ray's answers as asyncio futures, for the host and the sweep actor."""
+"""Ray's answers as asyncio futures, for the hosts, the sweep actor and the wave (below all of them)."""
 from __future__ import annotations
 
 import asyncio
