@@ -148,12 +148,12 @@ class WaveRun:
         # the store and the proxy are processes that take a while to come up: both are launched first, and the
         # services and the fleet start while they do (a wave's fixed cost is the longest of them, not their sum)
         if self.parts.fleet is None and self.cfg.address == "fleet":  # the fleet of `sandfleet up`: attach to it
-            from cluster import localfleet
+            from cluster import fleetrecord
 
             t = time.perf_counter()
             try:
-                self.parts.fleet = FleetSession.attach(localfleet.require(), self.wave_id)
-            except localfleet.FleetError as exc:
+                self.parts.fleet = FleetSession.attach(fleetrecord.require(), self.wave_id)
+            except fleetrecord.FleetError as exc:
                 raise HarnessError(str(exc)) from None
             self.figures["fleet_attach_s"] = round(time.perf_counter() - t, 3)
         if self.parts.fleet is not None:  # a lent fleet may have lost an actor or its store in an earlier wave

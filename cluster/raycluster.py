@@ -9,7 +9,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cluster import results
+from cluster import fleetrecord, results
 from cluster.fleetnodes import NodeChanges, drop_harness_dir
 from cluster.raysession import HEALTH_CHECKS, RaySession, node_name, node_resource  # noqa: F401
 
@@ -135,7 +135,7 @@ class FleetSession(NodeChanges):
 
     @classmethod
     def attach(cls, info: dict, wave_id: str | None = None) -> "FleetSession":
-        """The fleet of `sandfleet up` (its record, cluster/localfleet.py): this driver connects to its Ray and
+        """The fleet of `sandfleet up` (its record, cluster/fleetrecord.py): this driver connects to its Ray and
         finds its actors by name, and gets its store's endpoint and a key book of its own (per-attempt keys of
         this driver only, beside those of other waves attached at the same time). Nothing is started; `stop`
         only disconnects."""
@@ -170,9 +170,7 @@ class FleetSession(NodeChanges):
         self.keys = ScopedKeys(self.store, endpoint.creds)
         self.bucket = info["bucket"]
         if wave_id is not None:  # `sandfleet status` and `down` name the waves on the fleet
-            from cluster import localfleet
-
-            self.joined = localfleet.join(info, wave_id)
+            self.joined = fleetrecord.join(info, wave_id)
         return self
 
     def _discover_cluster_nodes(self) -> bool:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from cluster import results
+from fleet.markers import kill_listed, proc_cmdline, ray_processes
 
 
 # Node death must be seen in about a second, not Ray's default 15 s+ (PK3 kills nodes on purpose).
@@ -291,8 +292,6 @@ class RaySession:
 
         # every process of our own Ray, by PID, while the raylets still say which agents are theirs: a raylet that
         # dies first orphans its agents (no parent left to find them by); they carry no marker on their command line
-        from fleet.markers import proc_cmdline
-
         mine = [{"pid": pid, "cmd": proc_cmdline(str(pid))[:160]} for _, _, pid in self.core_processes()]
         steps = []
         if self.owned and ray.is_initialized():
@@ -313,9 +312,7 @@ class RaySession:
                 failed = failed or exc
         self.head, self.cluster, self.ray_nodes = None, None, {}
         if mine:
-            from cluster.sweep import _kill_listed
-
-            self.ended_leftovers = _kill_listed([p for p in mine if p["cmd"]])
+            self.ended_leftovers = kill_listed([p for p in mine if p["cmd"]])
         if self.tmpdir:
             if self.want_tmpdir or self.owned:
                 self.ended_leftovers = sorted(set(self.ended_leftovers + end_leftovers(self.tmpdir)))
@@ -360,14 +357,12 @@ def end_leftovers(tmpdir: str, timeout_s: float = 5.0) -> list[str]:
     ended."""
     import time
 
-    from cluster.sweep import _kill_listed, ray_processes
-
     ended: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         left = ray_processes(tmpdir)
         if not left:
             break
-        ended += _kill_listed(left)
+        ended += kill_listed(left)
         time.sleep(0.1)
     return sorted(set(ended))

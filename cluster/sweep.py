@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -30,7 +29,8 @@ import orjson
 
 from cluster import results
 from fleet import cgroups
-from fleet.markers import PRIVATE_GLOB, markers, proc_cmdline, proc_start_time
+from fleet.markers import (PRIVATE_GLOB, kill_listed, markers, of_ray, proc_cmdline, proc_start_time, processes,
+                           ray_processes)
 
 RESUMABLE_KEEP_S = 7 * 24 * 3600  # a dead resumable wave's store and ledger are kept this long by a plain sweep
 
@@ -87,17 +87,17 @@ def find(wave: str | None = None, errors: list | None = None, live: frozenset | 
         return e.get("ray_tmpdir") or (_recorded_ray_tmpdir(e["private_dir"]) if e["private_dir"] else None)
     dead_tags = {os.path.basename(t) for e in dead.values() for t in [ray_tmpdir(e)] if t}
     nodes = [d for d in dead_node_cgroups(dead_tags) if not wave or _node_tag(d) in dead_tags]
-    from cluster import localfleet
+    from cluster import fleetrecord
 
     try:
-        record, bad_record = (localfleet.stale() if not wave else None), None
-    except localfleet.FleetError as exc:  # a file there that is not a fleet's record: named, never removed
+        record, bad_record = (fleetrecord.stale() if not wave else None), None
+    except fleetrecord.FleetError as exc:  # a file there that is not a fleet's record: named, never removed
         record, bad_record = None, str(exc)
     from fleet import hostdirs
 
     return {"waves": dead, "wave": wave, "harness_cgroups": harness, "fleets": dead_fleets() if not wave else {},
             "host_dirs": hostdirs.dead_host_dirs(wave),
-            "fleet_record": str(localfleet.fleet_file()) if record is not None else None,
+            "fleet_record": str(fleetrecord.fleet_file()) if record is not None else None,
             "bad_fleet_record": bad_record,
             "node_cgroups": nodes, "dead_rays": dead_private_rays() if not wave else {}}
 
@@ -115,9 +115,7 @@ def dead_private_rays(root: str = "/tmp") -> dict[str, list[dict]]:
     (retitled `ray::DashboardAgent`, `ray::RuntimeEnvAgent`, found by the files they hold open there) for
     minutes, and a driver killed before it recorded its Ray names them nowhere else. A Ray with a live GCS or
     raylet is never listed."""
-    from fleet.markers import of_ray
-
-    procs = list(_processes())
+    procs = list(processes())
     out = {}
     for tmp in sorted(str(p) for p in Path(root).glob("sfray-*") if p.is_dir()):
         mine = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in procs if of_ray(pid, cmd, tmp)]
@@ -177,8 +175,6 @@ def _without_live_ray(e: dict, live: set[str]) -> dict:
     """A dead wave's leftovers less a Ray it names that is a live owner's, or that a dir of another user names."""
     tmp = e.get("ray_tmpdir")
     if tmp and (tmp in live or (e.get("private_dir") and not _ours(Path(e["private_dir"])))):
-        from fleet.markers import of_ray
-
         e = dict(e, ray_tmpdir=None, processes=[p for p in e["processes"]
                                                 if not of_ray(str(p["pid"]), proc_cmdline(str(p["pid"])), tmp)])
     return e
@@ -199,27 +195,9 @@ def dead_fleets() -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             tmp = None
         tmp = tmp if tmp and tmp.startswith("/tmp/sfray-") and tmp not in live else None
-        store = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if f"{d}/" in cmd]
+        store = [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in processes() if f"{d}/" in cmd]
         out[str(d)] = {"processes": store + (ray_processes(tmp) if tmp else []), "ray_tmpdir": tmp}
     return out
-
-
-def _processes():
-    """(pid, command line) of every process on the machine but this one (those that have a command line)."""
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and pid != me:
-            cmd = proc_cmdline(pid)
-            if cmd:
-                yield pid, cmd
-
-
-def ray_processes(tmp: str) -> list[dict]:
-    """The processes of the private Ray whose temp dir is `tmp` (its marker): the dir on their command line, or held
-    open by the agents that retitle themselves; as `_kill_listed` takes them."""
-    from fleet.markers import of_ray
-
-    return [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in _processes() if of_ray(pid, cmd, tmp)]
 
 
 def resumable(private_dir: str | None, now: float | None = None) -> dict | None:
@@ -262,7 +240,7 @@ def remove(found: dict, keep_data: bool = False, include_resumable: bool = False
     for e in found.get("host_dirs", []):  # (after the sandboxes: their workspaces are mounted in it)
         done += hostdirs.remove(e)
     for d, e in found.get("fleets", {}).items():
-        done += _kill_listed(e["processes"])
+        done += kill_listed(e["processes"])
         if e.get("ray_tmpdir") and Path(e["ray_tmpdir"]).is_dir():
             shutil.rmtree(e["ray_tmpdir"], ignore_errors=True)
             done.append(f"removed the dead fleet's Ray temp dir {e['ray_tmpdir']}")
@@ -272,7 +250,7 @@ def remove(found: dict, keep_data: bool = False, include_resumable: bool = False
         Path(found["fleet_record"]).unlink(missing_ok=True)
         done.append(f"removed the record of the dead `sandfleet up` fleet {found['fleet_record']}")
     for tmp, procs in found.get("dead_rays", {}).items():
-        done += _kill_listed(procs)
+        done += kill_listed(procs)
         shutil.rmtree(tmp, ignore_errors=True)
         done.append(f"removed the dead Ray's temp dir {tmp}")
     for d in found.get("node_cgroups", []):
@@ -292,7 +270,7 @@ def _remove_wave(w: str, e: dict, keep_data: bool) -> list[str]:
     from fleet.dockerapi import remove_container
     from fleet.sandbox import unmount_workspace
 
-    done = _kill_listed(e["processes"])
+    done = kill_listed(e["processes"])
     for sid in e["cgroups"]:
         r = reap_leftover(w, sid)
         done.append(f"reaped sandbox {w}/{sid} (pids {r['pids']})")
@@ -357,19 +335,6 @@ def _remove_harness_cgroups(found: dict) -> list[str]:
         if not busy or time.monotonic() > deadline:
             return done
         time.sleep(0.1)
-
-
-def _kill_listed(procs: list[dict]) -> list[str]:
-    """SIGKILL each listed process that is still the same one (its command line unchanged)."""
-    done = []
-    for p in procs:
-        if proc_cmdline(str(p["pid"]))[:160] == p["cmd"]:
-            try:
-                os.kill(p["pid"], signal.SIGKILL)
-                done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
-            except ProcessLookupError:
-                pass
-    return done
 
 
 def summary(found: dict, include_resumable: bool = False) -> list[str]:

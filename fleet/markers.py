@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import orjson
@@ -72,6 +73,35 @@ def proc_environ(pid: str) -> bytes:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return b""
+
+
+def processes():
+    """(pid, command line) of every process on the machine but this one (those that have a command line)."""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid != me:
+            cmd = proc_cmdline(pid)
+            if cmd:
+                yield pid, cmd
+
+
+def ray_processes(tmp: str) -> list[dict]:
+    """The processes of the private Ray whose temp dir is `tmp` (its marker): the dir on their command line, or held
+    open by the agents that retitle themselves; as `kill_listed` takes them."""
+    return [{"pid": int(pid), "cmd": cmd[:160]} for pid, cmd in processes() if of_ray(pid, cmd, tmp)]
+
+
+def kill_listed(procs: list[dict]) -> list[str]:
+    """SIGKILL each listed process that is still the same one (its command line unchanged)."""
+    done = []
+    for p in procs:
+        if proc_cmdline(str(p["pid"]))[:160] == p["cmd"]:
+            try:
+                os.kill(p["pid"], signal.SIGKILL)
+                done.append(f"killed {p['pid']} ({p['cmd'][:60]})")
+            except ProcessLookupError:
+                pass
+    return done
 
 
 SANDBOX_MARK = re.compile(rb"(?:^|\0)SANDFLEET_SANDBOX=(" + WAVE_RE.pattern.encode()

@@ -103,7 +103,7 @@ def private_ray(tmpdir: str) -> dict[int, str]:
     """pid -> command line of every process of the private Ray whose temp dir is `tmpdir`: its marker (the dir on
     the command line, or a retitled `ray::` process holding a file under it) and every descendant of those (the
     raylet's `ray::DashboardAgent` and `ray::RuntimeEnvAgent`, its workers)."""
-    from cluster.sweep import ray_processes
+    from fleet.markers import ray_processes
 
     found = {p["pid"]: p["cmd"] for p in ray_processes(tmpdir)}
     todo = list(found)

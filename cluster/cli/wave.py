@@ -123,11 +123,11 @@ def _report(wave, result: dict) -> int:
     for e in result.get("harness_errors", []):
         err(f"harness error: {e}")
     if result.get("harness_errors") and wave.cfg.address == "fleet":
-        from cluster import localfleet
+        from cluster import fleetrecord
 
         try:
-            gone = localfleet.read() is None
-        except localfleet.FleetError:
+            gone = fleetrecord.read() is None
+        except fleetrecord.FleetError:
             gone = True
         if gone:  # the likely why: say it rather than leave the user with a refused connection
             err("harness error: the fleet of `sandfleet up` this wave ran on is no longer up (stopped with "

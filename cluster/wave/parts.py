@@ -162,11 +162,11 @@ def preflight(cfg: WaveConfig) -> None:
     except (CgroupError, SandboxError, StoreError, RuntimeError) as exc:
         raise HarnessError(str(exc)) from None
     if cfg.address == "fleet":
-        from cluster import localfleet
+        from cluster import fleetrecord
 
         try:
-            localfleet.require()
-        except localfleet.FleetError as exc:
+            fleetrecord.require()
+        except fleetrecord.FleetError as exc:
             raise HarnessError(str(exc)) from None
     elif cfg.address not in ("local", "auto"):
         check_ray_address(cfg.address)

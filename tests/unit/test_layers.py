@@ -17,8 +17,6 @@ LOWER = ("fleet", "storage", "faults")  # the floors below cluster/
 # the name a public spelling where it is defined, import that, and drop the line here). A new one is red.
 # (importing module, imported module, name)
 PRIVATE_ALLOWED = {
-    # the Ray session ends its own Ray's processes with the sweep's killer
-    ("cluster.raysession", "cluster.sweep", "_kill_listed"),
     # the grader's and the reports' shared helpers (cluster/grade/, cluster/htmlreport.py, cluster/serve.py)
     ("cluster.grade", "cluster.grade.wave", "_control_errors"),
     ("cluster.grade.inputs", "cluster.artifacts", "_regular_bytes"),

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from pathlib import Path
 
-from cluster import localfleet
+from cluster import fleetrecord, localfleet
 from fleet.markers import proc_cmdline, proc_start_time
 
 
@@ -118,7 +118,7 @@ def test_one_record_file_has_one_spelling(record, tmp_path, monkeypatch):
 
 def test_a_huge_file_or_a_state_dir_outside_tmp_is_not_a_record(record):
     with open(record, "wb") as f:
-        f.truncate(localfleet.RECORD_MAX + 1)  # (sparse)
+        f.truncate(fleetrecord.RECORD_MAX + 1)  # (sparse)
     os.chmod(record, 0o600)
     with pytest.raises(localfleet.FleetError, match="bytes; a record is a few kB"):
         localfleet.read()
