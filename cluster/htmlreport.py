@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 from cluster import results
+from cluster.receipts import read_receipts
 from cluster.grade.history import _log_tails as log_tails
 from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
@@ -196,7 +197,7 @@ def write_html(d: Path, result: dict) -> Path:
     """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
     d = Path(d)
     events = results.read_jsonl(d / results.TIMELINE)
-    receipts = results.read_receipts(d / results.FAULTS)[0]  # (a damaged one is named in SUMMARY.md and the grades)
+    receipts = read_receipts(d / results.FAULTS)[0]  # (a damaged one is named in SUMMARY.md and the grades)
     grades = result["tasks"] + result.get("references", [])
     checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(v)}</td></tr>" for k, v in result["wave_checks"].items())
     errors = "".join(f"<li>{_e(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results
+from cluster.receipts import planned_receipts, read_receipts
 from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 
@@ -204,9 +205,9 @@ def _fault_coverage(d: Path, plan: dict | None = None) -> list[str]:
     """Per fault id: how many planned instances really applied; a fault none of which applied is NOT TESTED
     by this wave (whatever the tasks' verdicts say about everything else). A damaged faults.json is named (file,
     record, what is wrong): the faults it does not show are not counted as tested."""
-    receipts, damage = results.read_receipts(Path(d) / results.FAULTS)
+    receipts, damage = read_receipts(Path(d) / results.FAULTS)
     if plan is not None:
-        receipts, left = results.planned_receipts(receipts, plan)
+        receipts, left = planned_receipts(receipts, plan)
         if left:
             damage = "; ".join(x for x in (damage, f"{results.FAULTS}: {len(left)} receipt(s) that answer no planned "
                                            "fault, left out: " + "; ".join(left[:5])) if x)

@@ -198,6 +198,7 @@ def terminal_safe(text: str) -> str:
 # out (and named in the grades: `Inputs.skipped`), never a traceback that erases the wave's grade. NUM excludes
 # bool (True is an int in Python).
 NUM, INT, STR, BOOL, LIST, NONE, DICT = "num", "int", "str", "bool", "list", "none", "object"
+WALL = "wall"  # a wall clock's time: seconds since 1970, before the year 5000 (cluster/receipts.py)
 SHAPES: dict[str, dict[str, tuple[str, ...]]] = {
     PROXY_REQUESTS: {"t": (NUM,), "method": (STR,), "cut": (BOOL, NONE), "key": (STR, NONE), "bucket": (STR, NONE),
                      "akid": (STR, NONE), "status": (INT, NONE), "ms": (NUM, NONE), "prefix": (STR, NONE),
@@ -224,7 +225,7 @@ _IS = {NUM: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
        "list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
        "object of lists of records": lambda v: isinstance(v, dict) and all(
            isinstance(x, list) and all(isinstance(r, dict) for r in x) for x in v.values()),
-       "wall": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 95_617_584_000}
+       WALL: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 95_617_584_000}
 
 
 # The harness's own reports (written by the driver at the wave's end) as the grader and the reports read them: a
@@ -294,42 +295,6 @@ def fit(recs: list[dict], name: str) -> tuple[list[dict], list[str]]:
     return out, left
 
 
-# A fault's receipt as the grader and the reports read it (`faults.json`, written by the driver: a damaged or
-# hand-edited one is named, never a traceback). A time is a wall clock's (seconds since 1970, before the year 5000):
-# a receipt that says it fired at 1e300 is damaged, and a kill's `exercised` cannot be judged from it.
-WALL = "wall"
-RECEIPT: dict[str, tuple[str, ...]] = {
-    "fault_id": (STR,), "instance": (STR,), "task_id": (STR,), "status": (STR,), "target": (DICT, NONE),
-    "detail": (STR, NONE), "fired_at": (WALL, NONE), "cleared_at": (WALL, NONE), "evidence": (DICT, NONE)}
-RECEIPT_TARGET: dict[str, tuple[str, ...]] = {  # what the checks read of a receipt's target
-    "sandbox_id": (STR, NONE), "sandboxes": (LIST, NONE), "old_akid": (STR, NONE), "new_akid": (STR, NONE),
-    "zombie": (STR, NONE), "published_at": (WALL, NONE), "thawed_at": (WALL, NONE), "delay_s": (NUM, NONE)}
-
-
-def receipts_of(doc) -> tuple[list[dict], list[str]]:
-    """(the receipts of `faults.json`'s parsed JSON that have the shape the harness reads, "record N (instance):
-    why" of each left out). ValueError naming what it is when the whole is not a list of receipts."""
-    if not isinstance(doc, list):
-        raise ValueError(f"a JSON {type(doc).__name__}, not a list of receipts")
-    out, left = [], []
-    for i, r in enumerate(doc):
-        if not isinstance(r, dict):
-            left.append(f"record {i + 1}: a JSON {type(r).__name__}, not a receipt")
-            continue
-        lacks = [k for k in ("fault_id", "instance", "task_id", "status") if k not in r]
-        why = (f"no {', '.join(lacks)}" if lacks else misfit(r, RECEIPT)
-               or (misfit(r["target"], RECEIPT_TARGET) if isinstance(r.get("target"), dict) else None))
-        if why is None and isinstance((r.get("target") or {}).get("sandboxes"), list) and not all(
-                isinstance(s, str) for s in r["target"]["sandboxes"]):
-            why = "target.sandboxes holds something that is not a sandbox id"
-        if why is None:
-            out.append(r)
-        else:
-            name = r.get("instance") if isinstance(r.get("instance"), str) else None
-            left.append(f"record {i + 1}" + (f" ({terminal_safe(name[:60])})" if name else "") + f": {why}")
-    return out, left
-
-
 def regular_bytes(path: str | Path, follow: bool = False) -> bytes:
     """A stored file's bytes, read only when it is a regular file: never a FIFO (which would hang the reader) or a
     device (ValueError naming it), and never through a link unless `follow`. FileNotFoundError when it is missing."""
@@ -350,49 +315,6 @@ def write_stored(path: str | Path, data: bytes | str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def planned_receipts(receipts: list[dict], plan) -> tuple[list[dict], list[str]]:
-    """(the receipts that answer a fault the plan planned: same instance, task and fault id; "receipt (instance):
-    why" of each that answers none, left out: it is named, never counted as a fault that applied)."""
-    planned = {(f.get("instance"), f.get("task_id")): f.get("fault_id")
-               for where in ("tasks", "references") for t in ((plan or {}).get(where) or [])
-               if isinstance(t, dict) for f in (t.get("faults") or []) if isinstance(f, dict)} \
-        if isinstance(plan, dict) else {}
-    out, left = [], []
-    for r in receipts:
-        want = planned.get((r["instance"], r["task_id"]), ...)
-        if want == r["fault_id"]:
-            out.append(r)
-            continue
-        why = (f"fault_id {terminal_safe(r['fault_id'][:40])!r}, but the plan's is "
-               f"{terminal_safe(str(want)[:40])!r}" if want is not ... else
-               f"matches no planned fault (instance and task_id {terminal_safe(r['task_id'][:40])!r})")
-        left.append(f"receipt ({terminal_safe(r['instance'][:60])}): {why}")
-    return out, left
-
-
-def read_receipts(path: str | Path) -> tuple[list[dict], str | None]:
-    """The receipts of a `faults.json` that have the shape the harness reads, and what is wrong with the file (None:
-    nothing; a missing file is no receipt and nothing wrong). Never raises on the file's content."""
-    try:
-        data = regular_bytes(path, follow=True)
-    except FileNotFoundError:
-        return [], None
-    except ValueError as exc:
-        return [], f"{FAULTS}: {str(exc).split(': ', 1)[-1]}"
-    except OSError as exc:
-        return [], f"{FAULTS}: cannot be read ({exc.strerror or exc})"
-    try:
-        got, left = receipts_of(orjson.loads(data))
-    except orjson.JSONDecodeError as exc:
-        return [], f"{FAULTS}: not valid JSON ({exc})"
-    except ValueError as exc:
-        return [], f"{FAULTS}: {exc}"
-    if left:
-        return got, f"{FAULTS}: {len(left)} receipt(s) left out: " + "; ".join(left[:5]) + (
-            "; ..." if len(left) > 5 else "")
-    return got, None
 
 
 def parse_jsonl(data: bytes, required: tuple[str, ...] = (), skip_bad: bool = False) -> list[dict]:

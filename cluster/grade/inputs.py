@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results
+from cluster.receipts import planned_receipts, receipts_of
 
 
 class Unreadable(Exception):
@@ -157,8 +158,8 @@ def read_wave(d: Path) -> WaveRecord:
     timeline = inp.lines(results.TIMELINE) or []
     _check_wave_id(inp, plan, timeline)
     try:  # a receipt of another shape is left out and named; a file that is no list of receipts is unreadable
-        receipts, left = results.receipts_of(inp.json(results.FAULTS, []))
-        receipts, unplanned = results.planned_receipts(receipts, plan)
+        receipts, left = receipts_of(inp.json(results.FAULTS, []))
+        receipts, unplanned = planned_receipts(receipts, plan)
         left = left + unplanned
         if left:
             inp.skipped[results.FAULTS], inp.skipped_count[results.FAULTS] = left[:20], len(left)

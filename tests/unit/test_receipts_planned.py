@@ -7,6 +7,7 @@ import orjson
 
 from cluster import results
 from cluster.grade import grade_wave
+from cluster.receipts import planned_receipts
 from cluster.report import write_summary
 from tests.unit.test_grade_fuzz import FIXTURE, no_picture  # noqa: F401 - a fixture, used by name
 
@@ -30,7 +31,7 @@ def test_a_receipt_whose_fault_id_matches_no_planned_fault_is_named_not_counted(
 def test_planned_receipts_names_an_instance_the_plan_never_had():
     plan = {"tasks": [{"task_id": "t0", "faults": [{"fault_id": "PK1", "instance": "t0-PK1", "task_id": "t0"}]}]}
     rec = {"fault_id": "PK1", "instance": "t9-PK1", "task_id": "t9", "status": "applied"}
-    kept, left = results.planned_receipts([rec], plan)
+    kept, left = planned_receipts([rec], plan)
     assert kept == [] and "matches no planned fault" in left[0]
     ok = dict(rec, instance="t0-PK1", task_id="t0")
-    assert results.planned_receipts([ok], plan) == ([ok], [])
+    assert planned_receipts([ok], plan) == ([ok], [])
