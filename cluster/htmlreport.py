@@ -17,7 +17,6 @@ from pathlib import Path
 
 from cluster import results
 from cluster.receipts import read_receipts
-from cluster.grade.history import _log_tails as log_tails
 from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLIED)
@@ -30,7 +29,7 @@ svg text{font:11px system-ui,sans-serif}"""
 LANE, LEFT, WIDTH = 18, 150, 900
 
 
-def _e(x) -> str:
+def esc(x) -> str:
     """HTML-escaped, and every control or format character (ESC, BEL, a bidi override: a results folder's name, a
     runner's text) shown as `\\x1b`, never raw (`results.terminal_safe`)."""
     from cluster.results import terminal_safe
@@ -55,12 +54,13 @@ def page_csp(meta: bool = False) -> str:
 def _page(title: str, body: str, script: str = "") -> str:
     assert not script or script in SCRIPTS, "an inline script must be listed in SCRIPTS (its hash is in the CSP)"
     return (f"<!doctype html><html><head><meta charset=utf-8><meta http-equiv=Content-Security-Policy "
-            f"content=\"{page_csp(meta=True)}\"><title>{_e(title)}</title><style>{CSS}</style></head>"
+            f"content=\"{page_csp(meta=True)}\"><title>{esc(title)}</title><style>{CSS}</style></head>"
             f"<body>{body}{f'<script>{script}</script>' if script else ''}</body></html>")
 
 
-def _verdict(v: str) -> str:
-    return f"<span class='v {_e(v)}'>{_e(v)}</span>"
+def badge(v: str) -> str:
+    """A verdict as the pages show it: its word, coloured by its class (the CSS above)."""
+    return f"<span class='v {esc(v)}'>{esc(v)}</span>"
 
 
 def timeline_svg(events: list[dict]) -> str:
@@ -78,8 +78,8 @@ def timeline_svg(events: list[dict]) -> str:
     y = lambda tid: 24 + row[tid] * LANE  # noqa: E731
     parts = []
     for tid in tasks:
-        parts.append(f"<text x=4 y={y(tid) + 12} data-lane='{_e(tid)}'>{_e(node_of.get(tid, '-'))} "
-                     f"{_e(tid)}</text>")
+        parts.append(f"<text x=4 y={y(tid) + 12} data-lane='{esc(tid)}'>{esc(node_of.get(tid, '-'))} "
+                     f"{esc(tid)}</text>")
     clears = {e.get("instance"): e["t"] for e in events if e["event"] == "fault_clear"}
     for e in events:
         if e["event"] == "attempt_end" and e.get("task") in row:
@@ -87,29 +87,29 @@ def timeline_svg(events: list[dict]) -> str:
             ok = e.get("exit_code") == 0
             what = (f"{e['task']} attempt {e.get('attempt')} on {st.get('node') or '-'}: "
                     f"{e.get('cause') or ('exit 0' if ok else 'exit ' + str(e.get('exit_code')))}")
-            parts.append(f"<rect class=attempt data-task='{_e(e['task'])}' x={x(st['t']):.1f} y={y(e['task']) + 2} "
+            parts.append(f"<rect class=attempt data-task='{esc(e['task'])}' x={x(st['t']):.1f} y={y(e['task']) + 2} "
                          f"width={max(1.0, x(e['t']) - x(st['t'])):.1f} height={LANE - 6} "
-                         f"fill='{'#66bb6a' if ok else '#ef5350'}'><title>{_e(what)}</title></rect>")
+                         f"fill='{'#66bb6a' if ok else '#ef5350'}'><title>{esc(what)}</title></rect>")
         elif e["event"] == "fault_inject" and e.get("task") in row:
             applied = bool(e.get("applied"))
             what = (f"{e.get('instance')} ({e.get('fault')}): {'applied' if applied else 'not applied'} "
                     f"{e.get('why') or ''}")
             px, py = x(e["t"]), y(e["task"])
-            parts.append(f"<polygon class=fault data-task='{_e(e['task'])}' points='{px - 5:.1f},{py:.1f} "
+            parts.append(f"<polygon class=fault data-task='{esc(e['task'])}' points='{px - 5:.1f},{py:.1f} "
                          f"{px + 5:.1f},{py:.1f} {px:.1f},{py + 8:.1f}' fill='{'#000' if applied else '#bbb'}'>"
-                         f"<title>{_e(what)}</title></polygon>")
+                         f"<title>{esc(what)}</title></polygon>")
             end = clears.get(e.get("instance"))
             if applied and end is not None and end - e["t"] > 0.05:
                 parts.append(f"<line class=window x1={px:.1f} x2={x(end):.1f} y1={py + LANE - 3} y2={py + LANE - 3} "
-                             f"stroke='#000' stroke-width=3><title>{_e(e.get('instance'))} window "
+                             f"stroke='#000' stroke-width=3><title>{esc(e.get('instance'))} window "
                              f"{end - e['t']:.1f} s</title></line>")
         elif e["event"] in ("node_lost", "node_back", "harness_fault"):
             what = (f"harness fault: {e.get('part')}: {e.get('why')}" if e["event"] == "harness_fault"
                     else f"{e['event'].replace('_', ' ')}: {e.get('node')} ({e.get('fault') or ''})")
             color = "#c62828" if e["event"] == "harness_fault" else "#1565c0"
-            parts.append(f"<line class='{_e(e['event'])}' x1={x(e['t']):.1f} x2={x(e['t']):.1f} y1=16 "
+            parts.append(f"<line class='{esc(e['event'])}' x1={x(e['t']):.1f} x2={x(e['t']):.1f} y1=16 "
                          f"y2={24 + len(tasks) * LANE} stroke='{color}' stroke-dasharray='4 3'>"
-                         f"<title>{_e(what)}</title></line>")
+                         f"<title>{esc(what)}</title></line>")
     height = 40 + len(tasks) * LANE
     axis = (f"<text x={LEFT} y=12>0 s</text><text x={LEFT + WIDTH - 40} y=12>{t_end:.1f} s</text>")
     return (f"<svg id=timeline xmlns='http://www.w3.org/2000/svg' width={LEFT + WIDTH + 10} height={height}>"
@@ -120,8 +120,8 @@ def _matrix(grades: list[dict]) -> str:
     cells: dict[str, Counter] = defaultdict(Counter)
     for g in grades:
         cells["+".join(g["faults"]) or "none"][g["verdict"]] += 1
-    head = "".join(f"<th>{_e(v)}</th>" for v in VERDICTS)
-    rows = "".join(f"<tr><td>{_e(f)}</td>" + "".join(f"<td>{c[v] or ''}</td>" for v in VERDICTS) + "</tr>"
+    head = "".join(f"<th>{esc(v)}</th>" for v in VERDICTS)
+    rows = "".join(f"<tr><td>{esc(f)}</td>" + "".join(f"<td>{c[v] or ''}</td>" for v in VERDICTS) + "</tr>"
                    for f, c in sorted(cells.items()))
     return f"<table id=matrix><tr><th>fault</th>{head}</tr>{rows}</table>"
 
@@ -132,13 +132,13 @@ def _tasks_table(grades: list[dict]) -> str:
         bad = [k for k, c in g["checks"].items() if c["verdict"] != PASS]
         faults = "+".join(g["faults"]) or "none"
         bad_txt = ", ".join(f"{k}={g['checks'][k]['verdict']}" for k in bad) or "-"
-        rows.append(f"<tr data-verdict='{_e(g['verdict'])}' data-fault='{_e(faults)}' "
-                    f"data-checks='{_e(' '.join(bad))}'>"
-                    f"<td><a href='{results.PAGES}/{_e(g['task_id'])}.html'>{_e(g['task_id'])}</a></td>"
-                    f"<td>{_e(faults)}</td><td>{g['attempts']}</td><td>{_verdict(g['verdict'])}</td>"
-                    f"<td>{_e(bad_txt)}</td></tr>")
-    verdicts = "".join(f"<option>{_e(v)}</option>" for v in VERDICTS)
-    faults = "".join(f"<option>{_e(f)}</option>" for f in sorted({'+'.join(g['faults']) or 'none' for g in grades}))
+        rows.append(f"<tr data-verdict='{esc(g['verdict'])}' data-fault='{esc(faults)}' "
+                    f"data-checks='{esc(' '.join(bad))}'>"
+                    f"<td><a href='{results.PAGES}/{esc(g['task_id'])}.html'>{esc(g['task_id'])}</a></td>"
+                    f"<td>{esc(faults)}</td><td>{g['attempts']}</td><td>{badge(g['verdict'])}</td>"
+                    f"<td>{esc(bad_txt)}</td></tr>")
+    verdicts = "".join(f"<option>{esc(v)}</option>" for v in VERDICTS)
+    faults = "".join(f"<option>{esc(f)}</option>" for f in sorted({'+'.join(g['faults']) or 'none' for g in grades}))
     return (f"<p>verdict <select id=fv><option value=''>any</option>{verdicts}</select> fault <select id=ff>"
             f"<option value=''>any</option>{faults}</select> check <input id=fc placeholder='e.g. no_double_apply'>"
             f"</p><table id=tasks><tr><th>task</th><th>fault</th><th>attempts</th><th>verdict</th>"
@@ -158,7 +158,7 @@ def _log_tails(d: Path, tid: str) -> str:
     ev = d / results.EVIDENCE / tid / results.EVIDENCE_RUNNER_LOGS
     if ev.is_file():
         return ev.read_bytes()[-65536:].decode(errors="replace")
-    tails = log_tails(d, tid, lines=20)
+    tails = results.ResultsDir(d).runner_log_tails(tid, lines=20)
     return "\n".join(f"==> attempt {n}\n{text}" for n, text in sorted(tails.items())) or "(no runner log)"
 
 
@@ -166,21 +166,22 @@ def task_page(d: Path, g: dict, events: list[dict], receipts: list[dict]) -> str
     tid = g["task_id"]
     ends = [e for e in events if e["event"] == "attempt_end" and e.get("task") == tid]
     starts = {e.get("attempt"): e for e in events if e["event"] == "attempt_start" and e.get("task") == tid}
-    attempts = "".join(f"<tr><td>{_e(e.get('attempt'))}</td><td>{_e((starts.get(e.get('attempt')) or {}).get('node'))}"
-                       f"</td><td>{_e(e.get('exit_code'))}</td><td>{_e(e.get('cause') or '')}</td></tr>" for e in ends)
-    faults = "".join(f"<tr><td>{_e(r['instance'])}</td><td>{_verdict(r['status'])}</td><td>{_e(r.get('detail'))}</td>"
+    attempts = "".join(f"<tr><td>{esc(e.get('attempt'))}</td>"
+                       f"<td>{esc((starts.get(e.get('attempt')) or {}).get('node'))}</td>"
+                       f"<td>{esc(e.get('exit_code'))}</td><td>{esc(e.get('cause') or '')}</td></tr>" for e in ends)
+    faults = "".join(f"<tr><td>{esc(r['instance'])}</td><td>{badge(r['status'])}</td><td>{esc(r.get('detail'))}</td>"
                      f"</tr>" for r in receipts if r.get("task_id") == tid)
-    checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(c['verdict'])}</td><td>{_e(c.get('detail'))}</td></tr>"
+    checks = "".join(f"<tr><td>{esc(k)}</td><td>{badge(c['verdict'])}</td><td>{esc(c.get('detail'))}</td></tr>"
                      for k, c in g["checks"].items())
     replay = f"sandfleet wave replay {d}/{tid}"
-    body = (f"<p><a href='../{results.INDEX_HTML}'>&larr; the wave</a></p><h1>{_e(tid)}: {_verdict(g['verdict'])}</h1>"
-            f"<p>faults {_e('+'.join(g['faults']) or 'none')}, seed {_e(g['seed'])}, runner {_e(g['runner'])}</p>"
+    body = (f"<p><a href='../{results.INDEX_HTML}'>&larr; the wave</a></p><h1>{esc(tid)}: {badge(g['verdict'])}</h1>"
+            f"<p>faults {esc('+'.join(g['faults']) or 'none')}, seed {esc(g['seed'])}, runner {esc(g['runner'])}</p>"
             f"<h2>Attempts</h2><table id=attempts><tr><th>attempt</th><th>node</th><th>exit</th><th>why it ended</th>"
             f"</tr>{attempts}</table><h2>Faults</h2><table id=receipts><tr><th>fault</th><th>receipt</th>"
             f"<th>detail</th></tr>{faults}</table><h2>Checks</h2><table id=checks><tr><th>check</th>"
             f"<th>verdict</th><th>why</th></tr>"
-            f"{checks}</table><h2>Runner log tails (redacted)</h2><pre>{_e(_log_tails(d, tid))}</pre>"
-            f"<h2>Replay</h2><p><code>{_e(replay)}</code></p>")
+            f"{checks}</table><h2>Runner log tails (redacted)</h2><pre>{esc(_log_tails(d, tid))}</pre>"
+            f"<h2>Replay</h2><p><code>{esc(replay)}</code></p>")
     return _page(f"{tid} of {d.name}", body)
 
 
@@ -190,7 +191,7 @@ def _or_note(what: str, fn, *args) -> str:
     try:
         return fn(*args)
     except Exception as exc:  # noqa: BLE001 - the rest of the page stands
-        return f"<p class=note>({_e(what)} not drawn: {_e(type(exc).__name__)}: {_e(str(exc)[:200])})</p>"
+        return f"<p class=note>({esc(what)} not drawn: {esc(type(exc).__name__)}: {esc(str(exc)[:200])})</p>"
 
 
 def write_html(d: Path, result: dict) -> Path:
@@ -199,15 +200,15 @@ def write_html(d: Path, result: dict) -> Path:
     events = results.read_jsonl(d / results.TIMELINE)
     receipts = read_receipts(d / results.FAULTS)[0]  # (a damaged one is named in SUMMARY.md and the grades)
     grades = result["tasks"] + result.get("references", [])
-    checks = "".join(f"<tr><td>{_e(k)}</td><td>{_verdict(v)}</td></tr>" for k, v in result["wave_checks"].items())
-    errors = "".join(f"<li>{_e(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")
+    checks = "".join(f"<tr><td>{esc(k)}</td><td>{badge(v)}</td></tr>" for k, v in result["wave_checks"].items())
+    errors = "".join(f"<li>{esc(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")
                                                                                           or []))
-    body = (f"<h1>Wave {_e(result['wave_id'])}: {_verdict(result['verdict'])}</h1>"
+    body = (f"<h1>Wave {esc(result['wave_id'])}: {badge(result['verdict'])}</h1>"
             + (f"<ul id=errors>{errors}</ul>" if errors else "")
             + f"<h2>Wave checks</h2><table id=wave-checks>{checks}</table><h2>Timeline</h2>"
             f"<p>hover an attempt, a fault or a line to see what it was</p>{_or_note('timeline', timeline_svg, events)}"
             f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>{_tasks_table(grades)}"
-            f"<p>Replay one task: <code>sandfleet wave replay {_e(d)}/&lt;task&gt;</code>; the summary: "
+            f"<p>Replay one task: <code>sandfleet wave replay {esc(d)}/&lt;task&gt;</code>; the summary: "
             f"<a href='{results.SUMMARY}'>{results.SUMMARY}</a></p>")
     pages = d / results.PAGES
     pages.mkdir(exist_ok=True)
@@ -227,9 +228,9 @@ def _inline(text: str, link) -> str:
     for i, part in enumerate(text.split("`")):
         if i % 2:
             href = link(part)
-            out.append(f"<a href='{_e(href)}'><code>{_e(part)}</code></a>" if href else f"<code>{_e(part)}</code>")
+            out.append(f"<a href='{esc(href)}'><code>{esc(part)}</code></a>" if href else f"<code>{esc(part)}</code>")
         else:
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _e(part)))
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", esc(part)))
     return "".join(out)
 
 
@@ -264,7 +265,7 @@ def markdown_page(md: str, title: str, link=lambda _: None) -> str:
             items.append(st[2:])
         elif st.startswith("![") and "](" in st and st.endswith(")"):
             src = st.split("](", 1)[1][:-1]
-            body.append(f"<p><img src='{_e(src)}' alt='{_e(st[2:st.index(']')])}' style='max-width:100%'></p>")
+            body.append(f"<p><img src='{esc(src)}' alt='{esc(st[2:st.index(']')])}' style='max-width:100%'></p>")
         elif st:
             body.append(f"<p>{_inline(st, link)}</p>")
     flush()

@@ -156,6 +156,20 @@ class ResultsDir:
         logs = [p for p in (self.path / SANDBOXES).glob(f"{task_id}-a*/{RUNNER_LOG}") if attempt_of(p.parent.name)]
         return sorted(logs, key=lambda p: attempt_of(p.parent.name)[1])
 
+    def runner_log_tails(self, task_id: str, lines: int = 3) -> dict[int, str]:
+        """attempt -> the last `lines` lines of its runner log (of its last 4 KiB), as the grader and the HTML
+        report show them; a log that cannot be read is left out."""
+        out = {}
+        for p in self.runner_logs(task_id):
+            try:
+                n = attempt_of(p.parent.name)[1]
+                with open(p, "rb") as f:
+                    f.seek(max(0, p.stat().st_size - 4096))
+                    out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+            except (ValueError, OSError):
+                continue
+        return out
+
     def evidence(self, task_id: str) -> Path:
         return self.path / EVIDENCE / task_id
 

@@ -34,7 +34,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from cluster import results
-from cluster.htmlreport import CSS, _e, _verdict, page_csp
+from cluster.htmlreport import CSS, badge, esc, page_csp
 
 FLAKY = "flaky"
 IDLE_S = 10.0  # a connection that sends (or takes) nothing for this long is closed
@@ -185,20 +185,20 @@ def cell_trends(rows: list[dict]) -> dict[str, dict]:
 
 
 def _index_row(r: dict) -> str:
-    e = _e
+    e = esc
     c = categories(r)
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created"])) if _when(r["created"]) is not None else "?"
     passed = sum(1 for t in r["tasks"] if t["verdict"] == "pass")
     link = f"/w/{e(quote(r['dir']))}/{results.INDEX_HTML}"
     return (f"<tr><td>{when}</td><td><a href='{link}'>{e(r['wave_id'])}</a></td><td>{e(str(r['runner']))}"
-            f"</td><td>{e('+'.join(r['faults']) or 'none')}</td><td>{_verdict(r['verdict'] or '?')}</td>"
+            f"</td><td>{e('+'.join(r['faults']) or 'none')}</td><td>{badge(r['verdict'] or '?')}</td>"
             f"<td>{passed}/{len(r['tasks'])}</td><td>{c['runner failure']}</td><td>{c['harness fault']}</td>"
             f"<td>{c['not applied / not exercised']}</td><td>{c['unknown']}</td>"
             f"<td>{e('; '.join(r['problems'] + r['harness_errors'])[:300])}</td></tr>")
 
 
 def index_html(root: Path, rows: list[dict]) -> str:
-    e = _e
+    e = esc
     body = [f"<h1>Waves under <code>{e(str(root))}</code></h1>",
             f"<p>{len(rows)} wave(s). A cell is <b>flaky</b> when its verdict flips between pass and fail across waves "
             "on the same manifest.</p>", "<h2>Waves</h2><table><tr><th>date</th><th>wave</th><th>runner</th>"

@@ -30,5 +30,5 @@ from cluster.grade.inputs import Inputs, Unreadable, WaveRecord, read_wave  # no
 from cluster.grade.task import excuse, grade_task, run_checks, task_figures  # noqa: F401
 from cluster.grade.verdicts import (ERROR_WORDS, FAIL, NOT_APPLIED, OVERLOAD_PER_CORE, PASS, RANK, UNKNOWN,  # noqa: F401
                                     WRITE_METHODS, merge)
-from cluster.grade.wave import (_control_errors, exit_code, grade_tasks, grade_wave, leaks_of, runner_failures,  # noqa: F401
+from cluster.grade.wave import (exit_code, grade_tasks, grade_wave, leaks_of, runner_failures,  # noqa: F401
                                 runner_own_failure, ungraded_wave, wave_checks_of, write_grades)

@@ -29,7 +29,8 @@ def adds_check(fault_id: str | None, check: str) -> bool:
     return check in (getattr(_fault(fault_id), "adds_checks", ()) or ())
 
 
-def _cause(a: dict) -> str:
+def attempt_cause(a: dict) -> str:
+    """Why an attempt ended, as the grades name it: its recorded cause, else its exit code."""
     return a.get("cause") or f"exit {a.get('exit_code')}"
 
 

@@ -215,7 +215,8 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
     leaked = None if w.audit is None else [u for u in w.audit.get("incomplete_uploads") or []
                                            if u["key"].startswith(prefix)]
     return TaskHistory(
-        requests=_requests_of(w, at, tid, prefix), log_tails=_log_tails(w.d, tid), limits=limits,
+        requests=_requests_of(w, at, tid, prefix), log_tails=results.ResultsDir(w.d).runner_log_tails(tid),
+        limits=limits,
         store_held=store_held(w, tid),
         volatile=[v for v in cfg.get("volatile") or [] if isinstance(v, dict)],
         fenced=[f for f in w.fenced if f.get("task") == tid], host_load=w.host_load,
@@ -257,17 +258,3 @@ def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
     else:
         out["second"], out["second_id"] = sart, second["task_id"]
     return out
-
-
-def _log_tails(d: Path, tid: str, lines: int = 3) -> dict[int, str]:
-    out = {}
-    for p in results.ResultsDir(d).runner_logs(tid):
-        try:
-            n = results.attempt_of(p.parent.name)[1]
-            with open(p, "rb") as f:
-                f.seek(max(0, p.stat().st_size - 4096))
-                out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-        except (ValueError, OSError):
-            continue
-    return out
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cluster import results
 from cluster.grade.history import TaskHistory
 from cluster.grade.verdicts import ERROR_WORDS, FAIL, NOT_APPLIED, PASS, UNKNOWN, WRITE_METHODS
-from cluster.grade.facts import Facts, _cause, adds_check
+from cluster.grade.facts import Facts, adds_check, attempt_cause
 
 
 # a store answer that can end an attempt: refused (403: a dead or rotated key), the store failing (5xx), or no
@@ -35,7 +35,7 @@ def diagnosable(h: TaskHistory, facts: Facts) -> dict:
     mine = facts.mine
     silent, causes = [], []
     for a in interrupted:
-        cause, code = _cause(a), a.get("exit_code")
+        cause, code = attempt_cause(a), a.get("exit_code")
         if not cause.startswith("exit ") or a.get("start_error") or (code is not None and not 0 <= code <= 128):
             causes.append(cause)
             continue  # killed by a fault or the harness, a signal, OOM, workspace full, pids, start error
@@ -126,7 +126,7 @@ def retry_loop(h: TaskHistory, facts: Facts) -> dict:
     n = int(h.limits.get("retry_loop_n") or 3)
     run, worst, prev = 0, (0, ""), None
     for a in interrupted:
-        c = _cause(a)
+        c = attempt_cause(a)
         if a.get("sandbox") in fault_kills or c.startswith("killed:"):
             run, prev = 0, None
             continue

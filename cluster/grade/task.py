@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 
 from cluster.grade import checks as registry
-from cluster.grade.facts import Facts
+from cluster.grade.facts import Facts, attempt_cause
 from cluster.grade.history import TaskHistory
 from cluster.grade.runs import host_overload
 from cluster.grade.verdicts import FAIL, UNKNOWN, merge
@@ -119,7 +119,7 @@ def grade_task(h: TaskHistory) -> dict:
             "interrupted": facts.was_interrupted,  # (a notice answered by an exit 0 interrupted it too)
             "ended": end is not None, "model_recalls": recall.get("model_recalls"),
             "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
-            "attempt_causes": [a.get("cause") or f"exit {a.get('exit_code')}" for a in attempts],
+            "attempt_causes": [attempt_cause(a) for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "resume_s": figures["resume_s"],
             "wall_s": figures["wall_s"], "store_write_ms_per_step": figures["store_write_ms_per_step"],

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from cluster.grade import _control_errors, runner_failures, runner_own_failure
+from cluster.grade import runner_failures, runner_own_failure
+from cluster.grade.wave import _control_errors  # (the one module's own helper, tested here)
 
 LEAK = {"verdict": "fail", "detail": "upload 1a2b of w/ref-t000/snapshot.tar was never completed or aborted"}
 OK = {"verdict": "pass", "detail": ""}
