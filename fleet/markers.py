@@ -5,7 +5,8 @@ the environment marker `SANDFLEET_SANDBOX=<wave>/<sandbox>`, the store's and pro
 sandbox cgroups `<own>/sandfleet/<wave>/<sandbox>`, workspace mounts the source `sandfleet-ws.<wave>.<sandbox>`,
 docker sandboxes the label `sandfleet.wave`, and the wave's private dir `/tmp/sandfleet-<wave>/` (its driver's
 record, its private Ray's temp dir). `sandfleet sweep` (cluster/sweep.py) and the sweep actor (fleet/sweeper.py)
-both find through `markers()`; nothing here changes anything.
+both find through `markers()`. Nothing here changes anything but `kill_listed`, which ends the processes a caller
+listed (the sweep's, and a Ray session's own at its stop).
 """
 from __future__ import annotations
 
