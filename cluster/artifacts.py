@@ -5,9 +5,10 @@ the harness when the runner exited 0, and `artifact.json` (per-file sha256 and
 size, the tree digest, the attempt, files that were not regular and were
 skipped). Each capture is written to a fresh directory and moved into place, so
 two captures are never merged. The reference of a task is the artifact of an
-uninterrupted run of the same runner on the same seed (`artifacts/ref-<task>/`),
-cached across waves under `<results root>/.reference-cache/<key>/`, keyed by the runner's content (its code,
-interpreter, env and workdir's files; never their paths), the workload, its steps and the seed.
+uninterrupted run of the same runner on the same seed (`artifacts/ref-<task>/`; a task with no fault planned
+that ran once untouched is its own, `cluster/grade/selfref.py`), cached across waves under
+`<results root>/.reference-cache/<key>/`, keyed by the runner's content (its code, interpreter, env and workdir's
+files; never their paths), the workload, its steps and the seed.
 """
 from __future__ import annotations
 
@@ -264,7 +265,11 @@ def cache_passed_references(cache: ReferenceCache, wave_id: str, out, result: di
     would hide that from every later wave, so it is run again there."""
     from cluster.grade.verdicts import PASS  # lazily: the grader reads artifacts through this module
 
-    for g in result.get("references", []):
+    # a task that was its own reference (no fault planned, one attempt nothing touched: cluster/grade/selfref.py)
+    # is the seed's uninterrupted run: it fills the cache under the key its reference would have
+    own = [g for g in result.get("tasks", [])
+           if ((g.get("checks") or {}).get("resume_equivalent") or {}).get("reference") == "self"]
+    for g in result.get("references", []) + own:
         if g.get("verdict") != PASS or (g["checks"].get("completed") or {}).get("verdict") != PASS:
             continue
         got = read_artifact(out.artifact(g["task_id"]))

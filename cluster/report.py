@@ -90,6 +90,11 @@ def _replay_lines(grades: list[dict]) -> list[str]:
             f"interruption(s) ({per})"]
 
 
+def _own(grades: list[dict]) -> int:
+    """Tasks compared with themselves: no fault planned, one attempt nothing touched (cluster/grade/selfref.py)."""
+    return sum(1 for g in grades if ((g.get("checks") or {}).get("resume_equivalent") or {}).get("reference") == "self")
+
+
 def _durability(d: Path, result: dict) -> list[str]:
     """The faults tested, and the durability figures over every task."""
     grades, plan = result["tasks"], result["plan"]
@@ -106,7 +111,7 @@ def _durability(d: Path, result: dict) -> list[str]:
         f"- Store write time per step (p50 over tasks; the commit overhead): {_pcts(commit, 'ms')}",
         f"- Wall time per task vs its uninterrupted reference: {_wall(grades, refs)}",
         f"- Positive control (uninterrupted reference runs that pass): {ref_pass}/{len(refs)} run in this wave"
-        f", {cached} reused from the reference cache",
+        f", {cached} reused from the reference cache, {_own(grades)} tasks their own (uninterrupted, no fault planned)",
         f"- Store audit: {_audit(d)}",
         f"- Leaked sandboxes: {_count(leaks['sandboxes'])} at the hosts' end-of-wave sweep, "
         f"{_count(leaks.get('sandboxes_sweeper'))} by the sweep actor "

@@ -82,7 +82,8 @@ WAVE_CHECKS: dict[str, str] = {
                          "(`unknown` when either could not look everywhere; after a harness fault a lost part's "
                          "sandboxes are the harness's, `unknown`)",
     "no_leaked_upload": "no multipart upload left incomplete in the store (from the store audit)",
-    "positive_control": "the references (uninterrupted, fault-free runs of the same runner and seeds) passed; a wave "
+    "positive_control": "the references (uninterrupted, fault-free runs of the same runner and seeds, and the tasks "
+                        "with no fault planned that ran as one and were their own) passed; a wave "
                         "with faults whose positive control is not 1.0 is a harness error, exit 2, unless the "
                         "reference fails on the runner's own (then the runner fails, exit 1)",
     "store_audit": "every object read back through a second client (`minio`) is what its writer sent: no short "

@@ -9,6 +9,7 @@ from pathlib import Path
 from cluster import results
 from cluster.artifacts import read_artifact
 from cluster.grade.inputs import WaveRecord
+from cluster.grade.selfref import not_uninterrupted, planned_self
 from cluster.grade.verdicts import PASS, WRITE_METHODS
 
 
@@ -26,7 +27,7 @@ class TaskHistory:
     writes: list[dict] | None = None  # 2xx store writes under the task's prefix (proxy log)
     artifact: dict[str, bytes] | None = None
     artifact_error: str | None = None  # the capture exists but cannot be read: unknown, never fail
-    reference: dict | None = None  # {"digest", "files", "task_id", "second" or "second_why"} or {"why"}
+    reference: dict | None = None  # {"digest", "files", "task_id", "second" or "second_why", "self"?} or {"why"}
     harness_fault: dict | None = None  # a part of the harness died during the wave (timeline `harness_fault`)
     foreign_writes: list[dict] | None = None  # its attempts' writes outside its prefix; None = not attributable
     leaked_uploads: list[dict] | None = None  # multipart uploads under its prefix left incomplete; None = no audit
@@ -231,13 +232,24 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
         leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))
 
 
-def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict) -> dict:
+def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict, own: TaskHistory | None = None) -> dict:
     """What the task's artifact is compared with: its reference run's files and digest, or why there is none; and
     the files of a second uninterrupted run of the seed when the wave ran one (`second`), or why not
-    (`second_why`)."""
+    (`second_why`). A task planned as its own reference (`cluster/grade/selfref.py`) whose reference did not run is
+    compared with itself (`self`) when it is an uninterrupted run (`own`: its history)."""
     from fleet.workloads.base import tree_digest
 
     rtid = (task.get("reference") or {}).get("task_id")
+    if planned_self(task) and rtid not in ref_verdict:  # no reference ran: the task is one, or it has none
+        events, art = (own.events, own.artifact) if own is not None else ([], None)
+        why = not_uninterrupted(task, events, w.receipts, w.hfault, own.receipts_damage if own else None)
+        if why is not None:
+            return {"why": f"no fault was planned, so no reference ran beside it, but it is no uninterrupted run "
+                           f"({why}), and no reference of its seed ran after it"}
+        if art is None:
+            return {"why": "no fault was planned and no reference ran beside it, and its own artifact is unreadable"}
+        return {"self": True, "digest": tree_digest(art), "files": art, "task_id": task["task_id"],
+                "second_why": "its own reference (uninterrupted, no fault planned)"}
     rart, why = _read_artifact_safe(w.out.artifact(rtid)) if rtid else (None, "no reference planned")
     rg = ref_verdict.get(rtid)
     if rg is not None and rg["checks"]["completed"]["verdict"] != PASS:

@@ -53,7 +53,7 @@ def _graded(w: WaveRecord, at: Attribution, task: dict, ref_verdict: dict | None
     try:
         h = task_history(w, at, task)
         if ref_verdict is not None:
-            h.reference = _reference_of(w, task, ref_verdict)
+            h.reference = _reference_of(w, task, ref_verdict, h)
         hist_of[task["task_id"]] = h
         return grade_task(h)
     except Exception as exc:  # noqa: BLE001 - the wave is always graded
@@ -212,7 +212,9 @@ def grade_wave(results_dir: str | Path, secrets: tuple = ()) -> dict:
     write_grades(w, grades + ref_grades, hist_of, secrets)
     harness_errors += _control_errors(w, ref_grades)
     leaks = leaks_of(w)
-    wave_checks = wave_checks_of(w, leaks, ref_grades, harness_errors)
+    own = [g for g in grades if (g["checks"].get("resume_equivalent") or {}).get("reference") == "self"]
+    wave_checks = wave_checks_of(w, leaks, ref_grades + own, harness_errors)  # (a task that was its own reference
+    # is an uninterrupted, fault-free run: the positive control holds it too)
     verdict = merge([g["verdict"] for g in grades] + [v if k != "harness" else (UNKNOWN if v == FAIL else PASS)
                                                       for k, v in wave_checks.items()])
     timeline = w.timeline

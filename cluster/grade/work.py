@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cluster.grade.diff import changed, describe, drop_volatile, printable
 from cluster.grade.history import TaskHistory, recall_analysis
+from cluster.grade.selfref import SELF_DETAIL
 from cluster.grade.verdicts import FAIL, PASS, UNKNOWN
 from cluster.grade.facts import Facts
 
@@ -122,7 +123,8 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
     """The artifact equals an uninterrupted run's of the same runner and seed, leaving out the paths the user
     declared volatile. Where it differs, a second uninterrupted run of the seed (run by the wave on demand) tells
     the runner's own non-determinism (the two runs differ there too: `unknown`) from damage (they agree: `fail`,
-    naming the lines)."""
+    naming the lines). A task with no fault planned that ran once, untouched, is that uninterrupted run itself
+    (`reference: self`, cluster/grade/selfref.py): the same, trivially."""
     from fleet.workloads.base import tree_digest
 
     if h.artifact_error:
@@ -132,6 +134,11 @@ def resume_equivalent(h: TaskHistory, facts: Facts) -> dict:
     ref = h.reference or {}
     if "digest" not in ref:
         return {"verdict": UNKNOWN, "detail": f"no reference to compare with: {ref.get('why', 'none')}"}
+    if ref.get("self"):  # the task is the uninterrupted run of its seed (cluster/grade/selfref.py)
+        got = tree_digest(h.artifact)
+        return {"verdict": PASS, "expected": got, "got": got, "reference": "self",
+                "detail": f"{SELF_DETAIL}: this task is the uninterrupted run of its seed, so no second one ran "
+                          "beside it"}
     rules = h.volatile
     got_files, left_out = drop_volatile(h.artifact, rules)
     want_files, left_out_ref = drop_volatile(ref.get("files") or {}, rules)

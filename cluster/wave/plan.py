@@ -28,7 +28,8 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
     """Every task, its seed and faults, and the reference run (positive control) of each seed.
 
     A reference is an uninterrupted, fault-free run of the same runner on the same seed; one found
-    in the cache (same runner code, workload and seed) is reused instead of run again.
+    in the cache (same runner code, workload and seed) is reused instead of run again. A task with no fault
+    planned is its own (`reference.self`): none runs beside it.
     """
     runner = cfg.runner_spec()
     if cfg.enumerate_boundaries:  # phase 1 runs the reference alone; its boundaries plan the tasks
@@ -47,9 +48,13 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
         cached = cache.get(key) is not None if cache is not None else False
         base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
+        # a task with no fault planned is itself an uninterrupted run of its seed: no reference runs beside it
+        # (cluster/grade/selfref.py; one that turns out interrupted gets its reference after the tasks)
+        own = not cached and not faults[tid]
         tasks.append(PlannedTask(tid, "task", **base, faults=tuple(f.to_dict() for f in faults[tid]),
-                                 reference={"task_id": REF + tid, "key": key, "cached": cached}))
-        if not cached:
+                                 reference={"task_id": REF + tid, "key": key, "cached": cached,
+                                            **({"self": True} if own else {})}))
+        if not cached and not own:
             refs.append(PlannedTask(REF + tid, "reference", reference_of=tid, **base,
                                     reference={"task_id": REF + tid, "key": key, "cached": False}))
     return Plan(wave_id, cfg.seed, time.time(), cfg.public_dump(), runner, tuple(tasks), tuple(refs),
@@ -86,6 +91,7 @@ def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCach
                            f"{', '.join(t['task_id'] for t in original['tasks'][:20])}")
     task = PlannedTask.of(orjson.loads(orjson.dumps(task)))
     ref = dict(task.reference, cached=cache is not None and cache.get(task.reference["key"]) is not None)
+    ref.pop("self", None)  # (a replay runs its reference beside it, as every wave of one task did)
     task = PlannedTask.of({**task.to_dict(), "reference": ref})
     refs = () if ref["cached"] else (PlannedTask(ref["task_id"], "reference", task.seed, task.runner, task.workload,
                                                  task.steps, reference_of=task_id, reference=dict(ref)),)

@@ -44,6 +44,8 @@ class Event(str, enum.Enum):
     NODE_FAULT_TURN = "node_fault_turn"  # a task with a node-level fault got its turn and its node
     BOUNDARIES_ENUMERATED = "boundaries_enumerated"
     SECOND_REFERENCES = "second_references"  # a task differed from its reference: the seed runs once more
+    # a task planned as its own reference (no fault) was no uninterrupted run: its reference runs after the tasks
+    REFERENCES_AFTER = "references_after"
     PART_PROBE_FAILED = "part_probe_failed"
     HARNESS_FAULT = "harness_fault"
     HARNESS_ERROR = "harness_error"
