@@ -1,8 +1,9 @@
 """A fault's receipt as the grader and the reports read it (`faults.json`, written by the driver): a damaged or
 hand-edited one is named, never a traceback. A time is a wall clock's (seconds since 1970, before the year 5000): a
 receipt that says it fired at 1e300 is damaged, and a kill's `exercised` cannot be judged from it. A receipt that
-answers no fault the plan planned is named and left out, never counted as a fault that applied. The file's name
-and the record kinds (`misfit`) are cluster/results.py's.
+answers no fault the plan planned is named and left out, never counted as a fault that applied. A receipt written
+`applied` that says not when it fired (`fired_at` null or missing) is read as `unknown`, named in its detail: whether
+it exercised anything cannot be judged. The file's name and the record kinds (`misfit`) are cluster/results.py's.
 """
 from __future__ import annotations
 
@@ -37,11 +38,21 @@ def receipts_of(doc) -> tuple[list[dict], list[str]]:
                 isinstance(s, str) for s in r["target"]["sandboxes"]):
             why = "target.sandboxes holds something that is not a sandbox id"
         if why is None:
-            out.append(r)
+            out.append(_timed(r))
         else:
             name = r.get("instance") if isinstance(r.get("instance"), str) else None
             left.append(f"record {i + 1}" + (f" ({terminal_safe(name[:60])})" if name else "") + f": {why}")
     return out, left
+
+
+def _timed(r: dict) -> dict:
+    """The receipt as the grader counts it: one written `applied` with no fire time is `unknown` (a copy, its detail
+    saying why); every driver-written applied receipt has one, a wave resumed from a timeline that kept none or a
+    damaged file does not."""
+    if r["status"] != "applied" or r.get("fired_at") is not None:
+        return r
+    return dict(r, status="unknown", detail="written as applied, but fired_at is null: when it fired is unknown, so "
+                "whether it exercised anything cannot be judged" + (f"; {r['detail']}" if r.get("detail") else ""))
 
 
 def planned_receipts(receipts: list[dict], plan) -> tuple[list[dict], list[str]]:

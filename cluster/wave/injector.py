@@ -70,8 +70,9 @@ class Injector:
             if injected.error is not None:
                 receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected.error}"
             self.receipts.append(receipt)
+            # when it fired and at what: a resumed wave rebuilds the receipt from this event (cluster/wave/resume.py)
             tl(Event.FAULT_CLEAR, task=spec.task_id, fault=spec.fault_id, instance=spec.instance,
-               status=receipt.status, detail=receipt.detail)
+               status=receipt.status, detail=receipt.detail, fired_at=receipt.fired_at, target=receipt.target)
 
     @staticmethod
     def settle_arms(run, sandbox_id: str, watches: dict) -> bool:

@@ -47,9 +47,13 @@ def prepare_resume(out: results.ResultsDir, plan: dict, wave_id: str) -> tuple[d
     fired = {}
     for e in events:
         if e["event"] == "fault_clear":
+            # its fire time and target as the injector recorded them: a timeline from before they were kept
+            # gives none, and the grader reads such an `applied` receipt as `unknown` (cluster/receipts.py)
             fired[e["instance"]] = {"fault_id": e["fault"], "instance": e["instance"], "task_id": e["task"],
-                                    "status": e["status"], "target": {}, "detail": e.get("detail", ""),
-                                    "fired_at": None, "cleared_at": e["wall"],
+                                    "status": e["status"], "detail": e.get("detail", ""),
+                                    "target": e["target"] if isinstance(e.get("target"), dict) else {},
+                                    "fired_at": e["fired_at"] if _is_num(e.get("fired_at")) else None,
+                                    "cleared_at": e["wall"],
                                     "evidence": {"from": "the timeline of the driver that died"}}
     timeline = Timeline(out.timeline, since_wall=events[0]["wall"])
     now = time.time()
