@@ -1,8 +1,9 @@
 """A cold wave beside a warm one (issue 45), in one run, back to back.
 
-Each wave is `sandfleet wave run` with its own Ray and store, the durable runner, faults none. Cold: a fresh results
-root, so every task's reference (its seed's uninterrupted run) runs beside it. Warm: the same wave again in the same
-root, every reference taken from the cache. Moved: the same runner's code copied to a second directory (the bytes
+Each wave is `sandfleet wave run` with its own Ray and store, the durable runner, faults none (or each fault set of
+`--faults`, e.g. `none,PK1`). Cold: a fresh results root, so every faulted task's reference (its seed's uninterrupted
+run) runs beside it, and a task with no fault planned is its own (cluster/grade/selfref.py: it runs no second one and
+fills the cache). Warm: the same wave again in the same root, every reference taken from the cache. Moved: the same runner's code copied to a second directory (the bytes
 unchanged, the path new: another checkout, another venv's copy) and run in the root the first copy warmed. The
 reference cache is keyed by the runner's content (cluster/artifacts.py `runner_digest`), so the moved wave reuses
 every reference; a key holding the path ran them all again.
@@ -10,7 +11,7 @@ every reference; a key holding the path ran them all again.
 Rounds alternate cold, warm and moved; the table gives the median of the rounds and every run. Run it holding the
 suite's lock (its waves are what the suite's leftover checks look for):
 
-    flock /run/sandfleet-test-suite.lock .venv/bin/python -m tests.bench.coldwarm [--rounds N]
+    flock /run/sandfleet-test-suite.lock .venv/bin/python -m tests.bench.coldwarm [--rounds N] [--faults none,PK1]
 
 It prints the table and writes it into BENCHMARKS.md between `<!-- coldwarm -->` marks. With `--phases [--think-ms
 50,150]` it runs only cold and warm, each in a cpuacct cgroup, and writes where the cold's extra wall and CPU go (by
@@ -103,6 +104,44 @@ def _copy_runner(d: Path) -> dict:
     return {"name": "durable-copy", "command": [sys.executable, str(d / "durable.py")], "workdir": str(d)}
 
 
+# a fault set's timing: at boundaries of the runner (its Nth model answer), so load cannot move where a kill lands and
+# the durable runner resumes (every wave must exit 0)
+TIMING = {"PK1": {"after_model_calls": [3, 8]}}
+
+
+def bench_faulted(rows: list, faults: str, rounds: int = 2, tasks: int = 32, concurrency: int = 16, steps: int = 10,
+                  think_ms: int = 50) -> None:
+    """Cold beside warm with a fault set (`PK1`, `PK1+ST1`, ...): every task has a fault, so every reference runs
+    beside its task in the cold wave, as before."""
+    root = Path(tempfile.mkdtemp(prefix="sfbench-coldwarm-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0")
+    ids = sorted(set(faults.split("+")))
+    cfg = {"seed": 5, "runner": "durable", "faults": [faults], "deadline_s": 300, "tasks": tasks,
+           "concurrency": concurrency, "workload": {"steps": steps, "think_ms": think_ms},
+           "fault_timing": {f: TIMING[f] for f in ids if f in TIMING}}
+    got: dict[str, list[float]] = {"cold": [], "warm": []}
+    reused: dict[str, list[int]] = {"cold": [], "warm": []}
+    try:
+        for r in range(rounds):
+            for name in ("cold", "warm"):
+                wall, plan = _wave(root / f"round{r}" / "a", cfg, env)
+                got[name].append(wall)
+                reused[name].append(_reused(plan))
+    finally:
+        if not os.environ.get("SFBENCH_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+    cold, warm = statistics.median(got["cold"]), statistics.median(got["warm"])
+    runs = {k: ", ".join(f"{x:.1f}" for x in v) for k, v in got.items()}
+    timing = "; ".join(f"{f} after model answer {a}-{b}" for f, t in cfg["fault_timing"].items()
+                       for a, b in [t["after_model_calls"]])
+    rows.append((f"{tasks} durable tasks ({steps} steps x {think_ms} ms), concurrency {concurrency}, faults {faults} "
+                 f"({timing or 'default timing'}: every task has one), own Ray and store: cold ({tasks} references run "
+                 f"beside the tasks) / warm ({min(reused['warm'])} of {tasks} references from the cache)",
+                 f"{cold:.1f} s", f"{warm:.1f} s",
+                 f"x{cold / warm:.2f} (goal: x1.3); runs: cold {runs['cold']}; warm {runs['warm']}"))
+
+
 def bench_coldwarm(rows: list, rounds: int = 2, tasks: int = 32, concurrency: int = 16, steps: int = 10,
                    think_ms: int = 50, small: tuple[int, int] = (8, 1)) -> None:
     root = Path(tempfile.mkdtemp(prefix="sfbench-coldwarm-"))
@@ -142,8 +181,9 @@ def bench_coldwarm(rows: list, rounds: int = 2, tasks: int = 32, concurrency: in
         return ", ".join(f"{x:.1f}" for x in got[k])
 
     rows.append((f"{tasks} durable tasks ({steps} steps x {think_ms} ms), concurrency {concurrency}, faults none, own "
-                 f"Ray and store: cold (a fresh results root: {tasks} references run beside the tasks) / warm (the "
-                 f"same root again: {min(reused['warm'])} of {tasks} references from the cache)",
+                 f"Ray and store: cold (a fresh results root: each task its own reference, none run beside it; they "
+                 f"fill the cache) / warm (the same root again: {min(reused['warm'])} of {tasks} references from the "
+                 "cache)",
                  f"{med('cold'):.1f} s", f"{med('warm'):.1f} s",
                  f"x{med('cold') / med('warm'):.2f} (goal: x1.3); runs: cold {runs('cold')}; warm {runs('warm')}"))
     rows.append((f"the same wave with the runner's code copied elsewhere (same bytes, new path and mtimes), in the "
@@ -151,23 +191,25 @@ def bench_coldwarm(rows: list, rounds: int = 2, tasks: int = 32, concurrency: in
                  f"{med('moved'):.1f} s", f"{med('moved_cold'):.1f} s",
                  f"x{med('moved') / med('moved_cold'):.2f} of the first copy's cold wave; x{med('moved') / med('warm'):.2f}"
                  f" of the warm wave; runs: moved {runs('moved')}; first copy cold {runs('moved_cold')}"))
-    rows.append((f"{small[0]} durable tasks, concurrency {small[1]} (a reference beside each task: two runners on "
-                 f"two cores): cold / warm ({min(reused['small_warm'])} of {small[0]} from the cache)",
+    rows.append((f"{small[0]} durable tasks, concurrency {small[1]}, faults none: cold / warm "
+                 f"({min(reused['small_warm'])} of {small[0]} from the cache)",
                  f"{med('small_cold'):.1f} s", f"{med('small_warm'):.1f} s",
                  f"x{med('small_cold') / med('small_warm'):.2f}; runs: cold {runs('small_cold')}; warm "
                  f"{runs('small_warm')}"))
 
 
-def write_table(rows: list, rounds: int) -> str:
+def write_table(rows: list, rounds: int, faults: str = "none") -> str:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    flag = f" --faults {faults}" if faults != "none" else ""
     head = (f"{MARK}\n\nCold beside warm (`flock /run/sandfleet-test-suite.lock .venv/bin/python -m tests.bench.coldwarm"
-            f" --rounds {rounds}`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {rev.strip()}, "
+            f" --rounds {rounds}{flag}`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {rev.strip()}, "
             f"median of {rounds} rounds:\n\n| measurement | value | beside | ratio / note |\n|---|---|---|---|\n")
-    note = ("\nA cold wave runs every seed twice (the task, and beside it its reference), so on a machine whose cores "
-            "the tasks already fill it does up to twice the runners' work: there the ratio is the CPU's, not the "
-            "schedule's. With a core free for each reference (the last row) it is near warm. The reference cache's "
-            "key is the runner's content, so a copy of the same runner elsewhere runs warm (the middle row: a path in "
-            "the key ran all of its references again).\n")
+    note = ("\nA task with no fault planned that ran once, untouched, is its own reference (cluster/grade/selfref.py): "
+            "a cold `faults: none` wave runs no second run of any seed, and its tasks fill the cache. A faulted task "
+            "still runs its reference beside it, so a cold faulted wave runs every seed twice: on a machine whose "
+            "cores the tasks already fill that is up to twice the runners' work, a ratio the CPU sets, not the "
+            "schedule. The reference cache's key is the runner's content, so a copy of the same runner elsewhere runs "
+            "warm (the moved row).\n")
     table = head + "".join(f"| {' | '.join(r)} |\n" for r in rows) + note + f"\n{MARK}"
     bench = ROOT / "BENCHMARKS.md"
     text = bench.read_text()
@@ -267,9 +309,14 @@ def main() -> None:
                   if "--think-ms" in sys.argv else [50])
         print(write_phases([bench_phases(rounds=rounds, think_ms=t) for t in thinks], rounds, thinks))
         return
+    faults = sys.argv[sys.argv.index("--faults") + 1] if "--faults" in sys.argv else "none"
     rows: list = []
-    bench_coldwarm(rows, rounds=rounds)
-    print(write_table(rows, rounds))
+    for fs in faults.split(","):  # `none,PK1`: the rows of each fault set (`PK1+ST1`: both on every task)
+        if fs == "none":
+            bench_coldwarm(rows, rounds=rounds)
+        else:
+            bench_faulted(rows, fs, rounds=rounds)
+    print(write_table(rows, rounds, faults))
 
 
 if __name__ == "__main__":
