@@ -232,7 +232,7 @@ def task_history(w: WaveRecord, at: Attribution, task: dict) -> TaskHistory:
         leaked_uploads=leaked, damaged_by=at.damaged.get(tid, []))
 
 
-def _reference_of(w: WaveRecord, task: dict, ref_verdict: dict, own: TaskHistory | None = None) -> dict:
+def reference_for(w: WaveRecord, task: dict, ref_verdict: dict, own: TaskHistory | None = None) -> dict:
     """What the task's artifact is compared with: its reference run's files and digest, or why there is none; and
     the files of a second uninterrupted run of the seed when the wave ran one (`second`), or why not
     (`second_why`). A task planned as its own reference (`cluster/grade/selfref.py`) whose reference did not run is

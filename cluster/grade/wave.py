@@ -10,7 +10,7 @@ import orjson
 
 from cluster import results
 from cluster.grade.evidence import redact, redact_grades, write_evidence
-from cluster.grade.history import Attribution, TaskHistory, _reference_of, attribute, task_history
+from cluster.grade.history import Attribution, TaskHistory, attribute, reference_for, task_history
 from cluster.grade.inputs import WaveRecord, read_wave
 from cluster.grade.task import grade_task
 from cluster.grade.verdicts import FAIL, PASS, UNKNOWN, merge
@@ -53,7 +53,7 @@ def _graded(w: WaveRecord, at: Attribution, task: dict, ref_verdict: dict | None
     try:
         h = task_history(w, at, task)
         if ref_verdict is not None:
-            h.reference = _reference_of(w, task, ref_verdict, h)
+            h.reference = reference_for(w, task, ref_verdict, h)
         hist_of[task["task_id"]] = h
         return grade_task(h)
     except Exception as exc:  # noqa: BLE001 - the wave is always graded

@@ -14,13 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cluster", "fleet", "storage", "faults")
 LOWER = ("fleet", "storage", "faults")  # the floors below cluster/
 
-# Today's exceptions to "no `_name` across modules", each in a room another change owns (issue 44 removes them: give
-# the name a public spelling where it is defined, import that, and drop the line here). A new one is red.
-# (importing module, imported module, name)
-PRIVATE_ALLOWED = {
-    ("cluster.grade.wave", "cluster.grade.history", "_reference_of"),  # (grade/selfref.py's change is on it)
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -178,9 +171,9 @@ def test_the_product_is_walked():
 
 
 def test_no_private_name_is_imported_across_modules():
-    new = private_imports(imports()) - PRIVATE_ALLOWED
-    assert not new, ("a `_name` imported from another module: give it a public name where it is defined "
-                     f"(importer, module, name): {sorted(new)}")
+    found = private_imports(imports())
+    assert not found, ("a `_name` imported from another module: give it a public name where it is defined, or move "
+                       f"it to the room that owns its concern (importer, module, name): {sorted(found)}")
 
 
 def test_no_import_cycle_at_module_level():

@@ -9,7 +9,7 @@ import orjson
 from cluster.artifacts import ReferenceCache, cache_passed_references, write_artifact
 from cluster.config import build_config
 from cluster.grade import PASS, TaskHistory, grade_task
-from cluster.grade.history import _reference_of
+from cluster.grade.history import reference_for
 from cluster.grade.selfref import SELF_DETAIL, not_uninterrupted, planned_self
 from cluster.wave.plan import build_plan
 from fleet.workloads.base import tree_digest
@@ -82,7 +82,7 @@ def _hist(events, art):
 def test_a_clean_task_with_no_fault_is_graded_as_its_own_reference(tmp_path):
     art = apply_script(SEED, STEPS)
     h = _hist(CLEAN, art)
-    h.reference = _reference_of(_wave(tmp_path), TASK, {}, h)
+    h.reference = reference_for(_wave(tmp_path), TASK, {}, h)
     assert h.reference["self"] is True and h.reference["digest"] == tree_digest(art)
     g = grade_task(h)
     re_ = g["checks"]["resume_equivalent"]
@@ -96,14 +96,14 @@ def test_a_task_with_no_fault_that_needed_two_attempts_is_never_its_own_referenc
     reference run after the tasks, it is compared with that run, as a task with a fault is."""
     art = apply_script(SEED, STEPS)
     h = _hist(TWICE, art)
-    h.reference = _reference_of(_wave(tmp_path), TASK, {}, h)
+    h.reference = reference_for(_wave(tmp_path), TASK, {}, h)
     assert "self" not in h.reference and "its timeline has task_retry" in h.reference["why"], h.reference
     re_ = grade_task(h)["checks"]["resume_equivalent"]
     assert re_["verdict"] == "unknown" and "no reference of its seed ran after it" in re_["detail"], re_
     # its reference ran after the tasks (the driver's `_references_after`): compared with that run
     write_artifact(tmp_path / "artifacts" / "ref-t000", art, {"task_id": "ref-t000", "attempt": 1})
     ref_grade = {"task_id": "ref-t000", "checks": {"completed": {"verdict": PASS}}}
-    h.reference = _reference_of(_wave(tmp_path), TASK, {"ref-t000": ref_grade}, h)
+    h.reference = reference_for(_wave(tmp_path), TASK, {"ref-t000": ref_grade}, h)
     assert h.reference["task_id"] == "ref-t000" and "self" not in h.reference
     re_ = grade_task(h)["checks"]["resume_equivalent"]
     assert re_["verdict"] == PASS and "reference" not in re_, re_
