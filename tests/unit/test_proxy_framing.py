@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from storage import proxy as px
+from tests.proxyharness import through_proxy
 
 OK = [
     b"GET /b/k HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -48,41 +49,10 @@ def test_each_head_another_reader_may_frame_otherwise_is_named(kind):
     assert px.framing_problem(BAD[kind]), kind
 
 
-async def _through_proxy(tmp_path, sends: list[bytes]) -> tuple[list[bytes], list[bytes], list[dict]]:
-    """Each of `sends` on its own connection to a real FaultProxy; (answers, bytes the upstream got, log)."""
-    got: list[bytes] = []
-
-    async def upstream(r, w):
-        while True:
-            data = await r.read(65536)
-            if not data:
-                break
-            got.append(data)
-            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-            await w.drain()
-        w.close()
-
-    up = await asyncio.start_server(upstream, "127.0.0.1", 0)
-    proxy = px.FaultProxy("127.0.0.1", up.sockets[0].getsockname()[1], str(tmp_path / "log.jsonl"))
-    front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
-    answers = []
-    for data in sends:
-        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
-        w.write(data)
-        await w.drain()
-        answers.append(await asyncio.wait_for(r.read(), 10))  # to EOF: the proxy closes a refused connection
-        w.close()
-    front.close()
-    up.close()
-    proxy.flush_log()
-    log = [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
-    return answers, got, log
-
-
 def test_the_proxy_refuses_logs_and_closes_and_the_upstream_gets_nothing(tmp_path):
     hidden = b"PUT /b/hidden HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"
     sends = [BAD[k] + hidden for k in sorted(BAD)]
-    answers, got, log = asyncio.run(_through_proxy(tmp_path, sends))
+    answers, got, log = asyncio.run(through_proxy(tmp_path, sends))
     for kind, answer in zip(sorted(BAD), answers):
         assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), (kind, answer[:200])
         assert b"<Code>BadRequest</Code>" in answer and answer.count(b"HTTP/1.1") == 1, (kind, answer)
@@ -101,7 +71,7 @@ def test_the_proxy_refuses_logs_and_closes_and_the_upstream_gets_nothing(tmp_pat
 ])
 def test_a_chunked_body_framed_otherwise_ends_the_connection_and_is_logged(tmp_path, body):
     head = b"PUT /b/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    answers, got, log = asyncio.run(_through_proxy(tmp_path, [head + body]))
+    answers, got, log = asyncio.run(through_proxy(tmp_path, [head + body]))
     assert b"PUT /b/hidden" not in b"".join(got)
     assert answers[0] == b"" or answers[0].startswith(b"HTTP/1.1 400 "), answers[0][:200]
     assert [r for r in log if r.get("bad_request")], log
@@ -110,7 +80,7 @@ def test_a_chunked_body_framed_otherwise_ends_the_connection_and_is_logged(tmp_p
 def test_a_well_framed_chunked_body_with_a_trailer_still_passes(tmp_path):
     head = b"PUT /b/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
     body = b"5;ext=1\r\nhello\r\n0\r\nX-Trailer: v\r\n\r\n"
-    answers, got, log = asyncio.run(_through_proxy(tmp_path, [head + body]))
+    answers, got, log = asyncio.run(through_proxy(tmp_path, [head + body]))
     assert b"".join(got) == head + body
     assert answers[0].startswith(b"HTTP/1.1 200 ")
     assert log[0]["req_bytes"] == 5 and "bad_request" not in log[0]

@@ -5,51 +5,24 @@ from __future__ import annotations
 
 import asyncio
 
-import orjson
 import pytest
 
 from storage import proxy as px
 from storage.quota import Quota
+from tests.proxyharness import head_then_eof_if_closed, through_proxy
 
 HIDDEN = b"PUT /b/w/t000/hidden HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"
 
 
-async def _through_quota_proxy(tmp_path, sends: list[bytes]) -> tuple[list[bytes], list[bytes], list[dict]]:
-    """Each of `sends` on its own connection to a real FaultProxy with a quota; (answers, upstream bytes, log)."""
-    got: list[bytes] = []
-
-    async def upstream(r, w):
-        while True:
-            data = await r.read(65536)
-            if not data:
-                break
-            got.append(data)
-            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-            await w.drain()
-        w.close()
-
-    up = await asyncio.start_server(upstream, "127.0.0.1", 0)
-    proxy = px.FaultProxy("127.0.0.1", up.sockets[0].getsockname()[1], str(tmp_path / "log.jsonl"),
-                          Quota(max_objects=5, max_bytes=1000))
+def _ready(proxy: px.FaultProxy) -> None:
     proxy.quota.use.setdefault(("b", "w", "t000"), proxy.quota._use(("b", "w", "t000")))
     proxy.quota.use[("b", "w", "t000")].objects["w/t000/big"] = 600  # as if written (600 B) earlier
     proxy.quota.use[("b", "w", "t000")].objects["w/t000/small"] = 1
-    front = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
-    answers = []
-    for data in sends:
-        r, w = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
-        w.write(data)
-        await w.drain()
-        answer = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
-        if b"Connection: close" in answer:  # to EOF: the proxy closes a refused connection
-            answer += await asyncio.wait_for(r.read(), 10)
-        answers.append(answer)
-        w.close()
-    front.close()
-    up.close()
-    proxy.flush_log()
-    log = [orjson.loads(x) for x in (tmp_path / "log.jsonl").read_bytes().splitlines()]
-    return answers, got, log
+
+
+def _through_quota_proxy(tmp_path, sends: list[bytes]):
+    """Each of `sends` on its own connection to a real FaultProxy with a quota; (answers, upstream bytes, log)."""
+    return through_proxy(tmp_path, sends, Quota(max_objects=5, max_bytes=1000), _ready, head_then_eof_if_closed)
 
 
 def _refused(tmp_path, head: bytes, code: bytes) -> None:
