@@ -113,7 +113,8 @@ examples-crewai:
 # Claude Code 2.1.328 (npm, 356 MB): its license is Anthropic's commercial terms, not open source, so it is never
 # installed by `make examples` or run by `make test`. Its postinstall (which puts the native binary in place) is run
 # on its own, as its error message says, with every other install script off. `test-claude-code` runs its
-# integration test (SANDFLEET_CLAUDE_CODE=1 opts in); `league-claude-code` its league beside `durable`.
+# integration tests, on process nodes and on two isolated ones (SANDFLEET_CLAUDE_CODE=1 opts in);
+# `league-claude-code` its league beside `durable`.
 examples-claude-code:
 	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
 	cd examples/claude_code && npm ci --no-audit --no-fund --ignore-scripts && \
@@ -121,7 +122,7 @@ examples-claude-code:
 
 test-claude-code: setup examples-claude-code
 	SANDFLEET_CLAUDE_CODE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/integration/test_league_agents.py \
-		-k claude_code
+		tests/integration/test_examples_isolated.py -k claude_code
 
 league-claude-code: setup examples-claude-code
 	$(BIN)/sandfleet league configs/league-claude-code.yaml

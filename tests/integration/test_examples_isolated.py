@@ -37,7 +37,36 @@ EXAMPLES = {"openai_journal": ("agent.py", "pass"), "mini_swe_agent": ("run.py",
             "dbos_sqlite": ("agent.py", "no_model_recall"), "openai_agents_sdk": ("run.py", "named"),
             "pydantic_ai": ("run.py", "named"), "langgraph_react": ("run.py", "named"), "ag2": ("run.py", "named"),
             "dbos_workflow": ("run.py", "named"), "temporal_workflow": ("run.py", "named")}
+# the opt-in rows (examples/README.md): a heavy install, or a license that is not open source, so never in `make test`.
+# example -> (its command, what PK1 earns it, its environment (each node's own), a file the install leaves, how to
+# install it, its extra env, the variable that opts it in)
+CREW_ENV = {"CREWAI_DISABLE_TELEMETRY": "true", "OTEL_SDK_DISABLED": "true"}
+CLAUDE_ENV = {"DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+OPT_IN = {"codex_cli": ("python3 run.py", "named", "node_modules", "node_modules/.bin/codex", "make examples-codex",
+                        {}, "SANDFLEET_ALL_EXAMPLES_ISOLATED"),
+          "crewai": (".venv/bin/python run.py", "no_model_recall", ".venv", ".venv/bin/python", "make examples-crewai",
+                     CREW_ENV, "SANDFLEET_ALL_EXAMPLES_ISOLATED"),
+          "claude_code": ("python3 run.py", "named", "node_modules", "node_modules/.bin/claude",
+                          "make test-claude-code", CLAUDE_ENV, "SANDFLEET_CLAUDE_CODE")}
 PARAMS = [pytest.param(n, marks=() if n in ("openai_journal", "mini_swe_agent") else _REST) for n in EXAMPLES]
+PARAMS += [pytest.param(n) for n in OPT_IN]
+
+
+def _example(name: str) -> tuple[str, str, str, dict]:
+    """(command, expected PK1 verdict, environment dir, runner env) of an example; an opt-in one that is not installed
+    or not opted in is skipped, naming the make target that runs it."""
+    if name in EXAMPLES:
+        script, expect = EXAMPLES[name]
+        if not (ROOT / "examples" / name / ".venv" / "bin" / "python").exists():
+            pytest.fail(f"examples/{name}/.venv is missing: run `make examples` (make test does)")
+        return f".venv/bin/python {script}", expect, ".venv", {}
+    command, expect, env_dir, installed, how, env, var = OPT_IN[name]
+    if not (ROOT / "examples" / name / installed).exists():
+        pytest.skip(f"examples/{name} is not installed ({installed} missing): run `{how}` (opt-in, not in make test)")
+    if os.environ.get(var) != "1":
+        pytest.skip(f"examples/{name} on isolated nodes is opt-in: {var}=1 runs it ("
+                    + (f"installed by `{how}`" if var == "SANDFLEET_ALL_EXAMPLES_ISOLATED" else f"`{how}` sets it") + ")")
+    return command, expect, env_dir, env
 
 
 def test_an_environment_in_the_workdir_that_a_node_lacks_is_exit_2_naming_node_and_path(tmp_path):
@@ -65,20 +94,25 @@ def test_an_environment_in_the_workdir_that_a_node_lacks_is_exit_2_naming_node_a
 @pytest.mark.parametrize("name", PARAMS)
 def test_an_example_runs_on_two_isolated_nodes_with_its_venv_the_nodes_own(tmp_path, name):
     work = ROOT / "examples" / name
-    if not (work / ".venv" / "bin" / "python").exists():
-        pytest.fail(f"examples/{name}/.venv is missing: run `make examples` (make test does)")
-    script, expect = EXAMPLES[name]
+    command, expect, env_dir, runner_env = _example(name)
     before = leftovers.snapshot()
     # (the suite's own fleet, lent to other tests, may hold a host dir of its node-0 for the session: not this wave's)
     host_dirs = set(Path("/tmp").glob("sandfleet-host-*"))
     cfg = tmp_path / "wave.yaml"  # PK1 at a boundary (the runner's 2nd-3rd model answer), never a clock
     cfg.write_text("workload: {steps: 6, think_ms: 50}\ndeadline_s: 150\n"
                    "fault_timing: {PK1: {after_model_calls: [2, 3]}}\n")
+    # the runner as a user's command line gives it; one with an environment of its own (telemetry off, ...) as the
+    # config's runner block, the only place that takes one
+    runner = ["--runner-cmd", command, "--runner-workdir", str(work)]
+    if runner_env:
+        spec = {"name": name, "command": command, "workdir": str(work), "env": runner_env}
+        cfg.write_text(cfg.read_text() + f"runner: {orjson.dumps(spec).decode()}\n")  # (JSON is YAML)
+        runner = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     r = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--tasks", "2", "--concurrency",
-                        "2", "--faults", "PK1", "--seed", "7", "--nodes", "3", "--isolated-nodes", "--runner-cmd",
-                        f".venv/bin/python {script}", "--runner-workdir", str(work), "--results", str(tmp_path / "r"),
-                        "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=500)
+                        "2", "--faults", "PK1", "--seed", "7", "--nodes", "3", "--isolated-nodes", *runner,
+                        "--results", str(tmp_path / "r"), "--no-progress"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert r.returncode in ((0,) if expect == "pass" else (0, 1)), (r.returncode, r.stdout[-2000:],
                                                                      r.stderr[-3000:])
     wave = (tmp_path / "r" / "latest").resolve()
@@ -86,7 +120,7 @@ def test_an_example_runs_on_two_isolated_nodes_with_its_venv_the_nodes_own(tmp_p
 
     # only the example's own files travel; its venv is named as the nodes' own
     shipped = [e for e in tl if e["event"] == "code_shipped"]
-    assert len(shipped) == 1 and shipped[0]["node_envs"] == [str(work / ".venv")], shipped
+    assert len(shipped) == 1 and shipped[0]["node_envs"] == [str(work / env_dir)], shipped
     assert shipped[0]["bytes"] < 256 * 1024, shipped  # a few KB, not the venv's 109-755 MB
 
     starts = [e for e in tl if e["event"] == "attempt_start"]
