@@ -9,7 +9,13 @@ reference passes on the nodes, and under PK1 each example gets the verdict examp
 Each example is a wave of its own on a fresh isolated cluster (10-18 s each here; 91 s for the first seven, 53 s for
 LangGraph ReAct, AG2, DBOS and Temporal), so
 `make test` runs a representative pair: `openai_journal` (store-backed: passes PK1) and `mini_swe_agent` (the
-biggest venv, 755 MB, and the text dialect; unmodified: a named verdict). SANDFLEET_ALL_EXAMPLES_ISOLATED=1 runs the others too."""
+biggest venv, 755 MB, and the text dialect; unmodified: a named verdict). SANDFLEET_ALL_EXAMPLES_ISOLATED=1 runs the others too.
+
+The opt-in installs run here only once installed and opted in (skipped otherwise, naming the make target): Codex CLI
+and Claude Code (npm: each node's own `node_modules`, 404 and 356 MB) and CrewAI (its 1 GB venv). Run once each
+(`SANDFLEET_ALL_EXAMPLES_ISOLATED=1 SANDFLEET_CLAUDE_CODE=1 pytest ...[codex_cli|crewai|claude_code]`): 10-20 KB
+shipped; both references pass on the nodes; under PK1 on the wiped disk each starts over and fails
+`no_model_recall` (Codex 13.7 s, CrewAI 24.5 s, Claude Code 12.5 s of wave wall time)."""
 from __future__ import annotations
 
 import os
