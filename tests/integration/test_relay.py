@@ -302,6 +302,61 @@ def test_odd_targets_and_heads_are_logged_as_the_proxy_alone_logs_them(store):
 
 
 
+def _padded(total: int) -> bytes:
+    """An unsigned GET whose head, blank line included, is `total` bytes (one long header line)."""
+    start, end = b"GET /sf-relay/big-head HTTP/1.1\r\nHost: x\r\nX-Pad: ", b"\r\nConnection: close\r\n\r\n"
+    return start + b"a" * (total - len(start) - len(end)) + end
+
+
+def _exchange(port: int, data: bytes, first: bytes = b"") -> tuple[bytes, bytes]:
+    """(the answer to `first`, sent and read alone on the connection, or b""; every byte answered to `data`, sent
+    next on the same connection, until the server closes it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        before = b""
+        if first:
+            s.sendall(first)
+            while b"\r\n\r\n" not in before:
+                before += s.recv(65536)
+            head = before.split(b"\r\n\r\n", 1)[0].lower()
+            length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            while len(before) < len(head) + 4 + length:  # its body, so what follows is the next answer's
+                before += s.recv(65536)
+        s.sendall(data)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return before, got
+
+
+def test_a_head_past_64_kib_is_answered_431_and_logged_through_the_relay_as_by_the_proxy_alone(store):
+    """The relay reads a head up to MAX_HEAD (64 KiB, the proxy's own limit) and hands a longer one to the proxy,
+    which answers 431 and logs it. Through the relay, the answer and the log line are the proxy alone's: for one
+    head past it, on a fresh connection and after a request the relay served on the same one, and at the edges
+    (asyncio's limit counts to the blank line's start, so heads of up to 64 KiB + 4 bytes pass the proxy)."""
+    ep, d = store
+    big = b"PUT /sf-relay/big-head HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 70_000 + b"\r\nContent-Length: 1\r\n\r\nx"
+    small = b"GET /sf-relay/small HTTP/1.1\r\nHost: x\r\n\r\n"
+    cases = [(b"", big), (small, big)] + [(b"", _padded(n)) for n in (65536, 65537, 65540, 65541)]
+    with (_proxy(ep.url, str(d / "431-alone.jsonl"), relay=False) as alone,
+          _proxy(ep.url, str(d / "431-front.jsonl")) as front):
+        answered = []
+        for first, data in cases:
+            (b0, a0), (b1, a1) = (_exchange(p.port, data, first) for p in (alone, front))
+            assert b0[:12] == b1[:12], (len(data), b0[:200], b1[:200])
+            if a0.startswith(b"HTTP/1.1 431"):
+                assert a0 == a1, (len(data), a0[:300], a1[:300])  # the proxy's own answer, every byte
+            else:
+                assert a0[:12] == a1[:12], (len(data), a0[:200], a1[:200])
+            answered.append(a1[:12])
+        assert answered[:2] == [b"HTTP/1.1 431"] * 2 and answered[-1] == b"HTTP/1.1 431", answered
+        assert b"HTTP/1.1 431" not in answered[2:5], answered  # up to 64 KiB + 4: forwarded (the store refuses)
+        a, f = (sorted(_log(p), key=lambda x: x["t"]) for p in (alone, front))
+        assert len(a) == len(cases) + 1 and [_same(x) for x in a] == [_same(x) for x in f], (a, f)
+        too_large = [x for x in f if x["status"] == 431]
+        assert len(too_large) == 3 and all(x["key"] is None and "65536" in x["bad_request"] for x in too_large), f
+        assert front.control().stats()["relayed"] >= 2  # the relay served the small GET and the 64 KiB head
+
+
 def test_a_client_that_never_reads_a_large_get_pins_little_kernel_memory_in_the_relay(store):
     """Regression (hostile review): the relay's sockets autotuned their buffers, so a client asking for a large
     object and never reading it pinned about 16 MiB of TCP memory per connection (63 MiB for the 4 here), charged

@@ -119,3 +119,27 @@ def test_a_head_framed_otherwise_is_handed_to_the_proxy_never_relayed(front, kin
             socket.socket(fileno=fd).close()
     assert data.startswith(b"C" + BAD[kind]) and len(fds) == 1, (kind, data[:200])
     assert store.got == [], (kind, store.got)
+
+
+def _padded(total: int, target: bytes = b"/b/k", pad: bytes = b"a") -> bytes:
+    start, end = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nX-Pad: ", b"\r\n\r\n"
+    return start + pad * (total - len(start) - len(end)) + end
+
+
+def test_a_head_of_64_kib_is_relayed_and_a_longer_one_handed_to_the_proxy(front):
+    """MAX_HEAD is the proxy's limit: a head past it is the proxy's to answer (431, logged: tests/integration/
+    test_relay.py), never sent on to the store."""
+    port, ctl, store = front
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(_padded(65536))
+        assert c.recv(4096).startswith(b"HTTP/1.1 200 OK")
+    assert store.got and store.got[0].startswith(b"GET /b/k HTTP/1.1\r\n") and not select.select([ctl], [], [], 0)[0]
+    big = _padded(70_000, b"/b/big", b"z") + HIDDEN
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(big)
+        assert select.select([ctl], [], [], 10)[0], "not handed over"
+        data, fds, _, _ = socket.recv_fds(ctl, 1 << 18, 1)
+        for fd in fds:
+            socket.socket(fileno=fd).close()
+    assert data[:1] == b"C" and len(data) > 65536 and big.startswith(data[1:]) and len(fds) == 1, data[:200]
+    assert not [g for g in store.got if b"/b/big" in g or b"zz" in g or b"hidden" in g], "relayed to the store"
