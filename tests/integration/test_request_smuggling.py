@@ -7,18 +7,16 @@ SeaweedFS (Go's net/http) folds a continuation line into the previous header and
 so before this fix a presigned PUT hidden in the "body" of a GET reached the store while the log said GET."""
 from __future__ import annotations
 
-import contextlib
 import socket
 import urllib.parse
-from pathlib import Path
 
 import botocore.exceptions
 import orjson
 import pytest
 
 from storage import relay
-from storage.proxy import ProxyProcess
-from storage.store import EmbeddedStore, s3_client
+from storage.store import s3_client
+from tests.storefront import bucket_store, fault_proxy
 
 pytestmark = pytest.mark.integration
 B = "sf-smuggle"
@@ -28,21 +26,7 @@ FRONTS = [pytest.param("relay", marks=pytest.mark.skipif(relay.binary() is None,
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("smuggle")
-    store = EmbeddedStore(d / "store")
-    ep = store.start()
-    s3_client(ep.url, ep.creds).create_bucket(Bucket=B)
-    yield ep, d
-    store.stop()
-
-
-@contextlib.contextmanager
-def _proxy(ep, log: Path, **kw):
-    proxy = ProxyProcess(ep.url, str(log), merge_slashes=True, **kw).start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+    yield from bucket_store(tmp_path_factory, "smuggle", B)
 
 
 def _target(url: str) -> str:
@@ -94,7 +78,7 @@ def test_a_write_hidden_behind_a_head_the_store_reads_otherwise_never_reaches_it
     ep, d = store
     tag = f"{front}-{'q' if quota else 'n'}"
     log = d / f"proxy-{tag}.jsonl"
-    with _proxy(ep, log, relay=front == "relay", quota=quota) as proxy:
+    with fault_proxy(ep, log, relay=front == "relay", quota=quota) as proxy:
         c = s3_client(proxy.url, ep.creds, max_attempts=1)
         c.put_object(Bucket=B, Key=f"w/{tag}/seen", Body=b"v")
         host = f"127.0.0.1:{proxy.port}"

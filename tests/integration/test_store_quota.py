@@ -3,7 +3,6 @@ runner reads (403 QuotaExceeded through boto3), never bypassed through the compi
 task that hit it is graded so (`within_store_quota`), never a silent pass."""
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 from cluster import results
 from cluster.grade import exit_code
 from storage import relay
-from storage.proxy import ProxyProcess
-from storage.store import EmbeddedStore, s3_client
+from storage.store import s3_client
+from tests.storefront import bucket_store, fault_proxy
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,21 +25,7 @@ B = "sf-quota"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("quota")
-    store = EmbeddedStore(d / "store")
-    ep = store.start()
-    s3_client(ep.url, ep.creds).create_bucket(Bucket=B)
-    yield ep, d
-    store.stop()
-
-
-@contextlib.contextmanager
-def _proxy(ep, log: Path, **kw):
-    proxy = ProxyProcess(ep.url, str(log), merge_slashes=True, **kw).start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
+    yield from bucket_store(tmp_path_factory, "quota", B)
 
 
 def _code(exc_info) -> tuple[int, str]:
@@ -56,7 +41,7 @@ def test_writes_past_the_quota_get_403_quota_exceeded_through_either_front(store
     still reach the proxy's count (a relay that relayed writes let this flood through)."""
     ep, d = store
     log = d / f"proxy-{front}.jsonl"
-    with _proxy(ep, log, relay=front == "relay", quota=(5, 64 * 1024)) as proxy:
+    with fault_proxy(ep, log, relay=front == "relay", quota=(5, 64 * 1024)) as proxy:
         c = s3_client(proxy.url, ep.creds, max_attempts=1)
         c.list_objects_v2(Bucket=B, Prefix=f"w{front}/t000/")
         for i in range(5):
@@ -143,7 +128,7 @@ def test_copies_plain_puts_and_delete_objects_count_what_seaweedfs_applies(store
     def held(prefix: str) -> dict:
         return {o["Key"]: o["Size"] for o in direct.list_objects_v2(Bucket=B, Prefix=prefix).get("Contents", [])}
 
-    with _proxy(ep, log, relay=front == "relay", quota=(3, 8 * 1024)) as proxy:
+    with fault_proxy(ep, log, relay=front == "relay", quota=(3, 8 * 1024)) as proxy:
         c = s3_client(proxy.url, ep.creds, max_attempts=1)
         c.put_object(Bucket=B, Key=f"{w}/t001/src", Body=b"s" * 3072)  # another task's object
         # 2a: each copy counts its source's 3 KiB (it counted 0: a task could copy past its bytes for free)
