@@ -44,6 +44,36 @@ def _needs_the_machine(session) -> bool:
 _LOCK_FD: list[int] = []
 
 
+def _held_by_an_ancestor(path: str) -> bool:
+    """The lock is already this process's: an ancestor took it (`flock LOCK pytest ...`, as the README and the
+    benches say to wrap a run). Waiting for it would wait for ourselves (/proc/locks names the holder's PID)."""
+    try:
+        st = os.stat(path)
+        ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"  # as the kernel prints it
+        holders = set()
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+                    continue  # a waiter's line, or another kind of lock
+                if parts[5] == ident:
+                    holders.add(int(parts[4]))
+    except (OSError, ValueError):
+        return False
+    pid = os.getpid()
+    for _ in range(64):  # bounded: the chain of parents up to init
+        if pid in holders:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
 def pytest_collection_finish(session):
     """One suite at a time on a machine: the leftover checks below see every sandfleet process,
     cgroup and mount on the host, so a second suite (or CI beside a developer's run) would read
@@ -52,7 +82,7 @@ def pytest_collection_finish(session):
     short (a wait cut at the first test's 600 s failed every test of a suite queued behind a bench)."""
     import fcntl
 
-    if _LOCK_FD or not _needs_the_machine(session):
+    if _LOCK_FD or not _needs_the_machine(session) or _held_by_an_ancestor(SUITE_LOCK):
         return
     import threading
 

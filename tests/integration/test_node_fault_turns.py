@@ -32,8 +32,9 @@ def _wave(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess, Path]
 def _check_turns(r, wave: Path, fid: str, taken: str, back: str) -> list[dict]:
     """Exit 0; every `fid` applied on the node its task's turn owned; the turns' node windows (`taken` to `back`)
     never overlap; every task passes."""
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     receipts = [x for x in orjson.loads((wave / "faults.json").read_bytes()) if x["fault_id"] == fid]
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:],
+                               [(x["task_id"], x["status"], x["detail"]) for x in receipts])
     assert len(receipts) == 4 and all(x["status"] == "applied" for x in receipts), \
         [(x["task_id"], x["status"], x["detail"]) for x in receipts]
     tl = [orjson.loads(line) for line in (wave / "timeline.jsonl").read_bytes().splitlines()]
