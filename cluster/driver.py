@@ -20,12 +20,11 @@ from cluster import grade, report, results
 from cluster.artifacts import ReferenceCache, cache_passed_references, seed_cached_references
 from cluster.config import WaveConfig
 from cluster.grade.evidence import redact_runner_logs
-from cluster.grade.selfref import not_uninterrupted, planned_self
 from cluster.raycluster import FleetSession
 from cluster.wave.access import (CONTRACT_VERSION, CREDS_IN, PORT_EFFECTS, PORT_MODEL, PORT_S3,  # noqa: F401
                                  RUNNERS_DIR, Access, runtime_binds)
 from cluster.wave.attempts import Attempts
-from cluster.wave.confirm import second_references
+from cluster.wave.confirm import references_after, second_references
 from cluster.wave.context import WaveContext
 from cluster.wave.errors import HarnessError
 from cluster.wave.health import Health
@@ -270,45 +269,16 @@ class WaveRun:
     async def _references_after(self, run_task, slots, on_change, retotal) -> int:
         """A task planned as its own reference (no fault planned: `cluster/grade/selfref.py`) that turns out no
         uninterrupted run (a second attempt, an attempt the harness ended, a failure) gets its reference now, after
-        the tasks, as a task with a fault has one beside it. Returns how many it ran."""
+        the tasks, as a task with a fault has one beside it (cluster/wave/confirm.py `references_after`). Returns
+        how many it ran."""
         if self.interrupted or self.harness_fault is not None:
             return 0
-        planned = {t["task_id"] for t in self.plan["references"]}
-        own = {t["task_id"]: t for t in self.plan["tasks"]
-               if planned_self(t) and t["reference"]["task_id"] not in planned}
-        if not own:
-            return 0
-        events: dict[str, list[dict]] = {}
-        for line in self.out.timeline.read_bytes().splitlines():  # (flushed per event: the tasks' whole record)
-            try:
-                e = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(e, dict) and e.get("task") in own:
-                events.setdefault(e["task"], []).append(e)
         receipts = self.prior_receipts + [r.to_dict() for r in self.injector.receipts]
-        extra, why_of = [], {}
-        for tid, t in own.items():
-            why = not_uninterrupted(t, events.get(tid, []), receipts)
-            if why is None:
-                continue
-            rid = t["reference"]["task_id"]
-            why_of[rid] = why
-            extra.append(PlannedTask(rid, "reference", t["seed"], t["runner"], t["workload"], t["steps"],
-                                     reference_of=tid,
-                                     reference={"task_id": rid, "key": t["reference"]["key"], "cached": False}
-                                     ).to_dict())
+        extra, why_of = references_after(self.plan, self.out.timeline, receipts)
         if not extra:
             return 0
-        self.plan["references"] = list(self.plan["references"]) + extra
-        self._write_json(results.PLAN, self.plan)
-        self.timeline(Event.REFERENCES_AFTER, run=why_of)
-        for t in extra:
-            self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
-            self.runs[t["task_id"]] = TaskRun(plan=PlannedTask.of(t))
-        retotal()
-        await asyncio.gather(*(run_task(self.runs[t["task_id"]], slots["reference"], on_change) for t in extra))
-        return len(extra)
+        return await self._run_references(extra, run_task, slots, on_change, retotal, Event.REFERENCES_AFTER,
+                                          run=why_of)
 
     async def _second_references(self, run_task, slots, on_change, retotal) -> int:
         """Where a task a fault met left an artifact that differs from its reference's, a second uninterrupted run of
@@ -322,9 +292,15 @@ class WaveRun:
                          if (t["reference"].get("second") or {}).get("cached")})
         if not extra and not cached:
             return 0
+        return await self._run_references(extra, run_task, slots, on_change, retotal, Event.SECOND_REFERENCES,
+                                          run=[t["task_id"] for t in extra], from_cache=cached)
+
+    async def _run_references(self, extra, run_task, slots, on_change, retotal, event, **fields) -> int:
+        """Add reference runs planned after the tasks to the plan (plan.json written again, the timeline told), and
+        run them in the references' slots. Returns how many it ran."""
         self.plan["references"] = list(self.plan["references"]) + extra
         self._write_json(results.PLAN, self.plan)
-        self.timeline(Event.SECOND_REFERENCES, run=[t["task_id"] for t in extra], from_cache=cached)
+        self.timeline(event, **fields)
         for t in extra:
             self.parts.registry.register(t["task_id"], t["seed"], t["steps"], t["workload"])
             self.runs[t["task_id"]] = TaskRun(plan=PlannedTask.of(t))

@@ -1,9 +1,16 @@
-"""Second uninterrupted runs, on demand: when a task a fault met left an artifact that differs from its reference's,
-the wave runs the seed's reference once more (or takes it from the reference cache), so the grader can tell the
-runner's own non-determinism (the two uninterrupted runs differ there too) from damage (they agree there)."""
+"""Reference runs planned after the tasks. Second uninterrupted runs, on demand: when a task a fault met left an
+artifact that differs from its reference's, the wave runs the seed's reference once more (or takes it from the
+reference cache), so the grader can tell the runner's own non-determinism (the two uninterrupted runs differ there
+too) from damage (they agree there). And the reference of a task planned as its own that turns out no uninterrupted
+run (`references_after`)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+
 from cluster.artifacts import ReferenceCache, read_artifact, write_artifact
+from cluster.grade.selfref import not_uninterrupted, planned_self
 from fleet.records import PlannedTask
 from fleet.workloads.base import tree_digest
 
@@ -57,3 +64,34 @@ def second_references(plan: dict, out, cache: ReferenceCache | None, done: set[s
         if rid in seconds:
             t["reference"]["second"] = dict(seconds[rid])
     return to_run
+
+
+def references_after(plan: dict, timeline: Path, receipts: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """The references to run after the tasks, as reference tasks of the plan, and why each runs: one per task planned
+    as its own reference (no fault planned, `cluster/grade/selfref.py`) that turns out no uninterrupted run by its
+    events in the timeline so far and the wave's receipts."""
+    planned = {t["task_id"] for t in plan["references"]}
+    own = {t["task_id"]: t for t in plan["tasks"]
+           if planned_self(t) and t["reference"]["task_id"] not in planned}
+    if not own:
+        return [], {}
+    events: dict[str, list[dict]] = {}
+    for line in timeline.read_bytes().splitlines():  # (flushed per event: the tasks' whole record)
+        try:
+            e = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(e, dict) and e.get("task") in own:
+            events.setdefault(e["task"], []).append(e)
+    extra, why_of = [], {}
+    for tid, t in own.items():
+        why = not_uninterrupted(t, events.get(tid, []), receipts)
+        if why is None:
+            continue
+        rid = t["reference"]["task_id"]
+        why_of[rid] = why
+        extra.append(PlannedTask(rid, "reference", t["seed"], t["runner"], t["workload"], t["steps"],
+                                 reference_of=tid,
+                                 reference={"task_id": rid, "key": t["reference"]["key"], "cached": False}
+                                 ).to_dict())
+    return extra, why_of
