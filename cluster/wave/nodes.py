@@ -69,7 +69,10 @@ class Nodes:
             return own
         if prefer in live:
             return prefer
-        if own is not None:
+        run = self.runs.get(task_id) if task_id is not None else None
+        if own is not None or getattr(getattr(run, "plan", None), "role", None) == "reference":
+            # a reference (the positive control) never goes where a node-level fault will land: a cut or loss waits
+            # for it to end first, and the faulted task may end meanwhile (its fault then `not_applied`)
             live = [n for n in live if n not in self.owner] or live
         return min(live, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
 
@@ -119,7 +122,7 @@ class Nodes:
         free = [n for n in live if n not in self.owner]
         if not free or len(live) < 2:
             return None
-        return min(free, key=lambda n: (self.load.get(n, 0), self.fleet.node_ids.index(n)))
+        return min(free, key=lambda n: (self._reference_on(n), self.load.get(n, 0), self.fleet.node_ids.index(n)))
 
     def host(self, node: str):
         return self.parts.hosts[self.fleet.node_ids.index(node)]

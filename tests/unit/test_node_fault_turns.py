@@ -136,3 +136,25 @@ def test_the_cli_refuses_two_node_level_faults_on_one_task_before_anything_start
     assert p.returncode == 254, (p.stdout, p.stderr)
     assert "'PK3+NP1'" in p.stderr and "--nodes 4" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_a_reference_never_goes_to_a_node_a_turn_owns_and_a_turn_takes_a_node_without_one():
+    """A loaded suite's NP1 came out `not_applied` (the cut waits for a reference on its node, the positive control
+    is never cut, and the task ended meanwhile): a reference is placed beside the turn's node, and a turn takes a
+    node no reference runs on when there is one."""
+    async def main():
+        nodes, _ = _nodes(2)
+        ref = SimpleNamespace(plan=SimpleNamespace(task_id="ref-t0", role="reference", faults=[]), current=None,
+                              node=None)
+        nodes.runs["ref-t0"] = ref
+        ref.current, ref.node = ("a", "sb"), "node-1"  # a reference runs on node-1, the less loaded by number
+        async with nodes.turn(_run("t0", "NP1")):
+            assert nodes.owned["t0"] == "node-2"
+            ref.current = None
+            nodes.load.clear()
+            assert nodes.place(task_id="ref-t0") == "node-1"  # never the turn's node-2
+            nodes.load["node-1"] = 9
+            assert nodes.place(task_id="ref-t0") == "node-1"  # however loaded
+            assert nodes.place(task_id="t5") == "node-2"  # a plain task goes least-loaded, as ever
+
+    asyncio.run(main())
