@@ -33,7 +33,7 @@ from cluster.wave.nodes import Nodes
 from cluster.wave.parts import Parts, check_ray_address, preflight  # noqa: F401
 from cluster.wave.remote import nodes_record, remote_launch
 from cluster.wave.progress import NARROW_COLUMNS, WaveProgress, progress_bar, progress_info  # noqa: F401
-from cluster.wave.plan import (REF, build_plan, enumerate_tasks, new_wave_id, placement,  # noqa: F401
+from cluster.wave.plan import (REF, boundary_counts, build_plan, enumerate_tasks, new_wave_id, placement,  # noqa: F401
                                replay_plan)
 from cluster.wave.resume import prepare_resume
 from cluster.wave.signals import Signals
@@ -315,18 +315,10 @@ class WaveRun:
         if g.life.state != TaskState.DONE and not g.finished_before:
             raise HarnessError(f"the uninterrupted run {ref} did not complete ({g.life.state.value}): there are "
                                "no boundaries to enumerate; see its runner.log")
-        prefix = results.task_prefix(self.wave_id, ref)
-        writes = 0
         self.parts.proxy.control().flush()
-        for r in results.read_jsonl(self.out.proxy_requests):
-            if (r.get("key") or "").startswith(prefix) and r.get("method") in ("PUT", "POST", "DELETE") \
-                    and 200 <= (r.get("status") or 0) < 300:
-                writes += 1
-        model, effects = self.parts.model.log.snapshot(), self.parts.effects.log.snapshot()
-        counts = {"model_call": sum(1 for c in model if c["task"] == ref and c.get("delivered")),
-                  "effect": sum(1 for e in effects if e["task"] == ref), "store_write": writes}
-        if g.disk_ops is not None:  # a lazy volume (a kept disk): the runner's own writes, fsyncs and renames
-            counts.update({f"disk_{op}": int(g.disk_ops.get(op, 0)) for op in ("write", "fsync", "rename")})
+        logged = results.read_jsonl(self.out.proxy_requests)
+        counts = boundary_counts(ref, results.task_prefix(self.wave_id, ref), logged, self.parts.model.log.snapshot(),
+                                 self.parts.effects.log.snapshot(), g.disk_ops)
         self.plan["tasks"] = enumerate_tasks(self.plan, counts, self.cfg.boundaries)
         self.plan["enumerate"] = {"pending": False, "counts": counts, "tasks": len(self.plan["tasks"]),
                                   "sampled": self.cfg.boundaries}

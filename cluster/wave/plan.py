@@ -103,6 +103,19 @@ def replay_plan(original: dict, task_id: str, wave_id: str, cache: ReferenceCach
 DISK_KINDS = ("disk_write", "disk_fsync", "disk_rename")  # counted on a lazy volume (fleet/lazyfs/)
 
 
+def boundary_counts(ref: str, prefix: str, proxy_rows, model_calls: list, effects: list, disk_ops: dict | None) -> dict:
+    """An enumerated wave's phase 2: how many of each boundary the uninterrupted run `ref` crossed, from what the
+    harness logged (its store writes answered 2xx under its prefix, its delivered model answers, its effects, and on
+    a lazy volume its own disk writes, fsyncs and renames)."""
+    writes = sum(1 for r in proxy_rows if (r.get("key") or "").startswith(prefix)
+                 and r.get("method") in ("PUT", "POST", "DELETE") and 200 <= (r.get("status") or 0) < 300)
+    counts = {"model_call": sum(1 for c in model_calls if c["task"] == ref and c.get("delivered")),
+              "effect": sum(1 for e in effects if e["task"] == ref), "store_write": writes}
+    if disk_ops is not None:
+        counts.update({f"disk_{op}": int(disk_ops.get(op, 0)) for op in ("write", "fsync", "rename")})
+    return counts
+
+
 def enumerate_tasks(plan: dict, counts: dict, limit: int | None) -> list[dict]:
     """One PK1 task per boundary of the uninterrupted reference run (and per variant of a store write), all on
     the reference's seed; a seeded sample of `limit` when there are more. The runner's own disk boundaries (its
