@@ -33,6 +33,12 @@ class WaveConfig(Strict):
     runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
     faults: list[str] = Field(default_factory=list, description="fault ids (docs/reference/faults.md), or `none`; "
                               "`A+B` puts both on one task, e.g. ST1+PK1")
+    fault_free_reference: Literal["run", "self"] = Field(
+        "run", description="`run`: a task with no fault planned gets an uninterrupted reference beside it like any "
+                           "other (two runs of each seed: a runner that is not deterministic is caught in this "
+                           "wave); `self`: it is its own reference when it ran once untouched (no second run: a cold "
+                           "fault-free wave costs about a warm one, and determinism is checked only by later waves "
+                           "against the cache)")
     fault_timing: dict[str, FaultTiming] = Field(default_factory=dict,
                                                  description="per fault id: when it fires and its knobs")
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="what the tasks do")

@@ -210,8 +210,7 @@ def write_html(d: Path, result: dict) -> Path:
             f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>{_tasks_table(grades)}"
             f"<p>Replay one task: <code>sandfleet wave replay {esc(d)}/&lt;task&gt;</code>; the summary: "
             f"<a href='{results.SUMMARY}'>{results.SUMMARY}</a></p>")
-    pages = d / results.PAGES
-    pages.mkdir(exist_ok=True)
+    pages = results.own_dir(d, results.PAGES)  # (a link left in its place is never written through)
     for g in grades:
         results.write_stored(pages / f"{g['task_id']}.html",
                              _or_note("this task's page", task_page, d, g, events, receipts))

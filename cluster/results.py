@@ -163,9 +163,7 @@ class ResultsDir:
         for p in self.runner_logs(task_id):
             try:
                 n = attempt_of(p.parent.name)[1]
-                with open(p, "rb") as f:
-                    f.seek(max(0, p.stat().st_size - 4096))
-                    out[n] = b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+                out[n] = b"\n".join(tail_bytes(p, 4096).splitlines()[-lines:]).decode(errors="replace")
             except (ValueError, OSError):
                 continue
         return out
@@ -317,6 +315,34 @@ def regular_bytes(path: str | Path, follow: bool = False) -> bytes:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ValueError(f"{Path(path).name}: not a regular file")
         return f.read()
+
+
+def own_dir(root: str | Path, *parts: str) -> Path:
+    """A directory inside the wave's folder `root` that this process writes into (`evidence`, `<task>`; `pages`): a
+    link or a file left in the place of any of `parts` is removed first, never written through (`root` itself, which
+    may be reached through a link such as results/latest, is left as it is)."""
+    p = Path(root)
+    for part in parts:
+        p = p / part
+        if p.is_symlink() or (p.exists() and not p.is_dir()):
+            p.unlink()
+        p.mkdir(exist_ok=True)
+    return p
+
+
+def tail_bytes(path: str | Path, limit: int) -> bytes:
+    """The last `limit` bytes of a stored regular file, never through a link (the file's or its folder's) and never
+    from a FIFO or a device (ValueError naming it); OSError when missing."""
+    path = Path(path)
+    if path.parent.is_symlink():
+        raise ValueError(f"{path.parent.name}: a link, not read")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name}: not a regular file")
+        f.seek(max(0, st.st_size - limit))
+        return f.read(limit)
 
 
 def write_stored(path: str | Path, data: bytes | str) -> None:

@@ -203,11 +203,11 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
     and model calls around each fault, the runner's output tail per attempt; secrets redacted."""
     tid = g["task_id"]
     ev = results.ResultsDir(d).evidence(tid)
-    ev.mkdir(parents=True, exist_ok=True)
+    ev = results.own_dir(d, *ev.relative_to(d).parts)  # (a link left in its place is never written through)
 
     def put(name: str, data) -> None:
         body = data if isinstance(data, str) else orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
-        (ev / name).write_text(redact(body, secrets))
+        results.write_stored(ev / name, redact(body, secrets))
 
     put(results.EVIDENCE_GRADE, g)
     put(results.EVIDENCE_ATTEMPTS, [e for e in h.events if e["event"] in ("attempt_start", "attempt_end", "task_end")])
@@ -223,14 +223,12 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
         "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
     out = []
     for p in results.ResultsDir(d).runner_logs(tid):
-        try:
-            with open(p, "rb") as f:
-                start = max(0, p.stat().st_size - 65536)
-                f.seek(start)
-                tail = f.read().decode(errors="replace").splitlines()
-                tail = (tail[1:] if start else tail)[-200:]  # never a line cut in the middle (a cut key)
-        except OSError as exc:
-            tail = [f"(unreadable: {exc})"]
+        try:  # a regular file only, never through a link, never a FIFO or a device (a runner shaped that folder)
+            raw = results.tail_bytes(p, 65536)
+            tail = raw.decode(errors="replace").splitlines()
+            tail = (tail[1:] if len(raw) == 65536 else tail)[-200:]  # never a line cut in the middle (a cut key)
+        except (OSError, ValueError) as exc:
+            tail = [f"(not read: {exc})"]
         out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
     put(results.EVIDENCE_RUNNER_LOGS, "".join(out))
 

@@ -243,6 +243,9 @@ def reference_for(w: WaveRecord, task: dict, ref_verdict: dict, own: TaskHistory
     if planned_self(task) and rtid not in ref_verdict:  # no reference ran: the task is one, or it has none
         events, art = (own.events, own.artifact) if own is not None else ([], None)
         why = not_uninterrupted(task, events, w.receipts, w.hfault, own.receipts_damage if own else None)
+        misfit = sorted(name for name, n in w.inp.skipped_count.items() if n)
+        if why is None and misfit:  # a record left out for its shape could be the one that says it was interrupted
+            why = f"records of {', '.join(misfit)} were left out for their shape"
         if why is not None:
             return {"why": f"no fault was planned, so no reference ran beside it, but it is no uninterrupted run "
                            f"({why}), and no reference of its seed ran after it"}

@@ -37,6 +37,8 @@ def not_uninterrupted(task: dict, events: list[dict], receipts: list[dict], harn
     ends = [e for e in events if e.get("event") == "attempt_end"]
     if len(starts) != 1 or len(ends) != 1:
         return f"it ran {max(len(starts), len(ends))} attempts"
+    if starts[0].get("attempt") != 1 or ends[0].get("attempt", 1) != 1:
+        return f"its one attempt is numbered {starts[0].get('attempt')!r}, not 1"
     end = next((e for e in events if e.get("event") == "task_end"), None)
     if end is None or end.get("state") != "done":
         return f"it did not end done ({(end or {}).get('state', 'no task_end')})"
@@ -55,7 +57,7 @@ def not_uninterrupted(task: dict, events: list[dict], receipts: list[dict], harn
     tid = task.get("task_id")
     if any(r.get("task_id") == tid for r in receipts):
         return "a fault receipt names it"
-    applied = sorted({str(r.get("instance")) for r in receipts if r.get("status") == "applied"})
-    if applied:  # (a wave-wide effect of another task's fault cannot be ruled out)
-        return f"faults were applied in the wave ({', '.join(applied[:3])})"
+    applied = sorted({str(r.get("instance")) for r in receipts if r.get("status") != "not_applied"})
+    if applied:  # (a wave-wide effect of another task's fault, applied or unknown, cannot be ruled out)
+        return f"faults were applied in the wave, or may have been ({', '.join(applied[:3])})"
     return None

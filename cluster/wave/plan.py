@@ -48,9 +48,10 @@ def build_plan(cfg: WaveConfig, wave_id: str, cache: ReferenceCache | None = Non
         key = reference_key(runner, cfg.workload.name, cfg.workload.steps, seed)
         cached = cache.get(key) is not None if cache is not None else False
         base = {"seed": seed, "runner": runner["name"], "workload": cfg.workload.name, "steps": cfg.workload.steps}
-        # a task with no fault planned is itself an uninterrupted run of its seed: no reference runs beside it
-        # (cluster/grade/selfref.py; one that turns out interrupted gets its reference after the tasks)
-        own = not cached and not faults[tid]
+        # with `fault_free_reference: self`, a task with no fault planned is itself an uninterrupted run of its seed:
+        # no reference runs beside it (cluster/grade/selfref.py; one that turns out interrupted gets its reference
+        # after the tasks). By default it gets one, which also catches a runner that is not deterministic.
+        own = cfg.fault_free_reference == "self" and not cached and not faults[tid]
         tasks.append(PlannedTask(tid, "task", **base, faults=tuple(f.to_dict() for f in faults[tid]),
                                  reference={"task_id": REF + tid, "key": key, "cached": cached,
                                             **({"self": True} if own else {})}))

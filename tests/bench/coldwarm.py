@@ -147,7 +147,7 @@ def bench_coldwarm(rows: list, rounds: int = 2, tasks: int = 32, concurrency: in
     root = Path(tempfile.mkdtemp(prefix="sfbench-coldwarm-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_USAGE_STATS_ENABLED="0")
-    base = {"seed": 5, "runner": "durable", "faults": "none", "deadline_s": 300,
+    base = {"seed": 5, "runner": "durable", "faults": "none", "deadline_s": 300, "fault_free_reference": "self",
             "workload": {"steps": steps, "think_ms": think_ms}}
     big = dict(base, tasks=tasks, concurrency=concurrency)
     little = dict(base, tasks=small[0], concurrency=small[1])
@@ -204,7 +204,9 @@ def write_table(rows: list, rounds: int, faults: str = "none") -> str:
     head = (f"{MARK}\n\nCold beside warm (`flock /run/sandfleet-test-suite.lock .venv/bin/python -m tests.bench.coldwarm"
             f" --rounds {rounds}{flag}`), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {rev.strip()}, "
             f"median of {rounds} rounds:\n\n| measurement | value | beside | ratio / note |\n|---|---|---|---|\n")
-    note = ("\nA task with no fault planned that ran once, untouched, is its own reference (cluster/grade/selfref.py): "
+    note = ("\nWith `fault_free_reference: self` (opt-in; the default `run` keeps two runs of each seed, which catches a "
+            "runner that is not deterministic), a task with no fault planned that ran once, untouched, is its own "
+            "reference (cluster/grade/selfref.py): "
             "a cold `faults: none` wave runs no second run of any seed, and its tasks fill the cache. A faulted task "
             "still runs its reference beside it, so a cold faulted wave runs every seed twice: on a machine whose "
             "cores the tasks already fill that is up to twice the runners' work, a ratio the CPU sets, not the "

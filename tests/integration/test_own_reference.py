@@ -28,7 +28,8 @@ def _started(d) -> set[str]:
 def test_a_task_with_no_fault_is_its_own_reference_and_a_later_faulted_task_uses_it(run_wave):
     cache = run_wave.root / ".reference-cache"
     # 1. faults none: no reference runs, each task is compared with itself and fills the cache
-    r1, d1 = run_wave(runner="durable", tasks=2, concurrency=2, faults=[], seed=SEED, workload=WORKLOAD)
+    r1, d1 = run_wave(runner="durable", tasks=2, concurrency=2, faults=[], seed=SEED, workload=WORKLOAD,
+                      fault_free_reference="self")
     assert r1["verdict"] == "pass" and exit_code(r1) == 0, [g["checks"] for g in r1["tasks"]]
     plan1 = orjson.loads((d1 / results.PLAN).read_bytes())
     assert plan1["references"] == [] and r1["references"] == []

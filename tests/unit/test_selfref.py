@@ -30,8 +30,16 @@ TWICE = CLEAN[:2] + [{"event": "attempt_end", "task": "t000", "attempt": 1, "exi
                      {"event": "attempt_start", "task": "t000", "attempt": 2, "wall": 95.0}] + CLEAN[2:]
 
 
+def test_by_default_a_task_with_no_fault_gets_its_reference_beside_it():
+    """`fault_free_reference: run` (the default): two runs of every seed, so a runner that is not deterministic is
+    caught in a fault-free wave (tests/integration/test_runners.py's noise runner)."""
+    plan = build_plan(build_config({"faults": [], "tasks": 3, "seed": 5}), "w-test")
+    assert [r["task_id"] for r in plan["references"]] == ["ref-t000", "ref-t001", "ref-t002"]
+    assert not any(planned_self(t) for t in plan["tasks"])
+
+
 def test_the_plan_runs_no_reference_beside_a_task_with_no_fault_and_keeps_one_beside_a_faulted_task():
-    none = build_plan(build_config({"faults": [], "tasks": 3, "seed": 5}), "w-test")
+    none = build_plan(build_config({"fault_free_reference": "self", "faults": [], "tasks": 3, "seed": 5}), "w-test")
     assert none["references"] == [] and all(planned_self(t) for t in none["tasks"])
     assert {t["reference"]["task_id"] for t in none["tasks"]} == {"ref-t000", "ref-t001", "ref-t002"}
     pk1 = build_plan(build_config({"faults": ["PK1"], "tasks": 3, "seed": 5}), "w-test")
@@ -40,7 +48,7 @@ def test_the_plan_runs_no_reference_beside_a_task_with_no_fault_and_keeps_one_be
 
 
 def test_a_task_found_in_the_cache_is_compared_with_the_cached_run_not_with_itself(tmp_path):
-    cfg = build_config({"faults": [], "tasks": 2, "seed": 5})
+    cfg = build_config({"fault_free_reference": "self", "faults": [], "tasks": 2, "seed": 5})
     first = build_plan(cfg, "w-test")
     cache = ReferenceCache(tmp_path)
     cache.put(first["tasks"][0]["reference"]["key"], {"repo/a": b"a"}, {"task_id": "t000"})
@@ -59,7 +67,7 @@ def test_only_one_attempt_that_nothing_touched_is_an_uninterrupted_run():
     assert not_uninterrupted(TASK, oom, []) == "its sandbox recorded oom_kills 1"
     assert not_uninterrupted(TASK, CLEAN, [], harness_fault={"part": "store"}) == "the wave had a harness fault"
     assert not_uninterrupted(TASK, CLEAN, [{"task_id": "t001", "instance": "t001-ST1", "status": "applied"}]) \
-        == "faults were applied in the wave (t001-ST1)"
+        == "faults were applied in the wave, or may have been (t001-ST1)"
     assert not_uninterrupted(TASK, CLEAN, [{"task_id": "t000", "instance": "x", "status": "not_applied"}]) \
         == "a fault receipt names it"
     assert not_uninterrupted(dict(TASK, faults=[{"fault_id": "PK1"}]), CLEAN, []) == "a fault was planned for it"
@@ -69,9 +77,9 @@ def test_only_one_attempt_that_nothing_touched_is_an_uninterrupted_run():
         "the wave's fault receipts")
 
 
-def _wave(tmp_path, receipts=(), hfault=None):
+def _wave(tmp_path, receipts=(), hfault=None, skipped=None):
     return SimpleNamespace(out=SimpleNamespace(artifact=lambda tid: tmp_path / "artifacts" / tid),
-                           receipts=list(receipts), hfault=hfault)
+                           receipts=list(receipts), hfault=hfault, inp=SimpleNamespace(skipped_count=skipped or {}))
 
 
 def _hist(events, art):
@@ -144,7 +152,7 @@ def test_the_driver_runs_a_reference_after_the_tasks_only_for_a_task_that_was_no
     from cluster import results
     from cluster.driver import WaveRun
 
-    plan = build_plan(build_config({"faults": [], "tasks": 2, "seed": 5}), "w-test")
+    plan = build_plan(build_config({"fault_free_reference": "self", "faults": [], "tasks": 2, "seed": 5}), "w-test")
     out = results.ResultsDir(tmp_path)
     lines = [dict(e, task="t000") for e in TWICE] + [dict(e, task="t001") for e in CLEAN]
     out.timeline.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
@@ -166,3 +174,21 @@ def test_the_driver_runs_a_reference_after_the_tasks_only_for_a_task_that_was_no
     assert w.timeline.events == [("references_after", {"run": {"ref-t000": "its timeline has task_retry"}})]
     # run again (a resumed wave): the reference is planned already, nothing more runs
     assert asyncio.run(w._references_after(run_task, slots, lambda: None, lambda: None)) == 0
+
+
+def test_a_renumbered_attempt_an_unknown_receipt_or_a_misfit_record_is_never_its_own_reference(tmp_path):
+    """The hostile review's M2-M4: a timeline record left out for its shape, a receipt of unknown outcome elsewhere in
+    the wave, or an attempt numbered other than 1 (a killed task whose fault was removed from the folder) made a task
+    its own reference; each now is no uninterrupted run."""
+    seventh = [dict(e, attempt=7) if e["event"] in ("attempt_start", "attempt_end") else e for e in CLEAN]
+    assert "numbered 7" in not_uninterrupted(TASK, seventh, [])
+    unknown = [{"task_id": "t001", "instance": "t001-PK1", "status": "unknown"}]
+    assert "may have been" in not_uninterrupted(TASK, CLEAN, unknown)
+    assert not_uninterrupted(TASK, CLEAN, [dict(unknown[0], status="not_applied")]) is None
+    write_artifact(tmp_path / "artifacts" / "t000", {"repo/a.txt": b"x"}, {"task_id": "t000", "attempt": 1})
+    own = SimpleNamespace(events=CLEAN, artifact={"repo/a.txt": b"x"}, receipts_damage=None)
+    task = build_plan(build_config({"fault_free_reference": "self", "faults": [], "tasks": 1, "seed": 5}),
+                      "w-test")["tasks"][0]
+    assert reference_for(_wave(tmp_path), task, {}, own).get("self") is True
+    got = reference_for(_wave(tmp_path, skipped={"timeline.jsonl": 1}), task, {}, own)
+    assert "self" not in got and "left out for their shape" in got["why"], got
