@@ -190,8 +190,10 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
         lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
     out = d / results.SUMMARY
     # (a runner's words in it, escaped: `cat` is safe)
-    results.write_stored(out, results.terminal_safe("\n".join(lines)))
-    _write_verdict(d, result)
+    try:
+        results.write_stored(out, results.terminal_safe("\n".join(lines)))
+    finally:  # what `serve` lists the wave by is written even when SUMMARY.md cannot be
+        _write_verdict(d, result)
     return out
 
 

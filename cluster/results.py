@@ -172,6 +172,10 @@ class ResultsDir:
         return self.path / EVIDENCE / task_id
 
 
+class StoredPathError(ValueError):
+    """A file of the wave's folder cannot be written where it goes (a directory stands there): named, never forced."""
+
+
 class JsonlError(ValueError):
     """A line of a JSON-lines file that is neither valid JSON nor a record with the required keys."""
 
@@ -347,8 +351,11 @@ def tail_bytes(path: str | Path, limit: int) -> bytes:
 
 def write_stored(path: str | Path, data: bytes | str) -> None:
     """Write a file of the wave's folder whole (a temporary file renamed over it): a reader never sees it half
-    written, and a FIFO or a link left in its place is replaced, never written through (a FIFO would hang us)."""
+    written, and a FIFO or a link left in its place is replaced, never written through (a FIFO would hang us); a
+    directory there is StoredPathError."""
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():  # os.replace cannot, and what is in it is not ours to remove
+        raise StoredPathError(f"{path.name}: a directory stands where this file goes (left as it is)")
     tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
 
 import orjson
@@ -69,8 +70,6 @@ MAX_SEAL_BYTES = 64 * 1024 * 1024  # a manifest, a seal or a key file is never r
 
 def _read_regular(path: Path, what: str, cap: int = MAX_SEAL_BYTES) -> bytes:
     """A regular file's bytes, never through a link, never a FIFO or a device, at most `cap` (SealError otherwise)."""
-    import stat
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -149,8 +148,6 @@ def _entries(d: Path, names: str | None = NAMES):
 
 def _digest(p: Path, st) -> str:
     """A file's sha256; a link's target (never followed) as `<link> sha256 of the target's bytes`; `<kind>` else."""
-    import stat
-
     if st is None:
         return "<empty dir>"
     if stat.S_ISLNK(st.st_mode):
@@ -219,10 +216,12 @@ def reseal(d: str | Path, why: str) -> dict:
     return seal(d, wave_dir=name, resealed_after=why)
 
 
-def verify(d: str | Path, public_key: str | None = None) -> dict:
+def verify(d: str | Path, public_key: str | None = None, quick: bool = False) -> dict:
     """Check the seal, the folder's name and every file: {"ok", "fingerprint", "changed", "added", "missing",
     "renamed_from" (the name the folder was sealed as, when it is now another: None else), "now_as"}. SealError
-    when the manifest or the seal is missing, damaged or foreign (or not signed by `public_key`, when given)."""
+    when the manifest or the seal is missing, damaged or foreign (or not signed by `public_key`, when given).
+    `quick`: a regular file of its sealed size is taken as sealed unread (the signature, the names, each entry's
+    kind and size are still checked): what `serve` asks of every wave on every listing."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -280,8 +279,11 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
         if name not in listed:
             continue
         want = listed_sizes.get(name)
-        if isinstance(want, int) and st is not None and st.st_size != want and not str(listed[name]).startswith("<"):
+        regular = not str(listed[name]).startswith("<")
+        if isinstance(want, int) and st is not None and st.st_size != want and regular:
             changed.append(name)
+        elif quick and regular and st is not None and stat.S_ISREG(st.st_mode) and st.st_size == want:
+            continue
         elif _digest(p, st) != listed[name]:
             changed.append(name)
     changed.sort()
@@ -289,3 +291,27 @@ def verify(d: str | Path, public_key: str | None = None) -> dict:
     return {"ok": not (changed or added or missing or renamed_from), "fingerprint": fingerprint(s["public_key"]),
             "changed": changed, "added": added, "missing": missing, "renamed_from": renamed_from, "now_as": now_as,
             "resealed_after": m.get("resealed_after") if isinstance(m.get("resealed_after"), str) else None}
+
+
+def said(got: dict, limit: int = 5) -> str:
+    """What `verify` found wrong, in one line: "changed: a, b; added: c; renamed: sealed as 'x', now 'y'" (at most
+    `limit` names of each kind)."""
+    parts = [f"{what}: {', '.join(got[what][:limit])}" + (" ..." if len(got[what]) > limit else "")
+             for what in ("changed", "added", "missing") if got.get(what)]
+    if got.get("renamed_from"):
+        parts.append(f"renamed: sealed as {got['renamed_from']!r}, now {got['now_as']!r}")
+    return "; ".join(parts)
+
+
+def state(d: str | Path) -> tuple[bool, str] | None:
+    """None when the folder `d` is the one its seal names, checked `quick`ly; else (fails, why): `fails` when it
+    carries a seal it does not match, or a damaged one; not when it carries none (a wave still running, one from
+    before seals, or one whose seal was removed: the three look the same)."""
+    d = Path(d)
+    if not any(os.path.lexists(d / n) for n in (SEAL, MANIFEST)):
+        return False, "not sealed (a wave still running, one from before seals, or one whose seal was removed)"
+    try:
+        got = verify(d, quick=True)
+    except SealError as exc:
+        return True, f"its seal is damaged: {exc}"
+    return None if got["ok"] else (True, f"fails its seal ({said(got)})")

@@ -9,7 +9,10 @@ fault (the wave's own parts failed), not applied / not exercised, unknown. `/w/<
 files (its index.html, task pages, timeline.png), never a path outside the wave's directory.
 
 Each wave's row comes from its `verdict.json` (written with SUMMARY.md), else from its `<task>.grade.json` files; a
-damaged file is named on the row (file and line) and the rest still renders.
+damaged file is named on the row (file and line) and the rest still renders. Each wave's seal is checked on every
+listing (quick: the signature, the folder's name, each file's kind and size; `sandfleet verify` hashes every file):
+a wave that fails its seal is listed as `fails its seal`, naming what changed, its tasks left out of the trends; one
+with no seal is noted so.
 
 Safe to look at: only the generated pages (a wave's `index.html` and `pages/*.html`, cluster/htmlreport.py) go out as
 HTML, under a CSP that runs only our own inline scripts (by hash). Everything else in a wave's directory (artifacts,
@@ -35,6 +38,7 @@ import orjson
 
 from cluster import results
 from cluster.htmlreport import CSS, badge, esc, page_csp
+from cluster.seal import state as seal_state
 
 FLAKY = "flaky"
 IDLE_S = 10.0  # a connection that sends (or takes) nothing for this long is closed
@@ -48,12 +52,12 @@ INDEX_CSP = ("default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; fo
 
 def _read(path: Path, problems: list[str]):
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(results.regular_bytes(path))  # a FIFO there would hang the whole index
     except FileNotFoundError:
         return None
     except orjson.JSONDecodeError as exc:
         problems.append(f"{path.name}: damaged ({exc})")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         problems.append(f"{path.name}: unreadable ({exc})")
     return None
 
@@ -101,6 +105,12 @@ def wave_row(d: Path) -> dict | None:
                     "signature": t.get("signature"), "not_exercised": bool(t.get("not_exercised"))}
                    for t in v.get("tasks") or []],
          "harness_errors": [str(x) for x in v.get("harness_errors") or [] if x]}
+    sealed = seal_state(d)
+    if sealed is not None:
+        fails, why = sealed
+        problems.append(why)
+        if fails:  # not the folder its seal names: its verdict is not shown as the wave's, nor its tasks trended
+            v = {"verdict": "fails its seal", "tasks": [], "harness_errors": v["harness_errors"]}
     return {"wave_id": str(plan.get("wave_id", d.name)), "dir": d.name, "created": created,
             "runner": runner.get("name"), "faults": [str(f) for f in dict.fromkeys(faults)],
             "verdict": v.get("verdict"), "tasks": v.get("tasks", []), "harness_errors": v.get("harness_errors", []),

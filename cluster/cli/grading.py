@@ -1,6 +1,7 @@
 """`sandfleet grade`, `report` and `verify`: a stored wave graded, rendered and checked again, running nothing."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -20,7 +21,8 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
     stored file it needs is damaged (named), 254 when RESULTS_DIR is empty, missing or not a wave's directory.
     A folder that fails its seal (`sandfleet verify`: a file changed, added or missing, renamed, or a damaged seal)
     is graded as it is now, named as a harness error (exit 2), and not sealed again: `verify` still says what
-    changed. `--reseal` seals it anyway, keeping the old seal beside it and the wave id the old seal bound."""
+    changed. `--reseal` seals it anyway, keeping the old seal beside it and the wave id the old seal bound. A folder
+    with no seal at all is graded and not sealed (`--reseal` seals it): one whose seal was removed looks the same."""
     from cluster.grade import exit_code, grade_wave
     from cluster.report import write_summary
 
@@ -43,6 +45,7 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
              "the grade files there are from before)")
         return EXIT_HARNESS
     broken = _fails_its_seal(results_dir)  # asked before the grade rewrites the files the seal covers
+    sealed = any(os.path.lexists(results_dir / n) for n in (results.SEAL, results.SEAL_MANIFEST))
     try:
         result = grade_wave(results_dir)
     except Unreadable as exc:
@@ -58,9 +61,17 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
             f"the folder failed its seal before this grade ({broken}): graded as it is now" + (
                 "; sealed again with --reseal, the old seal kept as SEAL.prev.json" if reseal else
                 "; not sealed again (`sandfleet verify` names what changed; `grade --reseal` seals it as it is)")]
-    write_summary(results_dir, result)
-    if not broken:
+    try:
+        write_summary(results_dir, result)
+    except (ValueError, OSError) as exc:  # e.g. a directory where SUMMARY.md goes: named, nothing removed, unsealed
+        err(f"error: {results_dir}: graded {result['verdict']}, but its files could not all be written: {exc} "
+            "(nothing recorded was removed; the folder is not sealed again)")
+        return EXIT_HARNESS
+    if not broken and (sealed or reseal):
         seal_again(results_dir)
+    elif not broken:  # a seal removed from a forged copy cannot be told from none ever made: never vouched for here
+        err(f"warning: {results_dir} carries no seal: graded, not sealed (a wave is sealed when it ends; this is one "
+            "from before seals, or one whose seal was removed; pass --reseal to seal it as it is)")
     elif reseal:
         from cluster.seal import SealError
         from cluster.seal import reseal as reseal_folder
@@ -80,9 +91,7 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
 def _fails_its_seal(results_dir: Path) -> str | None:
     """Why a sealed folder is not the one its seal names (a file changed, added or missing, the folder renamed, the
     seal damaged), or None: intact, or never sealed."""
-    import os
-
-    from cluster.seal import SealError, verify
+    from cluster.seal import SealError, said, verify
 
     if not any(os.path.lexists(results_dir / n) for n in (results.SEAL, results.SEAL_MANIFEST)):
         return None
@@ -101,13 +110,7 @@ def _fails_its_seal(results_dir: Path) -> str | None:
                     or name.startswith((f"{results.PAGES}/", f"{results.EVIDENCE}/")))
 
     got = dict(got, **{what: [n for n in got[what] if own(n)] for what in ("changed", "added", "missing")})
-    if not any(got[what] for what in ("changed", "added", "missing")) and not got.get("renamed_from"):
-        return None
-    parts = [f"{what}: {', '.join(got[what][:5])}" + (" ..." if len(got[what]) > 5 else "")
-             for what in ("changed", "added", "missing") if got[what]]
-    if got.get("renamed_from"):
-        parts.append(f"renamed: sealed as {got['renamed_from']!r}, now {got['now_as']!r}")
-    return "; ".join(parts)
+    return said(got) or None
 
 
 def _damaged_plan(results_dir: Path) -> str | None:
@@ -179,8 +182,18 @@ def report_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
     results_dir = dir_arg(results_dir, "RESULTS_DIR")
     if results_dir is None:
         return EXIT_BAD_INPUT
+    page = results_dir / results.INDEX_HTML
+    before = _file_id(page)
     code = grade_cmd(results_dir, reseal=False)
-    if code in (0, 1, 2) and (results_dir / results.INDEX_HTML).is_file():
+    if code in (0, 1, 2) and page.is_file() and _file_id(page) != before:  # only a page this run wrote is named
         out.print(f"REPORT: {results_dir / results.INDEX_HTML}", highlight=False, soft_wrap=True)
     return code
 
+
+def _file_id(p: Path) -> tuple | None:
+    """What tells a file written again (a new inode: files are written whole and renamed over) from the old one."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

@@ -1,0 +1,143 @@
+"""Issue 42's last hostile review, the three finds left open: what `grade`, `report` and `serve` say of a wave's folder
+that is not what was sealed, or not what they can write into.
+
+- M1: a forged copy with SEAL.json and MANIFEST.json removed was sealed by `grade` as if new (`verify` then said
+  intact). A folder with no seal is graded and not sealed; `--reseal` seals it.
+- M6: `SUMMARY.md` made a directory gave a traceback (exit 1). Now exit 2, named, the directory and what is in it
+  left, verdict.json still written.
+- M7: `serve` listed a folder that fails its seal, or whose timeline is a FIFO, as `pass`; a FIFO verdict.json would
+  have hung the index; `report` printed its REPORT line though nothing was graded.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+from cluster import results
+from cluster.cli import main
+from cluster.seal import MANIFEST, SEAL, seal, verify
+from cluster.serve import collect, index_html
+
+FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wave-before-results-py"
+
+
+@pytest.fixture
+def wave(tmp_path, monkeypatch):
+    monkeypatch.setenv("SANDFLEET_SEAL_KEY", str(tmp_path / "keys" / "seal.key"))
+    monkeypatch.setattr("cluster.report.start_timeline_png", lambda d: None)
+    root = tmp_path / "results"
+    root.mkdir()
+    d = root / "w"
+    shutil.copytree(FIXTURE, d)
+    return d
+
+
+def _cli(*argv) -> tuple[int, str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            main([str(a) for a in argv])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    return code, buf.getvalue()
+
+
+def _drop_last_line(p: Path) -> None:
+    p.write_bytes(b"".join(p.read_bytes().splitlines(keepends=True)[:-1]))
+
+
+def test_grade_never_seals_a_folder_whose_seal_was_removed(wave):
+    """M1: sealed, tampered, its seal removed: `grade` grades it and leaves it unsealed, saying so; `verify` still
+    refuses it. `--reseal` is the user's say-so to seal it as it is."""
+    code, out = _cli("grade", wave)
+    assert "carries no seal" in out and not os.path.lexists(wave / SEAL), out  # never sealed: left so
+    seal(wave)
+    _drop_last_line(wave / "effects.jsonl")
+    (wave / SEAL).unlink()
+    (wave / MANIFEST).unlink()
+    code, out = _cli("grade", wave)
+    assert code in (0, 1, 2) and "Traceback" not in out, out
+    assert "carries no seal" in out and "--reseal" in out, out
+    assert not os.path.lexists(wave / SEAL) and not os.path.lexists(wave / MANIFEST)
+    assert _cli("verify", wave)[0] == 2  # no seal: `verify` says so, never "intact"
+    code, out = _cli("grade", "--reseal", wave)
+    assert "carries no seal" not in out and verify(wave)["ok"], out
+
+
+def test_a_directory_where_summary_goes_is_exit_2_named_and_left(wave):
+    """M6: a directory in SUMMARY.md's place: exit 2 naming it, no traceback, the directory and its file left,
+    verdict.json written all the same, and the folder not sealed over it."""
+    seal(wave)
+    (wave / results.SUMMARY).unlink()
+    (wave / results.SUMMARY).mkdir()
+    (wave / results.SUMMARY / "mine.txt").write_text("kept")
+    code, out = _cli("grade", wave)
+    assert code == 2 and "Traceback" not in out, out
+    assert "SUMMARY.md: a directory stands where this file goes" in out, out
+    assert (wave / results.SUMMARY / "mine.txt").read_text() == "kept"
+    assert orjson.loads((wave / results.VERDICT).read_bytes())["verdict"]
+    code, out = _cli("report", wave)  # (its index.html is written, and named: only SUMMARY.md could not be)
+    assert code == 2 and "SUMMARY.md: a directory" in out and "Traceback" not in out, out
+
+
+def test_report_names_no_page_when_nothing_was_graded(wave):
+    """M7: `report` of a wave whose plan is damaged printed `REPORT: .../index.html` (the old page) though nothing was
+    graded. Only a page this run wrote is named."""
+    code, out = _cli("report", wave)
+    assert "REPORT:" in out and (wave / results.INDEX_HTML).is_file(), out
+    (wave / results.PLAN).write_bytes(b"[1, 2]")
+    code, out = _cli("report", wave)
+    assert code == 2 and "nothing was graded" in out and "REPORT:" not in out, out
+
+
+def _row(root: Path) -> dict:
+    rows = collect(root)
+    assert len(rows) == 1 and "w" in index_html(root, rows)
+    return rows[0]
+
+
+def test_serve_lists_a_folder_that_fails_its_seal_as_such_never_pass(wave):
+    """M7: a sealed wave lists its verdict; the same wave with its timeline made a FIFO, or a line of its records
+    removed, or its seal damaged, is listed as `fails its seal` naming the file, its tasks left out of the trends."""
+    _cli("grade", "--reseal", wave)
+    row = _row(wave.parent)
+    assert row["verdict"] not in (None, "fails its seal") and row["tasks"], row
+    assert not any("seal" in p for p in row["problems"]), row["problems"]
+    (wave / "timeline.jsonl").unlink()
+    os.mkfifo(wave / "timeline.jsonl")
+    row = _row(wave.parent)
+    assert row["verdict"] == "fails its seal" and row["tasks"] == [], row
+    assert any("timeline.jsonl" in p for p in row["problems"]), row["problems"]
+    (wave / "timeline.jsonl").unlink()
+    shutil.copy(FIXTURE / "timeline.jsonl", wave / "timeline.jsonl")
+    assert _row(wave.parent)["verdict"] != "fails its seal"  # put back: intact again
+    _drop_last_line(wave / "effects.jsonl")
+    row = _row(wave.parent)
+    assert row["verdict"] == "fails its seal" and any("effects.jsonl" in p for p in row["problems"]), row
+    (wave / SEAL).write_text("[1]")
+    row = _row(wave.parent)
+    assert row["verdict"] == "fails its seal" and any("seal is damaged" in p for p in row["problems"]), row
+
+
+def test_serve_notes_a_wave_with_no_seal(wave):
+    row = _row(wave.parent)
+    assert row["verdict"] != "fails its seal" and any("not sealed" in p for p in row["problems"]), row
+
+
+def test_a_fifo_verdict_never_hangs_the_index(wave):
+    """A FIFO in verdict.json's place: the reader once blocked forever in open(); now the row names it."""
+    (wave / results.VERDICT).unlink(missing_ok=True)
+    os.mkfifo(wave / results.VERDICT)
+    got = {}
+    th = threading.Thread(target=lambda: got.setdefault("row", _row(wave.parent)), daemon=True)
+    th.start()
+    th.join(60)  # a bound on a hang, not a timing assertion: the row comes back at once or never
+    assert "row" in got, "the index hung on a FIFO verdict.json"
+    assert any("verdict.json" in p and "not a regular file" in p for p in got["row"]["problems"]), got["row"]
