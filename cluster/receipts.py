@@ -3,7 +3,11 @@ hand-edited one is named, never a traceback. A time is a wall clock's (seconds s
 receipt that says it fired at 1e300 is damaged, and a kill's `exercised` cannot be judged from it. A receipt that
 answers no fault the plan planned is named and left out, never counted as a fault that applied. A receipt written
 `applied` that says not when it fired (`fired_at` null or missing) is read as `unknown`, named in its detail: whether
-it exercised anything cannot be judged. The file's name and the record kinds (`misfit`) are cluster/results.py's.
+it exercised anything cannot be judged. A receipt that cannot be true (it fired after the wave's end or before its
+start, its target is another task's, it was cleared before it fired) and every receipt of a planned fault that has
+more than one are `unknown`, the receipt and why named in its detail (`checked_receipts`): no evidence that a fault
+applied; a second receipt for one planned fault is named and left out. The file's name and the record kinds
+(`misfit`) are cluster/results.py's.
 """
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ from pathlib import Path
 
 import orjson
 
-from cluster.results import DICT, FAULTS, LIST, NONE, NUM, STR, WALL, misfit, regular_bytes, terminal_safe
+from cluster.results import (DICT, FAULTS, LIST, NONE, NUM, STR, WALL, attempt_of, misfit, regular_bytes, task_prefix,
+                             terminal_safe)
 
 RECEIPT: dict[str, tuple[str, ...]] = {
     "fault_id": (STR,), "instance": (STR,), "task_id": (STR,), "status": (STR,), "target": (DICT, NONE),
     "detail": (STR, NONE), "fired_at": (WALL, NONE), "cleared_at": (WALL, NONE), "evidence": (DICT, NONE)}
+CLOCK_SLACK_S = 1.0  # how far two hosts' clocks may differ (a fire time is the sandbox host's, the wave's the driver's)
 RECEIPT_TARGET: dict[str, tuple[str, ...]] = {  # what the checks read of a receipt's target
     "sandbox_id": (STR, NONE), "sandboxes": (LIST, NONE), "old_akid": (STR, NONE), "new_akid": (STR, NONE),
     "zombie": (STR, NONE), "published_at": (WALL, NONE), "thawed_at": (WALL, NONE), "delay_s": (NUM, NONE)}
@@ -73,6 +79,61 @@ def planned_receipts(receipts: list[dict], plan) -> tuple[list[dict], list[str]]
                f"matches no planned fault (instance and task_id {terminal_safe(r['task_id'][:40])!r})")
         left.append(f"receipt ({terminal_safe(r['instance'][:60])}): {why}")
     return out, left
+
+
+def checked_receipts(receipts: list[dict], plan, timeline: list[dict]) -> tuple[list[dict], list[str]]:
+    """`planned_receipts`, then each kept receipt checked against the plan and the wave's timeline: one that cannot
+    be true, and each of a planned fault that has more than one, is `unknown` (a copy, its detail naming why); the
+    second and later receipts of one planned fault are left out and named with the unplanned ones."""
+    kept, left = planned_receipts(receipts, plan)
+    seen: dict[tuple, int] = {}
+    for r in kept:
+        seen[(r["instance"], r["task_id"])] = seen.get((r["instance"], r["task_id"]), 0) + 1
+    walls = [(e.get("event"), e.get("wall")) for e in timeline if isinstance(e, dict)]
+    start = next((w for ev, w in walls if ev == "wave_start"), None)
+    end = next((w for ev, w in reversed(walls) if ev == "wave_end"), None)
+    wave_id = plan.get("wave_id") if isinstance(plan, dict) else None
+    out, done = [], set()
+    for r in kept:
+        key = (r["instance"], r["task_id"])
+        if key in done:
+            left.append(f"receipt ({terminal_safe(r['instance'][:60])}): a second receipt for the same planned "
+                        "fault, left out (the fault is unknown)")
+            continue
+        done.add(key)
+        why = ([f"faults.json holds {seen[key]} receipts for this planned fault: which says what happened cannot be "
+                "told"] if seen[key] > 1 else []) + _impossible(r, _num(start), _num(end), wave_id)
+        out.append(dict(r, status="unknown", detail="a receipt that cannot be true: " + "; ".join(why) + (
+            f"; it says {r['status']}" + (f" ({r['detail']})" if r.get("detail") else ""))) if why else r)
+    return out, left
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _impossible(r: dict, start: float | None, end: float | None, wave_id) -> list[str]:
+    """Why the receipt cannot be true: a time outside the wave (`start`/`end`: its timeline's wave_start and
+    wave_end wall times, None when it has none: a wave graded before it ended), a clear before the fire, a target
+    of another task (its sandbox, its store key prefix). Empty when nothing is wrong."""
+    why, fired, cleared = [], r.get("fired_at"), r.get("cleared_at")
+    target = r.get("target") or {}
+    if fired is not None and end is not None and fired > end + CLOCK_SLACK_S:
+        why.append(f"fired_at {fired:.3f} is after the wave ended ({end:.3f}, timeline's wave_end)")
+    if fired is not None and start is not None and fired < start - CLOCK_SLACK_S:
+        why.append(f"fired_at {fired:.3f} is before the wave started ({start:.3f}, timeline's wave_start)")
+    if fired is not None and cleared is not None and cleared < fired - CLOCK_SLACK_S:
+        why.append(f"cleared_at {cleared:.3f} is before fired_at {fired:.3f}")
+    sid = target.get("sandbox_id")
+    if isinstance(sid, str) and (attempt_of(sid) or (None,))[0] != r["task_id"]:
+        why.append(f"target.sandbox_id {terminal_safe(sid[:60])!r} is not a sandbox of task "
+                   f"{terminal_safe(r['task_id'][:40])!r}, the task it is filed under")
+    prefix = target.get("key_prefix")
+    if isinstance(prefix, str) and isinstance(wave_id, str) and not prefix.startswith(
+            task_prefix(wave_id, r["task_id"])):
+        why.append(f"target.key_prefix {terminal_safe(prefix[:80])!r} is not under task "
+                   f"{terminal_safe(r['task_id'][:40])!r}'s prefix, the task it is filed under")
+    return why
 
 
 def read_receipts(path: str | Path) -> tuple[list[dict], str | None]:

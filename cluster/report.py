@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results
-from cluster.receipts import planned_receipts, read_receipts
+from cluster.receipts import checked_receipts, read_receipts
 from cluster.grade import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 
@@ -214,10 +214,14 @@ def _fault_coverage(d: Path, plan: dict | None = None) -> list[str]:
     record, what is wrong): the faults it does not show are not counted as tested."""
     receipts, damage = read_receipts(Path(d) / results.FAULTS)
     if plan is not None:
-        receipts, left = planned_receipts(receipts, plan)
+        try:  # the timeline bounds when a receipt can have fired (a damaged one bounds nothing)
+            timeline = results.read_jsonl(Path(d) / results.TIMELINE, ("event",), skip_bad=True)
+        except (OSError, ValueError):
+            timeline = []
+        receipts, left = checked_receipts(receipts, plan, timeline)
         if left:
             damage = "; ".join(x for x in (damage, f"{results.FAULTS}: {len(left)} receipt(s) that answer no planned "
-                                           "fault, left out: " + "; ".join(left[:5])) if x)
+                                           "fault or repeat one, left out: " + "; ".join(left[:5])) if x)
     by: dict[str, Counter] = defaultdict(Counter)
     for r in receipts:
         by[r["fault_id"]][r["status"]] += 1

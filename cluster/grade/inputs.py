@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 
 from cluster import results
-from cluster.receipts import planned_receipts, receipts_of
+from cluster.receipts import checked_receipts, receipts_of
 
 
 class Unreadable(Exception):
@@ -157,9 +157,10 @@ def read_wave(d: Path) -> WaveRecord:
     _check_plan(inp, plan)
     timeline = inp.lines(results.TIMELINE) or []
     _check_wave_id(inp, plan, timeline)
-    try:  # a receipt of another shape is left out and named; a file that is no list of receipts is unreadable
+    try:  # a receipt of another shape, or for no planned fault, is left out and named; one that cannot be true is
+        # unknown; a file that is no list of receipts is unreadable
         receipts, left = receipts_of(inp.json(results.FAULTS, []))
-        receipts, unplanned = planned_receipts(receipts, plan)
+        receipts, unplanned = checked_receipts(receipts, plan, timeline)
         left = left + unplanned
         if left:
             inp.skipped[results.FAULTS], inp.skipped_count[results.FAULTS] = left[:20], len(left)
