@@ -123,8 +123,10 @@ def wave_metrics(result: dict, d: Path) -> dict:
     grades = result["tasks"]
     timeline = results.read_jsonl(d / results.TIMELINE)
     # as SUMMARY counts them (report.py): a kill that landed before the attempt did anything durable
-    # (`not_exercised`, the task not_applied) tests no recovery, so it is in neither the numerator nor the n
-    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
+    # (`not_exercised`, the task not_applied) tests no recovery, so it is in neither the numerator nor the n; nor is
+    # a kill whose receipt names no sandbox of the task (`kill_not_shown`: not shown to have interrupted a run)
+    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")
+                   and not g.get("kill_not_shown")]
     workload = result["plan"]["config"]["workload"]
 
     def count(pred) -> int:

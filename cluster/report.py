@@ -71,8 +71,10 @@ def _replay_lines(grades: list[dict]) -> list[str]:
     """Resume survival, double applies, recalls and what replays cost."""
     idle = [g for g in grades if g.get("not_exercised")]
     # survival is judged over tasks that ran to an end (not those a stopped wave cut off) and whose kill tested
-    # something
-    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")]
+    # something; a kill whose receipt names no sandbox of the task is not shown to have interrupted a run
+    unshown = [g for g in grades if g.get("kill_not_shown") and not g.get("not_exercised")]
+    interrupted = [g for g in grades if g["interrupted"] and g.get("ended", True) and not g.get("not_exercised")
+                   and not g.get("kill_not_shown")]
     survived = [g for g in interrupted if g["verdict"] == PASS]
     double = [g for g in grades if (g["checks"].get("no_double_apply") or {}).get("verdict") == FAIL]
     wasted_tokens = sum(g.get("wasted_tokens") or 0 for g in grades)
@@ -82,7 +84,9 @@ def _replay_lines(grades: list[dict]) -> list[str]:
     rsr = f"{len(survived)}/{len(interrupted)}" if interrupted else "n/a (no task was interrupted)"
     per = f"{wasted / n_int:.2f} calls and {wasted_tokens / n_int:.0f} tokens per interruption" if n_int else "n/a"
     left_out = (f"; {len(idle)} task(s) left out: their kill was not exercised (it landed before the attempt "
-                "did anything durable)" if idle else "")
+                "did anything durable)" if idle else "") + (
+        f"; {len(unshown)} task(s) left out: their kill names no sandbox of the task (not shown to have interrupted "
+        "a run: unknown)" if unshown else "")
     return [f"- Resume survival rate (interrupted tasks that pass): {rsr}{left_out}",
             f"- Double-apply tasks: {len(double)}",
             f"- Model recalls of recorded steps: {recalls}",

@@ -124,11 +124,9 @@ def attempt_budget(h: TaskHistory, facts: Facts) -> dict:
 def exercised(h: TaskHistory, facts: Facts, r: dict) -> str | None:
     """Why an applied kill tested something (the killed attempt had done something durable before it:
     a model answer delivered, an effect, a store write answered 2xx), or None when it tested nothing."""
-    starts = facts.starts
-    sid = (r.get("target") or {}).get("sandbox_id")
-    start, at = starts.get(sid), r.get("fired_at")
-    if start is None or at is None or h.calls is None:
-        return "unknown attempt or time: counted as exercised"
+    start, at = facts.starts.get((r.get("target") or {}).get("sandbox_id")), r.get("fired_at")
+    if start is None or at is None or h.calls is None:  # (a kill that names no sandbox: `unshown`, never here)
+        return "unknown time, or no readable model call: counted as exercised"
     attempt, t0 = start["attempt"], start["wall"]
     if any(c.get("attempt") == attempt and c.get("delivered", True) and c.get("t_done", c["t"]) <= at
            for c in h.calls):
@@ -140,20 +138,40 @@ def exercised(h: TaskHistory, facts: Facts, r: dict) -> str | None:
     return None
 
 
+def unshown(facts: Facts, r: dict) -> str | None:
+    """Why an applied kill cannot be shown to have interrupted a run of the task: its receipt names no sandbox, or
+    one no attempt of the task ran in (None: it names the sandbox of one of the task's attempts)."""
+    sid = (r.get("target") or {}).get("sandbox_id")
+    if not isinstance(sid, str):
+        return "names no sandbox"
+    if sid not in facts.starts:
+        return f"names sandbox {results.terminal_safe(sid[:60])!r}, in which no attempt of the task ran"
+    return None
+
+
 def fault_applied(h: TaskHistory, facts: Facts) -> dict:
     """Every planned fault's receipt says applied. A kill that landed before its attempt did anything durable (no
     model answer, effect or store write yet) is `not_exercised`: `not_applied`, and the task is left out of the
-    resume survival rate. A task whose attempt died with another task's lost node (PK3) was interrupted all the same."""
+    resume survival rate. An applied kill whose receipt names no sandbox of the task cannot be shown to have
+    interrupted a run: `unknown`, and it too is left out of that rate (`kill_not_shown`). A task whose attempt died
+    with another task's lost node (PK3) was interrupted all the same."""
     task, tid = facts.task, facts.tid
     if not task["faults"]:
         return {"verdict": PASS, "detail": "no fault planned"}
     mine = {r["instance"]: r for r in h.receipts if r["task_id"] == tid}
-    verdicts, details, idle = [], [], []
+    verdicts, details, idle, not_shown = [], [], [], []
     for f in task["faults"]:
         r = mine.get(f["instance"])
         if r is None:
             verdicts.append(UNKNOWN)
             details.append(f"{f['instance']}: no receipt" + (f" ({h.receipts_damage})" if h.receipts_damage else ""))
+            continue
+        why = unshown(facts, r) if kills_attempt(r.get("fault_id")) and r["status"] == "applied" else None
+        if why is not None:
+            not_shown.append(f["instance"])
+            verdicts.append(UNKNOWN)
+            details.append(f"{f['instance']}: unknown (an applied kill that {why}: it cannot be shown to have "
+                           f"interrupted a run, so it is not counted as exercised; {r['detail']})")
             continue
         if kills_attempt(r.get("fault_id")) and r["status"] == "applied" and exercised(h, facts, r) is None:
             idle.append(f["instance"])
@@ -171,6 +189,7 @@ def fault_applied(h: TaskHistory, facts: Facts) -> dict:
     if hit and NOT_APPLIED in verdicts and UNKNOWN not in verdicts:
         verdicts = [PASS if v == NOT_APPLIED else v for v in verdicts]
         details.append("; ".join(f"hit by {i} (its node was lost with attempt {sid} on it)" for i, sid in hit))
-    return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle}
+    return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle,
+            "kill_not_shown": not_shown}
 
 

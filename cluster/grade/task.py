@@ -119,6 +119,7 @@ def grade_task(h: TaskHistory) -> dict:
             "interrupted": facts.was_interrupted,  # (a notice answered by an exit 0 interrupted it too)
             "ended": end is not None, "model_recalls": recall.get("model_recalls"),
             "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
+            "kill_not_shown": (checks.get("fault_applied") or {}).get("kill_not_shown") or [],
             "attempt_causes": [attempt_cause(a) for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "resume_s": figures["resume_s"],

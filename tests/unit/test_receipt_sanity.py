@@ -2,7 +2,7 @@
 injector's, but its folder can be edited, and a resumed wave writes receipts too: a receipt that fired after the
 wave's end or before its start, one whose target is another task's, one cleared before it fired, and a second
 receipt for the same planned fault were each counted as `applied`. Now each is named and its task's `fault_applied`
-is `unknown`, never pass."""
+is `unknown`, never pass. A kill whose receipt names no sandbox was counted as exercised; it now shows nothing."""
 from __future__ import annotations
 
 import shutil
@@ -12,6 +12,7 @@ import pytest
 
 from cluster import results
 from cluster.grade import grade_wave
+from cluster.league import wave_metrics
 from cluster.receipts import checked_receipts
 from cluster.report import write_summary
 from tests.unit.test_grade_fuzz import FIXTURE, no_picture  # noqa: F401 - a fixture, used by name
@@ -85,3 +86,15 @@ def test_checked_receipts_keeps_a_sane_receipt_as_it_was(tmp_path):
     plan = orjson.loads((d / results.PLAN).read_bytes())
     assert checked_receipts(recs, plan, results.read_jsonl(d / results.TIMELINE)) == (recs, [])
 
+
+def test_a_kill_that_names_no_sandbox_is_not_counted_as_exercised(tmp_path, no_picture):  # noqa: F811
+    d, recs, _ = _wave(tmp_path)
+    recs[0]["target"] = {}
+    result, check, summary = _graded(d, recs, "t000")
+    assert check["verdict"] == "unknown", check
+    assert "t000-PK1" in check["detail"] and "names no sandbox" in check["detail"], check
+    g = next(g for g in result["tasks"] if g["task_id"] == "t000")
+    assert g["interrupted"] and g["kill_not_shown"] == ["t000-PK1"] and g["not_exercised"] == [], g
+    # neither SUMMARY's survival rate nor the league counts it as a kill that interrupted a run
+    assert "1 task(s) left out: their kill names no sandbox" in summary, summary
+    assert wave_metrics(result, d)["interrupted"] == 0
