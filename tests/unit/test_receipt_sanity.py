@@ -13,7 +13,7 @@ import pytest
 from cluster import results
 from cluster.grade import grade_wave
 from cluster.league import wave_metrics
-from cluster.receipts import checked_receipts
+from cluster.receipts import checked_receipts, receipts_of
 from cluster.report import write_summary
 from tests.unit.test_grade_fuzz import FIXTURE, no_picture  # noqa: F401 - a fixture, used by name
 
@@ -98,3 +98,46 @@ def test_a_kill_that_names_no_sandbox_is_not_counted_as_exercised(tmp_path, no_p
     # neither SUMMARY's survival rate nor the league counts it as a kill that interrupted a run
     assert "1 task(s) left out: their kill names no sandbox" in summary, summary
     assert wave_metrics(result, d)["interrupted"] == 0
+
+
+PLAN = {"wave_id": "w1", "tasks": [{"task_id": "t0", "faults": [
+    {"fault_id": "PK3", "instance": "t0-PK3", "task_id": "t0"}]}, {"task_id": "t1", "faults": []}], "references": []}
+PK3 = {"fault_id": "PK3", "instance": "t0-PK3", "task_id": "t0", "status": "applied", "detail": "node lost",
+       "target": {"sandbox_id": "t0-a1", "node": "node-1", "sandboxes": ["t0-a1", "t1-a2"]},
+       "fired_at": 1000.0, "cleared_at": 1010.0, "evidence": {}}
+SPINE = [{"event": "wave_start", "wall": 990.0}, {"event": "wave_end", "wall": 1100.0}]
+
+
+def test_a_node_loss_that_took_another_tasks_sandbox_too_is_sane():
+    assert checked_receipts([PK3], PLAN, SPINE) == ([PK3], [])
+
+
+def test_clocks_that_differ_by_less_than_the_slack_are_not_named():
+    r = dict(PK3, fired_at=989.5, cleared_at=1100.5)
+    assert checked_receipts([r], PLAN, [SPINE[0], dict(SPINE[1], wall=1000.0)]) == ([r], [])
+
+
+def test_a_timeline_with_no_end_or_no_readable_times_bounds_nothing_and_never_raises():
+    late = dict(PK3, fired_at=5000.0, cleared_at=None)
+    for spine in ([SPINE[0]], [], [{"event": "wave_start", "wall": "early"}, {"event": "wave_end"}], [None, 3]):
+        assert checked_receipts([late], PLAN, spine) == ([late], []), spine
+
+
+def test_every_wrong_thing_about_one_receipt_is_named_in_its_detail():
+    bad = dict(PK3, fired_at=2000.0, cleared_at=900.0, target={"sandbox_id": "t1-a1", "key_prefix": "w1/t1/x"})
+    (got,), left = checked_receipts([bad], PLAN, SPINE)
+    assert left == [] and got["status"] == "unknown" and bad["status"] == "applied"
+    for why in ("after the wave ended", "cleared_at 900.000 is before fired_at", "'t1-a1' is not a sandbox of task",
+                "key_prefix 'w1/t1/x' is not under task 't0'", "it says applied (node lost)"):
+        assert why in got["detail"], (why, got["detail"])
+
+
+def test_a_receipt_a_resumed_wave_kept_from_its_timeline_is_sane(tmp_path):
+    from tests.unit.test_receipt_fired_at import _resumed_receipts
+
+    got = _resumed_receipts(tmp_path, {"fired_at": 1796219241.3, "target": {"sandbox_id": "t0-a1"}})
+    plan = {"wave_id": "w", "tasks": [{"task_id": "t0", "faults": [
+        {"fault_id": "PK1", "instance": "t0-PK1", "task_id": "t0"}]}], "references": []}
+    timeline = results.read_jsonl(tmp_path / "w" / results.TIMELINE)
+    assert [e["event"] for e in timeline][-1] == "wave_resumed"
+    assert checked_receipts(receipts_of(got)[0], plan, timeline) == (got, [])
