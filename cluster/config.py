@@ -17,7 +17,7 @@ from cluster.config_fields import (CONTRACT_VARS, DISK_BOUNDARIES, REDACTED, S3_
                                    RunnerSpec, SandboxConfig, StoreConfig, Strict, VolatilePath, WorkloadConfig,
                                    parse_runner, resolve_runner)
 from cluster.config_errors import format_error
-from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml  # noqa: F401
+from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml, yaml_problem  # noqa: F401
 from faults.base import CATALOG
 from fleet.workloads import WORKLOADS
 
@@ -362,7 +362,7 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> WaveC
                                   f"{MAX_CONFIG_BYTES} bytes")
             data = load_yaml(p.read_text())
         except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {yaml_problem(err)}") from None
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {err}") from None
         except ConfigError:

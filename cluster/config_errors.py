@@ -14,6 +14,12 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
     the field it is about), the value given and what is allowed."""
     lines = [f"invalid wave config ({source}):"]
     for e in err.errors():
+        inner = (e.get("ctx") or {}).get("error")
+        if e["type"] == "value_error" and isinstance(getattr(inner, "errors", None), list) and \
+                hasattr(inner, "loc"):  # a check that names places inside its field (runner.env.<KEY>)
+            lines += [f"  field `{_loc(tuple(e['loc']) + tuple(loc))}`: value {value!r}: {msg}"
+                      for loc, value, msg in inner.errors]
+            continue
         msg = e["msg"].removeprefix("Value error, ")
         path, value = tuple(e["loc"]), e.get("input")
         named = _path_in_message(msg, root) if e["type"] == "value_error" and not path else None
@@ -29,12 +35,19 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
             if field is not None:  # a field not given is checked at its default: name that
                 default = getattr(_model_at(path, root).model_fields.get(field), "default", None)
                 path, value = path + (field,), value.get(field, default)
-        loc = ".".join(str(p) for p in path) or "(top level)"
+        loc = _loc(path)
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"], root)
             msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
         lines.append(f"  field `{loc}`: value {value!r}: {msg}")
     return "\n".join(lines)
+
+
+def _loc(path: tuple) -> str:
+    """A field's path for the message: a part that is not a plain name (a mapping's key with '=', a space or a
+    control character) is quoted, so what it holds is seen and never printed raw."""
+    return ".".join(str(p) if isinstance(p, int) or re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else repr(p)
+                    for p in path) or "(top level)"
 
 
 def _path_in_message(msg: str, root: type[BaseModel]) -> tuple | None:

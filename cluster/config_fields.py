@@ -17,6 +17,17 @@ class ConfigError(ValueError):
     pass
 
 
+class FieldError(ValueError):
+    """A check's error about one place inside the field it validates (`env` -> `env.<KEY>`): `loc` is that place
+    relative to the field, `value` what was given there. `format_error` names it, and `errors` holds one
+    (loc, value, message) per place when a check collected several."""
+
+    def __init__(self, loc: tuple, value, msg: str, errors: list[tuple[tuple, object, str]] | None = None):
+        super().__init__(msg)
+        self.loc, self.value = tuple(loc), value
+        self.errors = errors or [(self.loc, value, msg)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -88,16 +99,18 @@ class RunnerSpec(Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict):
-        bad = [k for k in v if k.startswith("SANDFLEET_") or k in CONTRACT_VARS or not k or "=" in k]
-        if bad:
-            raise ValueError(f"env may not set {bad[0]!r}: the harness sets the contract's variables "
-                             f"(SANDFLEET_*, {', '.join(sorted(CONTRACT_VARS))})")
         for k, val in v.items():
+            if not k or "=" in k:
+                raise FieldError(("env", k), val, f"env name {k!r}: a variable's name is not empty and holds no "
+                                 "'='")
+            if k.startswith("SANDFLEET_") or k in CONTRACT_VARS:
+                raise FieldError(("env", k), val, f"env may not set {k!r}: the harness sets the contract's "
+                                 f"variables (SANDFLEET_*, {', '.join(sorted(CONTRACT_VARS))})")
             ctl = next((c for c in k + val if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F), None)
             if ctl is not None:
-                raise ValueError(f"env {k!r}: {'the name' if ctl in k else 'the value'} holds the control character "
-                                 f"{ctl!r} (U+{ord(ctl):04X}); names and values are text without control characters "
-                                 "(a NUL cannot reach a process's environment at all)")
+                raise FieldError(("env", k), val, f"env {k!r}: {'the name' if ctl in k else 'the value'} holds the "
+                                 f"control character {ctl!r} (U+{ord(ctl):04X}); names and values are text without "
+                                 "control characters (a NUL cannot reach a process's environment at all)")
         return v
 
     @field_validator("workdir")
@@ -137,15 +150,20 @@ def parse_runner(v):
         try:
             return RunnerSpec.model_validate(v)
         except ValidationError as err:
-            msgs = []
+            errors = []
             for e in err.errors():
-                where = ".".join(str(p) for p in e["loc"])
+                loc, value = tuple(e["loc"]), e.get("input")
+                inner = (e.get("ctx") or {}).get("error")
+                if isinstance(inner, FieldError):  # a check that names a place inside its field (env.<KEY>)
+                    loc, value = tuple(e["loc"]) + inner.loc[len(e["loc"]):], inner.value
                 if e["type"] == "extra_forbidden":
                     msg = f"unknown field; allowed fields: {', '.join(sorted(RunnerSpec.model_fields))}"
                 else:
                     msg = e["msg"].removeprefix("Value error, ")
-                msgs.append(f"runner.{where} (value {e.get('input')!r}): {msg}")
-            raise ValueError("; ".join(msgs)) from None
+                errors.append((loc, value, msg))
+            text = "; ".join(f"runner.{'.'.join(str(p) for p in loc)} (value {value!r}): {msg}"
+                             for loc, value, msg in errors)
+            raise FieldError(errors[0][0], errors[0][1], text, errors) from None
     if not isinstance(v, (str, RunnerSpec)):
         raise ValueError("runner must be a built-in name or a mapping with `command`, `env`, `workdir`, `name`")
     return v
@@ -177,7 +195,7 @@ class SandboxConfig(Strict):
                               description="docker: a local image to run in (never pulled); default: the base image "
                                           "built from Debian's python3 packages")
     workspace_mb: int = Field(64, ge=1, le=4096, description="size of the workspace tmpfs (the only writable "
-                              "place)")
+                              "place); at most memory_mb: what a runner writes there counts in its memory")
     memory_mb: int = Field(512, ge=64, le=65536, description="memory limit of each sandbox (its cgroup)")
     pids_max: int = Field(256, ge=16, le=65536, description="process limit of each sandbox (its cgroup)")
     cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
@@ -196,6 +214,11 @@ class SandboxConfig(Strict):
     def _image(self):
         if self.image and self.backend != "docker":
             raise ValueError(f"sandbox.image {self.image!r} is for backend docker, not {self.backend!r}")
+        if self.workspace_mb > self.memory_mb:  # tmpfs pages count in the memory cgroup of the sandbox writing them
+            raise ValueError(f"sandbox.workspace_mb {self.workspace_mb} is more than memory_mb {self.memory_mb}: "
+                             "the workspace is a tmpfs charged to the sandbox's memory, so filling it would be an "
+                             "out-of-memory kill, never the `workspace full` it should be; give workspace_mb <= "
+                             "memory_mb")
         return self
 
 
@@ -204,8 +227,9 @@ STORE_SECRET_ENV = "SANDFLEET_STORE_SECRET_KEY"
 
 
 class StoreConfig(Strict):
-    url: str | None = Field(None, description="existing S3 endpoint; empty = embedded SeaweedFS")
-    access_key: str | None = Field(None, description="with url: the key id")
+    url: str | None = Field(None, description="existing S3 endpoint, http(s)://HOST[:PORT] (port 1-65535, no path); "
+                                              "empty = embedded SeaweedFS")
+    access_key: str | None = Field(None, description="with url (only): the key id")
     secret_key: str | None = Field(None, description="with url: the secret (never written to plan.json; resume "
                                                      "and replay read it from $SANDFLEET_STORE_SECRET_KEY)")
     # the per-task quota, enforced at the fault proxy (storage/quota.py): a write past it is answered
@@ -234,12 +258,44 @@ class StoreConfig(Strict):
             if userinfo:  # the URL is written to plan.json and reports: a password in it would be kept verbatim
                 raise ValueError("store.url holds a user or password (user:pass@host); give the key id in "
                                  "store.access_key and the secret in store.secret_key, and the URL without them")
+        if not self.url and (self.access_key or self.secret_key):  # they would be ignored: the embedded store
+            # makes its own keys
+            given = "store.access_key" if self.access_key else "store.secret_key"
+            raise ValueError(f"{given} is given without store.url: keys are for an existing S3 store at store.url "
+                             "(the embedded SeaweedFS makes its own); give store.url too, or drop the keys")
+        if self.url:
+            problem = _endpoint_problem(self.url)
+            if problem:
+                raise ValueError(f"store.url {self.url!r}: {problem}; allowed: {STORE_URL_FORM}")
         if self.url and not (self.access_key and self.secret_key):
             raise ValueError(f"store.url {self.url!r} needs store.access_key and store.secret_key "
                              "(or leave store.url empty for the embedded SeaweedFS)")
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"store.url {self.url!r} must start with http:// or https://")
         return self
+
+
+STORE_URL_FORM = "http:// or https://, a host, an optional port 1-65535, no path, query or fragment " \
+                 "(e.g. http://127.0.0.1:8333)"
+
+
+def _endpoint_problem(url: str) -> str | None:
+    """Why `url` is not an S3 endpoint the store clients can use (a scheme, a host, a port in range, nothing
+    after it), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port out of range or not a number, an unclosed [IPv6
+        return f"not a usable URL ({exc})"
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"scheme {parts.scheme or '(none)'!r} is not http or https"
+    if not parts.hostname or any(c.isspace() for c in parts.netloc):
+        return "it names no host"
+    if port == 0:
+        return "port 0 is not a port a store listens on"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "the store clients address buckets under the endpoint's root, so it takes no path, query or fragment"
+    return None
 
 
 class HealthConfig(Strict):
@@ -281,35 +337,44 @@ class RequestTrigger(Strict):
         return v
 
 
+SPAN = {"allowed": "0 <= lo <= hi < 1e6"}  # a [lo, hi] of seconds (checked in FaultTiming._range; shown in the docs)
+COUNT_SPAN = {"allowed": "1 <= lo <= hi < 1e6"}  # a [lo, hi] of boundaries: the 1st is the first
 Count = tuple[StrictInt, StrictInt]  # a boundary's [lo, hi]: integers only (`true` or "3" is refused, never cast)
 DISK_BOUNDARIES = ("after_disk_writes", "after_disk_fsyncs", "after_disk_renames")  # counted by the lazy layer
 STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
 
 
 class FaultTiming(Strict):
-    at_s: tuple[float, float] | None = Field(None, description="fire a seeded [lo, hi] s after the runner started")
+    at_s: tuple[float, float] | None = Field(None, description="fire a seeded [lo, hi] s after the runner started",
+                                             json_schema_extra=SPAN)
     window_s: tuple[float, float] | None = Field(
         None, description="how long the fault lasts, seeded in [lo, hi] s (PK3: the drain's deadline; PK6: thaw "
-                          "this long after the new attempt started; NP1: the cut)")
+                          "this long after the new attempt started; NP1: the cut)", json_schema_extra=SPAN)
     after_model_calls: Count | None = Field(
         None, description="PK1: kill right after the Nth model answer is delivered, N seeded in [lo, hi]; the "
                           "storage faults, CR1 and DF1: armed right after it instead of at a clock time (where in "
                           "the run the fault lands then does not move with the machine's load; campaigns arm their "
-                          "storage fault so by default)")
+                          "storage fault so by default)", json_schema_extra=COUNT_SPAN)
     after_effects: Count | None = Field(
-        None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]")
+        None, description="PK1: kill right after the Nth external effect was answered, N seeded in [lo, hi]",
+        json_schema_extra=COUNT_SPAN)
     after_store_writes: Count | None = Field(
-        None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)")
+        None, description="PK1: kill at the Nth store write answered 2xx, N seeded in [lo, hi] (see variant)",
+        json_schema_extra=COUNT_SPAN)
     after_disk_writes: Count | None = Field(
         None, description="PK1 on a crash-mode disk (lose-unsynced, torn): kill while the runner's Nth write to its "
-                          "disk is in flight (DCP-2.0's SENTINEL_WRITE), N counted over the volume's life, seeded")
+                          "disk is in flight (DCP-2.0's SENTINEL_WRITE), N counted over the volume's life, seeded",
+        json_schema_extra=COUNT_SPAN)
     after_disk_fsyncs: Count | None = Field(
-        None, description="PK1 on a crash-mode disk: kill right before the Nth fsync returns (its data persisted)")
+        None, description="PK1 on a crash-mode disk: kill right before the Nth fsync returns (its data persisted)",
+        json_schema_extra=COUNT_SPAN)
     after_disk_renames: Count | None = Field(
-        None, description="PK1 on a crash-mode disk: kill right after the Nth rename was applied")
+        None, description="PK1 on a crash-mode disk: kill right after the Nth rename was applied",
+        json_schema_extra=COUNT_SPAN)
     after_checkpoints: Count | None = Field(
         None, description="PK5: kill right after the runner's Nth named window announced through "
-                          "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]")
+                          "SANDFLEET_CHECKPOINT (whose name starts with `window`), N seeded in [lo, hi]",
+        json_schema_extra=COUNT_SPAN)
     window: str | None = Field(None, min_length=1, max_length=200,
                                description="PK5: count only announcements whose name starts with this")
     at_request: RequestTrigger | None = Field(
@@ -330,7 +395,7 @@ class FaultTiming(Strict):
                           "default: seeded per task")
     down_s: tuple[float, float] | None = Field(
         None, description="PK3: the lost node comes back (a new Ray node with the same name) a seeded [lo, hi] s "
-                          "later; default [2, 6]")
+                          "later; default [2, 6]", json_schema_extra=SPAN)
     fencing: bool | None = Field(
         None, description="NP1: false leaves the cut-off attempts' keys valid (a negative control: their zombies' "
                           "writes land, and the wave must fail); default true")

@@ -22,6 +22,12 @@ def _expanded_size(node, memo: dict) -> int:
     return n
 
 
+def _short(key) -> str:
+    """A key as an error quotes it: at most 60 characters of it (the file may be no config at all)."""
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, but a key given twice in one mapping is an error (the last one would win silently), and
     a document that stands for more than MAX_YAML_NODES values once its aliases are expanded is refused before
@@ -47,8 +53,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping "
-                                                        "(the last one would win silently)", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"the key {_short(key)} is given twice in one "
+                                                        "mapping (the last one would win silently)",
+                                                        key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -60,3 +67,15 @@ def load_yaml(text: str):
     """Parse a config file's YAML; raises yaml.YAMLError (duplicate keys included)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error as its problem and where (line, column), never a line of the file: the path given may be a
+    symlink to a file that is no config (a config pointed at /etc/shadow must not print its first line)."""
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return type(err).__name__
+    parts = []
+    for what, mark in ((err.context, err.context_mark), (err.problem, err.problem_mark)):
+        if what:
+            parts.append(what + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""))
+    return "; ".join(parts) or type(err).__name__

@@ -46,6 +46,8 @@ def _doc(obj) -> str:
 
 def _type(ann) -> str:
     origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Annotated:  # StrictInt and its kind: the type it constrains (its bounds go in `allowed`)
+        return _type(args[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
@@ -73,6 +75,9 @@ def _bounds(field) -> str:
             out.append(f"length <= {m.max_length}")
         if getattr(m, "pattern", None):
             out.append(f"matches `{m.pattern}`")
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("allowed"):  # a rule a validator checks across a field's parts (a [lo, hi]'s order and range)
+        out.append(str(extra["allowed"]))
     return ", ".join(out)
 
 

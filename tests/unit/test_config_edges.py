@@ -1,0 +1,96 @@
+"""Issue 42: config edge cases a hostile review found accepted silently or named wrongly. Each is now a ConfigError
+(exit 254 through the CLI) naming the field, the value and what is allowed."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cluster.config import ConfigError, build_config, load_config
+
+KEYS = {"access_key": "a", "secret_key": "b"}
+
+
+def _err(data) -> str:
+    with pytest.raises(ConfigError) as e:
+        build_config(data)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("url", ["http://", "http://:0", "http://:9000", "http://host:99999", "http://host:0",
+                                 "http://host:abc", "ftp://x", "http://host:9000/bucket", "http://host:9000?x=1",
+                                 "http://host:9000/#frag", "http:///path", "https://[::1", "http://ho st:9000"])
+def test_a_store_url_without_a_usable_host_and_port_is_refused_naming_what_is_allowed(url):
+    got = _err({"store": {"url": url, **KEYS}})
+    assert "field `store.url`" in got and repr(url) in got and "http" in got and "1-65535" in got, got
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9", "https://s3.example.com", "http://[::1]:9000",
+                                 "http://store.local:65535/", "HTTPS://S3.example.com:443"])
+def test_a_store_url_with_a_host_and_a_port_in_range_is_accepted(url):
+    assert build_config({"store": {"url": url, **KEYS}}).store.url == url
+
+
+@pytest.mark.parametrize("key", ["access_key", "secret_key"])
+def test_store_keys_without_a_store_url_are_refused_naming_both_fields(key):
+    got = _err({"store": {key: "k"}})
+    assert f"store.{key}" in got and "store.url" in got, got
+
+
+def test_a_workspace_larger_than_the_sandbox_memory_is_refused():
+    """The workspace is a tmpfs whose pages are charged to the memory cgroup of the sandbox that writes them: a
+    workspace past memory_mb would be an OOM kill, never the `workspace full` its grade names."""
+    got = _err({"sandbox": {"workspace_mb": 1024, "memory_mb": 512}})
+    assert "field `sandbox.workspace_mb`" in got and "1024" in got and "memory_mb 512" in got, got
+    assert build_config({"sandbox": {"workspace_mb": 512, "memory_mb": 512}}).sandbox.workspace_mb == 512
+
+
+@pytest.mark.parametrize("env,key", [({"A\x01": "1"}, "'A\\x01'"), ({"A=B": "1"}, "'A=B'"), ({"": "1"}, "''"),
+                                     ({"HOME": "/x"}, "HOME"), ({"OK": "1\x02"}, "OK")])
+def test_a_bad_runner_env_key_is_named_as_runner_env_key(env, key):
+    got = _err({"runner": {"command": [sys.executable], "env": env}})
+    assert f"field `runner.env.{key}`" in got and "runner.name" not in got, got
+
+
+def test_a_bad_runner_env_key_in_a_league_is_named_as_its_env_key(tmp_path):
+    from cluster.league import load_league
+
+    p = tmp_path / "l.yaml"
+    p.write_text(f"runners: [durable, {{command: [{sys.executable}], env: {{'A=B': '1'}}}}]\n")
+    with pytest.raises(ConfigError, match=r"field `runners[.0-9]*\.env\.'A=B'`: value '1'"):
+        load_league(p)
+
+
+@pytest.mark.parametrize("secret", ["root:$6$saltsalt$hashhashhash:19000:0:99999:7:::", "{ key: [unclosed"])
+def test_a_config_error_never_echoes_a_line_of_the_file_it_read(tmp_path, secret):
+    """A config path that is a symlink to a file the user did not mean (/etc/shadow): the error said its first line.
+    YAML errors now name the line and column, never the line itself."""
+    target = tmp_path / "elsewhere" / "shadow"
+    target.parent.mkdir()
+    target.write_text(secret + "\n: : :\n")
+    link = tmp_path / "cfg" / "c.yaml"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    with pytest.raises(ConfigError) as e:
+        load_config(link)
+    got = str(e.value)
+    assert "line" in got and secret not in got and secret[:12] not in got, got
+
+
+def test_a_bad_store_url_through_the_cli_is_exit_254_without_a_traceback(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("store: {url: 'http://:0', access_key: a, secret_key: b}\n")
+    p = subprocess.run([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--results",
+                        str(tmp_path / "results")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert p.returncode == 254 and "store.url" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_config_reference_prints_readable_tuple_types():
+    from cluster import docgen
+
+    text = docgen.config_page()
+    assert "Annotated" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| `after_model_calls`"))
+    assert "[int, int]" in row and "1 <= lo <= hi < 1e6" in row, row
