@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 from cluster import results
-from cluster.receipts import read_receipts
+from cluster.receipts import checked_receipts, read_receipts
 from cluster.grade.verdicts import FAIL, NOT_APPLIED, PASS, UNKNOWN
 
 VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLIED)
@@ -198,7 +198,11 @@ def write_html(d: Path, result: dict) -> Path:
     """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
     d = Path(d)
     events = results.read_jsonl(d / results.TIMELINE)
-    receipts = read_receipts(d / results.FAULTS)[0]  # (a damaged one is named in SUMMARY.md and the grades)
+    # as the grader reads them: one that cannot be true is shown unknown, why in its detail (a damaged file, and the
+    # receipts left out, are named in SUMMARY.md and the grades)
+    receipts = read_receipts(d / results.FAULTS)[0]
+    if isinstance(result.get("plan"), dict):
+        receipts = checked_receipts(receipts, result["plan"], events)[0]
     grades = result["tasks"] + result.get("references", [])
     checks = "".join(f"<tr><td>{esc(k)}</td><td>{badge(v)}</td></tr>" for k, v in result["wave_checks"].items())
     errors = "".join(f"<li>{esc(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")

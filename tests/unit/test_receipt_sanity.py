@@ -141,3 +141,16 @@ def test_a_receipt_a_resumed_wave_kept_from_its_timeline_is_sane(tmp_path):
     timeline = results.read_jsonl(tmp_path / "w" / results.TIMELINE)
     assert [e["event"] for e in timeline][-1] == "wave_resumed"
     assert checked_receipts(receipts_of(got)[0], plan, timeline) == (got, [])
+
+
+def test_the_task_page_shows_a_receipt_that_cannot_be_true_as_unknown(tmp_path, no_picture):  # noqa: F811
+    from cluster.htmlreport import write_html
+
+    d, recs, walls = _wave(tmp_path)
+    recs[0]["fired_at"] = walls["wave_end"] + 3600
+    result, _, _ = _graded(d, recs, "t000")
+    write_html(d, result)
+    page = (d / results.PAGES / "t000.html").read_text()
+    table = page[page.index("<table id=receipts>"):]
+    row = table[:table.index("</table>")]
+    assert "<td>t000-PK1</td><td><span class='v unknown'>unknown</span>" in row and "after the wave ended" in row, row
