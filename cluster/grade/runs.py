@@ -190,6 +190,6 @@ def fault_applied(h: TaskHistory, facts: Facts) -> dict:
         verdicts = [PASS if v == NOT_APPLIED else v for v in verdicts]
         details.append("; ".join(f"hit by {i} (its node was lost with attempt {sid} on it)" for i, sid in hit))
     return {"verdict": merge(verdicts), "detail": "; ".join(details), "not_exercised": idle,
-            "kill_not_shown": not_shown}
+            **({"kill_not_shown": not_shown} if not_shown else {})}
 
 

@@ -111,6 +111,8 @@ def grade_task(h: TaskHistory) -> dict:
     figures = task_figures(h, attempts, end)
     signature = "+".join(sorted(k for k, c in checks.items() if c["verdict"] == FAIL)) or None
     recall = checks["no_model_recall"]
+    # kills not shown to interrupt a run (only when there is one: a grade stored before it existed re-grades the same)
+    unshown = (checks.get("fault_applied") or {}).get("kill_not_shown")
     return {"task_id": tid, "role": task.get("role", "task"), "seed": task["seed"], "runner": task["runner"],
             "workload": task.get("workload"), "faults": [f["fault_id"] for f in task["faults"]],
             "triggers": [_trigger(f) for f in task["faults"]],
@@ -119,10 +121,10 @@ def grade_task(h: TaskHistory) -> dict:
             "interrupted": facts.was_interrupted,  # (a notice answered by an exit 0 interrupted it too)
             "ended": end is not None, "model_recalls": recall.get("model_recalls"),
             "not_exercised": (checks.get("fault_applied") or {}).get("not_exercised") or [],
-            "kill_not_shown": (checks.get("fault_applied") or {}).get("kill_not_shown") or [],
             "attempt_causes": [attempt_cause(a) for a in attempts],
             "wasted_calls": recall.get("wasted_calls"), "wasted_tokens": recall.get("wasted_tokens"),
             "reference_key": (task.get("reference") or {}).get("key"), "resume_s": figures["resume_s"],
             "wall_s": figures["wall_s"], "store_write_ms_per_step": figures["store_write_ms_per_step"],
-            "checks": checks, **({"overloaded": overloaded} if overloaded else {})}
+            "checks": checks, **({"overloaded": overloaded} if overloaded else {}),
+            **({"kill_not_shown": unshown} if unshown else {})}
 

@@ -40,7 +40,6 @@ def ungraded(task: dict, why: str) -> dict:
             "faults": [f.get("fault_id") for f in task.get("faults") or [] if isinstance(f, dict)],
             "triggers": [], "verdict": UNKNOWN, "signature": None, "attempts": 0, "harness_fault": None,
             "interrupted": False, "ended": False, "model_recalls": None, "not_exercised": [],
-            "kill_not_shown": [],
             "attempt_causes": [], "wasted_calls": None, "wasted_tokens": None,
             "reference_key": (task.get("reference") or {}).get("key"), "resume_s": [], "wall_s": None,
             "store_write_ms_per_step": None,
