@@ -6,6 +6,7 @@ what is allowed; the CLI turns it into exit code 254.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -163,6 +164,24 @@ class WaveConfig(Strict):
                 raise ValueError(f"fault_timing.{fid}: mode and down_s are PK3 knobs, not {fid}'s")
             if fid != "NP1" and t.fencing is not None:
                 raise ValueError(f"fault_timing.{fid}: fencing is an NP1 knob, not {fid}'s")
+        return self
+
+    @model_validator(mode="after")
+    def _runner_program(self):
+        """A runner program no sandbox of this machine can find: every attempt would fail to start. (On a fleet or
+        an existing cluster each node checks it before its first sandbox; a program inside runner.workdir, such as
+        an example's .venv built by `make examples`, is checked by the run too, naming it.)"""
+        if self.address != "local" or not isinstance(self.runner, RunnerSpec):
+            return self
+        program = self.runner.command[0]
+        if "/" not in program and shutil.which(program) is None:
+            raise ValueError(f"runner.command {program!r} is not a program on PATH (the sandboxes get this "
+                             "machine's PATH): give a name on PATH, an absolute path, or a path inside "
+                             "runner.workdir")
+        if "/" in program and not os.path.isabs(program) and not self.runner.workdir:
+            raise ValueError(f"runner.command {program!r} is a relative path with no runner.workdir, so it would be "
+                             "taken from the sandbox's fresh workspace: give an absolute path, a name on PATH, or "
+                             "runner.workdir holding it")
         return self
 
     @model_validator(mode="after")

@@ -94,3 +94,29 @@ def test_the_config_reference_prints_readable_tuple_types():
     assert "Annotated" not in text
     row = next(line for line in text.splitlines() if line.startswith("| `after_model_calls`"))
     assert "[int, int]" in row and "1 <= lo <= hi < 1e6" in row, row
+
+
+@pytest.mark.parametrize("command", ["no-such-program-sf42 --fast", "bin/agent --fast", "./agent.sh"])
+def test_a_runner_program_no_sandbox_can_find_is_refused_naming_the_command(command):
+    """A name on no directory of PATH (the sandboxes get this machine's PATH), or a relative path with no
+    runner.workdir (taken from the sandbox's fresh workspace): every attempt would fail to start."""
+    got = _err({"runner": {"command": command}})
+    assert "field `runner.command`" in got and repr(command.split()[0]) in got, got
+
+
+def test_a_runner_program_that_can_be_found_is_accepted(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "agent").write_text("#!/bin/sh\n")
+    for runner in ({"command": "python3 agent.py"}, {"command": [sys.executable, "-c", "pass"]},
+                   {"command": "bin/agent", "workdir": str(tmp_path)},
+                   # a program of the workdir that is built on demand (an example's .venv, `make examples`): the run
+                   # checks it again before any sandbox, naming it
+                   {"command": ".venv/bin/python run.py", "workdir": str(tmp_path)}):
+        assert build_config({"runner": runner}).runner_spec()["command"]
+
+
+def test_a_runner_program_on_other_nodes_is_left_to_the_nodes():
+    """On an existing cluster the sandboxes run on other machines: each node checks the command before its first
+    sandbox (fleet/sandbox/access.py), so the config does not judge it by this machine."""
+    cfg = build_config({"runner": {"command": "no-such-program-sf42"}, "address": "127.0.0.1:6379"})
+    assert cfg.runner_spec()["command"] == ["no-such-program-sf42"]
