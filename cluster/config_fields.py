@@ -227,8 +227,9 @@ STORE_SECRET_ENV = "SANDFLEET_STORE_SECRET_KEY"
 
 
 class StoreConfig(Strict):
-    url: str | None = Field(None, description="existing S3 endpoint, http(s)://HOST[:PORT] (port 1-65535, no path); "
-                                              "empty = embedded SeaweedFS")
+    url: str | None = Field(None, description="existing S3 endpoint, http://HOST[:PORT] (port 1-65535, no path; "
+                                              "no https: the fault proxy speaks plain HTTP); empty = embedded "
+                                              "SeaweedFS")
     access_key: str | None = Field(None, description="with url (only): the key id")
     secret_key: str | None = Field(None, description="with url: the secret (never written to plan.json; resume "
                                                      "and replay read it from $SANDFLEET_STORE_SECRET_KEY)")
@@ -273,7 +274,7 @@ class StoreConfig(Strict):
         return self
 
 
-STORE_URL_FORM = "http:// or https://, a host, an optional port 1-65535, no path, query or fragment " \
+STORE_URL_FORM = "http://HOST[:PORT], port 1-65535 (default 80), no path, query or fragment " \
                  "(e.g. http://127.0.0.1:8333)"
 
 
@@ -287,8 +288,11 @@ def _endpoint_problem(url: str) -> str | None:
         port = parts.port
     except ValueError as exc:  # a port out of range or not a number, an unclosed [IPv6
         return f"not a usable URL ({exc})"
-    if parts.scheme.lower() not in ("http", "https"):
-        return f"scheme {parts.scheme or '(none)'!r} is not http or https"
+    if parts.scheme.lower() == "https":  # storage/proxy connects to HOST:PORT over plain TCP
+        return "the fault proxy in front of the store speaks plain HTTP to it (no TLS), so https would be sent in " \
+               "clear text, to port 80 unless one is given"
+    if parts.scheme.lower() != "http":
+        return f"scheme {parts.scheme or '(none)'!r} is not http"
     if not parts.hostname or any(c.isspace() for c in parts.netloc):
         return "it names no host"
     if port == 0:
