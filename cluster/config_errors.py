@@ -17,7 +17,7 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
         inner = (e.get("ctx") or {}).get("error")
         if e["type"] == "value_error" and isinstance(getattr(inner, "errors", None), list) and \
                 hasattr(inner, "loc"):  # a check that names places inside its field (runner.env.<KEY>)
-            lines += [f"  field `{_loc(tuple(e['loc']) + tuple(loc))}`: value {value!r}: {msg}"
+            lines += [f"  field `{_loc(tuple(e['loc']) + tuple(loc))}`: value {_shown(value)}: {msg}"
                       for loc, value, msg in inner.errors]
             continue
         msg = e["msg"].removeprefix("Value error, ")
@@ -39,8 +39,17 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"], root)
             msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
-        lines.append(f"  field `{loc}`: value {value!r}: {msg}")
+        lines.append(f"  field `{loc}`: value {_shown(value)}: {msg}")
     return "\n".join(lines)
+
+
+SHOWN = 200  # characters of a value's repr an error quotes: enough to name it, never a file's contents
+
+
+def _shown(value) -> str:
+    """A value as an error quotes it: its repr, cut to SHOWN characters (saying how long it was)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 def _loc(path: tuple) -> str:

@@ -133,3 +133,10 @@ def test_a_runner_program_on_other_nodes_is_left_to_the_nodes():
     sandbox (fleet/sandbox/access.py), so the config does not judge it by this machine."""
     cfg = build_config({"runner": {"command": "no-such-program-sf42"}, "address": "127.0.0.1:6379"})
     assert cfg.runner_spec()["command"] == ["no-such-program-sf42"]
+
+
+def test_a_config_error_quotes_at_most_a_bounded_part_of_a_value():
+    """A value is quoted to name it, not to print it back: a 10,000-character one (a file's contents pasted, or a
+    mapping from a YAML file that is no wave config) shows its start only."""
+    got = _err({"name": "x" * 10_000, "bogus": {"password": "p" * 10_000}})
+    assert "field `name`" in got and "field `bogus`" in got and len(got) < 2_000, len(got)
