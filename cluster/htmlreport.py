@@ -156,8 +156,10 @@ def _log_tails(d: Path, tid: str) -> str:
     """The task's evidence log tails when it has evidence (a task that did not pass), else the last lines of each
     attempt's runner.log (redacted by value at the wave's end), as the grader reads them."""
     ev = d / results.EVIDENCE / tid / results.EVIDENCE_RUNNER_LOGS
-    if ev.is_file():
-        return ev.read_bytes()[-65536:].decode(errors="replace")
+    try:  # never through a link (a linked evidence file once put the seal key in a page), never a FIFO
+        return results.tail_bytes(ev, 65536).decode(errors="replace")
+    except (OSError, ValueError):
+        pass
     tails = results.ResultsDir(d).runner_log_tails(tid, lines=20)
     return "\n".join(f"==> attempt {n}\n{text}" for n, text in sorted(tails.items())) or "(no runner log)"
 

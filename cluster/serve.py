@@ -105,16 +105,14 @@ def wave_row(d: Path) -> dict | None:
                     "signature": t.get("signature"), "not_exercised": bool(t.get("not_exercised"))}
                    for t in v.get("tasks") or []],
          "harness_errors": [str(x) for x in v.get("harness_errors") or [] if x]}
-    sealed = seal_state(d)
-    if sealed is not None:
-        fails, why = sealed
-        problems.append(why)
-        if fails:  # not the folder its seal names: its verdict is not shown as the wave's, nor its tasks trended
-            v = {"verdict": "fails its seal", "tasks": [], "harness_errors": v["harness_errors"]}
+    fails, seal_note = seal_state(d) or (False, None)
+    if fails:  # not the folder its seal names: its verdict is not shown as the wave's, nor its tasks trended
+        problems.append(seal_note)
+        v = {"verdict": "fails its seal", "tasks": [], "harness_errors": v["harness_errors"]}
     return {"wave_id": str(plan.get("wave_id", d.name)), "dir": d.name, "created": created,
             "runner": runner.get("name"), "faults": [str(f) for f in dict.fromkeys(faults)],
             "verdict": v.get("verdict"), "tasks": v.get("tasks", []), "harness_errors": v.get("harness_errors", []),
-            "manifest_key": man_key, "problems": problems}
+            "manifest_key": man_key, "problems": problems, "unsealed": None if fails else seal_note}
 
 
 def _when(x) -> float | None:
@@ -204,7 +202,7 @@ def _index_row(r: dict) -> str:
             f"</td><td>{e('+'.join(r['faults']) or 'none')}</td><td>{badge(r['verdict'] or '?')}</td>"
             f"<td>{passed}/{len(r['tasks'])}</td><td>{c['runner failure']}</td><td>{c['harness fault']}</td>"
             f"<td>{c['not applied / not exercised']}</td><td>{c['unknown']}</td>"
-            f"<td>{e('; '.join(r['problems'] + r['harness_errors'])[:300])}</td></tr>")
+            f"<td>{e('; '.join(r['problems'] + r['harness_errors'] + [r.get('unsealed') or ''])[:300])}</td></tr>")
 
 
 def index_html(root: Path, rows: list[dict]) -> str:

@@ -4,6 +4,7 @@ harness); and the exit code."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import orjson
@@ -78,8 +79,12 @@ def write_grades(w: WaveRecord, grades: list[dict], hist_of: dict, secrets: tupl
         if w.inp.skipped:  # records left out for their shape (only then: a grade keeps its stored form)
             g["inputs"]["skipped"] = skipped_of(w)
         art = w.out.artifact_manifest(g["task_id"])
-        if art.exists():
-            g["inputs"]["digests"][art.relative_to(w.d).as_posix()] = hashlib.sha256(art.read_bytes()).hexdigest()
+        if os.path.lexists(art):  # read as a regular file only: a FIFO there hung `grade` (a review's H2)
+            try:
+                g["inputs"]["digests"][art.relative_to(w.d).as_posix()] = hashlib.sha256(
+                    results.regular_bytes(art)).hexdigest()
+            except (OSError, ValueError) as exc:
+                g["inputs"]["unreadable"][art.relative_to(w.d).as_posix()] = str(exc)
         if g["verdict"] != PASS:
             write_evidence(w.d, g, hist_of[g["task_id"]], tuple(secrets))
         results.write_stored(w.out.grade(g["task_id"]), orjson.dumps(g, option=orjson.OPT_INDENT_2))

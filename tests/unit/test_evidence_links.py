@@ -49,3 +49,56 @@ def test_a_linked_evidence_or_pages_folder_is_replaced_never_written_into(tmp_pa
     link = tmp_path / "latest"
     link.symlink_to(d)
     assert results.own_dir(link, results.PAGES) == link / results.PAGES and link.is_symlink()  # the root is kept
+
+
+def test_a_fifo_artifact_manifest_never_hangs_grade_and_a_linked_evidence_log_stays_off_the_page(tmp_path):
+    """The review's H2 (reproduced at c6f2567): a FIFO in `artifacts/t001/artifact.json` hung `grade` forever (its
+    digest was read with a plain open). And a page read a task's evidence log through a link (a link to the seal key
+    would have put it in the page). Both are read as regular files only: named unreadable, never followed."""
+    import shutil
+    import threading
+    from pathlib import Path
+
+    from cluster.grade import grade_wave
+    from cluster.htmlreport import _log_tails
+
+    d = tmp_path / "w"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "wave-before-results-py", d)
+    art = d / "artifacts" / "t001" / "artifact.json"
+    art.unlink()
+    os.mkfifo(art)
+    got = {}
+    th = threading.Thread(target=lambda: got.setdefault("r", grade_wave(d)), daemon=True)
+    th.start()
+    th.join(120)  # a bound on a hang, not a timing assertion
+    assert "r" in got, "grade hung on a FIFO artifact.json"
+    t001 = next(g for g in got["r"]["tasks"] if g["task_id"] == "t001")
+    assert "artifacts/t001/artifact.json" in t001["inputs"]["unreadable"], t001["inputs"]
+    secret = tmp_path / "seal.key"
+    secret.write_text("TOP-SECRET-KEY\n")
+    ev = results.own_dir(d, results.EVIDENCE, "t000")
+    (ev / results.EVIDENCE_RUNNER_LOGS).unlink(missing_ok=True)
+    (ev / results.EVIDENCE_RUNNER_LOGS).symlink_to(secret)
+    assert "TOP-SECRET" not in _log_tails(d, "t000")
+
+
+def test_redaction_of_runner_logs_never_reads_or_writes_through_a_link(tmp_path):
+    from cluster.grade.evidence import redact_runner_logs
+
+    d, outside = tmp_path / "w", tmp_path / "outside"
+    outside.mkdir()
+    (outside / results.RUNNER_LOG).write_text("key AKIAEXAMPLEKEY12345 here\n")
+    victim = tmp_path / "victim.log"
+    victim.write_text("key AKIAEXAMPLEKEY12345 there\n")
+    logs = d / results.SANDBOXES
+    (logs / "t000-a1").mkdir(parents=True)
+    (logs / "t000-a1" / results.RUNNER_LOG).write_text("key AKIAEXAMPLEKEY12345 mine\n")
+    (logs / "t000-a2").symlink_to(outside)
+    (logs / "t000-a3").mkdir()
+    (logs / "t000-a3" / results.RUNNER_LOG).symlink_to(victim)
+    (logs / "t000-a4").mkdir()
+    os.mkfifo(logs / "t000-a4" / results.RUNNER_LOG)
+    assert redact_runner_logs(results.ResultsDir(d), ["AKIAEXAMPLEKEY12345"]) == 1
+    assert "AKIAEXAMPLEKEY12345" not in (logs / "t000-a1" / results.RUNNER_LOG).read_text()
+    assert "AKIAEXAMPLEKEY12345" in (outside / results.RUNNER_LOG).read_text()  # never written through
+    assert "AKIAEXAMPLEKEY12345" in victim.read_text()

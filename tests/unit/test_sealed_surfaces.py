@@ -109,7 +109,7 @@ def test_serve_lists_a_folder_that_fails_its_seal_as_such_never_pass(wave):
     _cli("grade", "--reseal", wave)
     row = _row(wave.parent)
     assert row["verdict"] not in (None, "fails its seal") and row["tasks"], row
-    assert not any("seal" in p for p in row["problems"]), row["problems"]
+    assert not any("seal" in p for p in row["problems"]) and row["unsealed"] is None, row
     (wave / "timeline.jsonl").unlink()
     os.mkfifo(wave / "timeline.jsonl")
     row = _row(wave.parent)
@@ -128,7 +128,8 @@ def test_serve_lists_a_folder_that_fails_its_seal_as_such_never_pass(wave):
 
 def test_serve_notes_a_wave_with_no_seal(wave):
     row = _row(wave.parent)
-    assert row["verdict"] != "fails its seal" and any("not sealed" in p for p in row["problems"]), row
+    assert row["verdict"] != "fails its seal" and "not sealed" in row["unsealed"] and not row["problems"], row
+    assert "not sealed" in index_html(wave.parent, [row])
 
 
 def test_a_fifo_verdict_never_hangs_the_index(wave):
