@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from cluster import results
 from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, build_config, load_yaml, parse_runner
+from cluster.config_yaml import yaml_problem
 from cluster.config_errors import format_error
 from faults.base import CATALOG
 
@@ -106,7 +107,7 @@ def load_league(path: Path) -> LeagueConfig:
     try:
         data = load_yaml(p.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"league config {str(p)!r} is not valid YAML: {err}") from None
+        raise ConfigError(f"league config {str(p)!r} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"league config {str(p)!r}: top level must be a non-empty mapping")
     try:

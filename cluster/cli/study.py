@@ -71,6 +71,7 @@ def campaign_storage(
 
     from cluster.campaign import parse_range, plan_waves, run_campaign
     from cluster.config import ConfigError, load_yaml
+    from cluster.config_yaml import yaml_problem
     from cluster.driver import HarnessError, preflight
 
     try:
@@ -82,7 +83,7 @@ def campaign_storage(
             try:
                 base = load_yaml(config.read_text()) or {}
             except yaml.YAMLError as bad:
-                raise ConfigError(f"--config {str(config)!r} is not valid YAML: {bad}") from None
+                raise ConfigError(f"--config {str(config)!r} is not valid YAML: {yaml_problem(bad)}") from None
             if not isinstance(base, dict):
                 raise ConfigError(f"--config {str(config)!r}: top level must be a mapping")
         base = {**base, "tasks": tasks, "concurrency": min(tasks, base.get("concurrency", tasks)), "seed": seed}
