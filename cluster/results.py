@@ -8,6 +8,7 @@ sandbox id) come from the functions at the bottom. `LAYOUT` lists every file wit
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -311,13 +312,22 @@ def fit(recs: list[dict], name: str) -> tuple[list[dict], list[str]]:
     return out, left
 
 
+@contextlib.contextmanager
+def _regular(path: str | Path, follow: bool = False):
+    """A stored file opened for reading, with its fstat, only when it is a regular file: never a FIFO (which would
+    hang the reader) or a device (ValueError naming it), and never through a link unless `follow`."""
+    fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{Path(path).name}: not a regular file")
+        yield f, st
+
+
 def regular_bytes(path: str | Path, follow: bool = False) -> bytes:
     """A stored file's bytes, read only when it is a regular file: never a FIFO (which would hang the reader) or a
     device (ValueError naming it), and never through a link unless `follow`. FileNotFoundError when it is missing."""
-    fd = os.open(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW) | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError(f"{Path(path).name}: not a regular file")
+    with _regular(path, follow) as (f, _):
         return f.read()
 
 
@@ -340,11 +350,7 @@ def tail_bytes(path: str | Path, limit: int) -> bytes:
     path = Path(path)
     if path.parent.is_symlink():
         raise ValueError(f"{path.parent.name}: a link, not read")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name}: not a regular file")
+    with _regular(path) as (f, st):
         f.seek(max(0, st.st_size - limit))
         return f.read(limit)
 
