@@ -7,8 +7,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from cluster.cli import main
 from cluster.seal import MANIFEST, SEAL, seal, verify
+
+from tests.clirun import sandfleet
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wave-before-results-py"
 
@@ -21,24 +22,8 @@ def wave(tmp_path, monkeypatch):
     return d
 
 
-class Ran:
-    def __init__(self, code: int, output: str):
-        self.exit_code, self.output = code, output
-
-
 def _verify(d, *args):
-    """`sandfleet verify` as the CLI runs it: its exit code and what it printed (stdout and stderr)."""
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            main(["verify", str(d), *args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    return Ran(code, buf.getvalue())
+    return sandfleet("verify", d, *args)
 
 
 def test_an_untouched_wave_verifies_and_a_flipped_byte_is_named(wave, tmp_path):
@@ -238,18 +223,7 @@ def test_a_seal_made_before_names_were_escaped_still_verifies(wave):
     assert verify(wave)["ok"]
 
 
-def _cli(*argv) -> Ran:
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            main([str(a) for a in argv])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    return Ran(code, buf.getvalue())
+_cli = sandfleet
 
 
 def test_grade_never_reseals_a_tampered_renamed_copy_as_intact(wave, tmp_path, monkeypatch):

@@ -10,8 +10,6 @@ that is not what was sealed, or not what they can write into.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import threading
@@ -20,9 +18,10 @@ from pathlib import Path
 import orjson
 import pytest
 from cluster import results
-from cluster.cli import main
 from cluster.seal import MANIFEST, SEAL, seal, verify
 from cluster.serve import collect, index_html
+
+from tests.clirun import sandfleet
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "wave-before-results-py"
 
@@ -39,14 +38,8 @@ def wave(tmp_path, monkeypatch):
 
 
 def _cli(*argv) -> tuple[int, str]:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            main([str(a) for a in argv])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    return code, buf.getvalue()
+    r = sandfleet(*argv)
+    return r.exit_code, r.output
 
 
 def _drop_last_line(p: Path) -> None:
