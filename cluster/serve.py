@@ -9,10 +9,10 @@ fault (the wave's own parts failed), not applied / not exercised, unknown. `/w/<
 files (its index.html, task pages, timeline.png), never a path outside the wave's directory.
 
 Each wave's row comes from its `verdict.json` (written with SUMMARY.md), else from its `<task>.grade.json` files; a
-damaged file is named on the row (file and line) and the rest still renders. Each wave's seal is checked on every
-listing (quick: the signature, the folder's name, each file's kind and size; `sandfleet verify` hashes every file):
-a wave that fails its seal is listed as `fails its seal`, naming what changed, its tasks left out of the trends; one
-with no seal is noted so.
+damaged file is named on the row (file and line) and the rest still renders. Each wave's seal is checked when its top
+level changes, else once a minute (quick: the signature, the folder's name, each file's kind and size; `sandfleet
+verify` hashes every file): a wave that fails its seal is listed as `fails its seal`, naming what changed, its tasks
+left out of the trends; one with no seal is noted so.
 
 Safe to look at: only the generated pages (a wave's `index.html` and `pages/*.html`, cluster/htmlreport.py) go out as
 HTML, under a CSP that runs only our own inline scripts (by hash). Everything else in a wave's directory (artifacts,
@@ -105,7 +105,7 @@ def wave_row(d: Path) -> dict | None:
                     "signature": t.get("signature"), "not_exercised": bool(t.get("not_exercised"))}
                    for t in v.get("tasks") or []],
          "harness_errors": [str(x) for x in v.get("harness_errors") or [] if x]}
-    fails, seal_note = seal_state(d) or (False, None)
+    fails, seal_note = _seal_state(d) or (False, None)
     if fails:  # not the folder its seal names: its verdict is not shown as the wave's, nor its tasks trended
         problems.append(seal_note)
         v = {"verdict": "fails its seal", "tasks": [], "harness_errors": v["harness_errors"]}
@@ -113,6 +113,31 @@ def wave_row(d: Path) -> dict | None:
             "runner": runner.get("name"), "faults": [str(f) for f in dict.fromkeys(faults)],
             "verdict": v.get("verdict"), "tasks": v.get("tasks", []), "harness_errors": v.get("harness_errors", []),
             "manifest_key": man_key, "problems": problems, "unsealed": None if fails else seal_note}
+
+
+SEAL_TTL_S = 60.0  # a wave's seal state is checked again after this, or at once when its top level changes
+_SEALS: dict[str, tuple[float, tuple, tuple[bool, str] | None]] = {}
+
+
+def _seal_state(d: Path) -> tuple[bool, str] | None:
+    """`seal.state` of a wave, remembered: the quick check walks every file (about 1 ms per 70 files), so it is
+    redone only when the wave's top level changed (its records, grades and seal all sit there: any entry's size,
+    mtime, inode or kind) or after SEAL_TTL_S (a change deeper down, in artifacts or logs, shows by then)."""
+    try:
+        top = tuple(sorted((e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+                           for e in os.scandir(d) for st in (e.stat(follow_symlinks=False),)))
+    except OSError:
+        top = None
+    now = time.monotonic()
+    hit = _SEALS.get(str(d))
+    if top is not None and hit is not None and hit[1] == top and now - hit[0] < SEAL_TTL_S:
+        return hit[2]
+    got = seal_state(d)
+    if top is not None:
+        if len(_SEALS) > 10_000:  # bounded: a root of more waves than this re-checks the rest
+            _SEALS.clear()
+        _SEALS[str(d)] = (now, top, got)
+    return got
 
 
 def _when(x) -> float | None:

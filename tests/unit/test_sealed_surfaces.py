@@ -135,3 +135,19 @@ def test_a_fifo_verdict_never_hangs_the_index(wave):
     th.join(60)  # a bound on a hang, not a timing assertion: the row comes back at once or never
     assert "row" in got, "the index hung on a FIFO verdict.json"
     assert any("verdict.json" in p and "not a regular file" in p for p in got["row"]["problems"]), got["row"]
+
+
+def test_serve_remembers_a_seal_check_until_the_top_level_changes_or_a_minute_passes(wave, monkeypatch):
+    """The quick check walks every file of a wave (about 1 ms per 70 files), so a listing remembers it: a change at
+    the wave's top level (its records, grades, seal) is seen at once, a change deeper down by SEAL_TTL_S."""
+    from cluster import serve
+
+    _cli("grade", "--reseal", wave)
+    assert _row(wave.parent)["verdict"] != "fails its seal"
+    deep = next(p for p in (wave / "artifacts").rglob("*") if p.is_file() and p.name != "artifact.json")
+    with open(deep, "ab") as f:
+        f.write(b"x")
+    assert _row(wave.parent)["verdict"] != "fails its seal"  # remembered: the top level did not change
+    monkeypatch.setattr(serve, "SEAL_TTL_S", 0.0)
+    row = _row(wave.parent)
+    assert row["verdict"] == "fails its seal" and any(deep.name in p for p in row["problems"]), row
