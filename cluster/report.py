@@ -2,6 +2,7 @@
 (`cluster/htmlreport.py`)."""
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -385,8 +386,10 @@ def _timeline_png(d: Path) -> None:
     ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault, ▬ fault window)")
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(d / results.TIMELINE_PNG, dpi=80)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
+    results.write_stored(d / results.TIMELINE_PNG, buf.getvalue())  # a link left there is replaced, not written
 
 
 if __name__ == "__main__":  # `python -m cluster.report timeline-png DIR`: start_timeline_png's child

@@ -55,6 +55,16 @@ def _private_key(create: bool = True):
     return key
 
 
+def own_fingerprint() -> str | None:
+    """This user's seal key's fingerprint, or None when there is none (never made here) or it cannot be read."""
+    if not key_path().exists():
+        return None
+    try:
+        return fingerprint(_public_hex(_private_key(create=False)))
+    except SealError:
+        return None
+
+
 def _public_hex(key) -> str:
     from cryptography.hazmat.primitives import serialization
 

@@ -22,7 +22,7 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
     A folder that fails its seal (`sandfleet verify`: a file changed, added or missing, renamed, or a damaged seal)
     is graded as it is now, named as a harness error (exit 2), and not sealed again: `verify` still says what
     changed. `--reseal` seals it anyway, keeping the old seal beside it and the wave id the old seal bound. A folder
-    with no seal at all is graded and not sealed (`--reseal` seals it): one whose seal was removed looks the same."""
+    with no seal at all, or sealed by another key than yours, is graded and not sealed (`--reseal` seals it)."""
     from cluster.grade import exit_code, grade_wave
     from cluster.report import write_summary
 
@@ -44,8 +44,9 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
         err(f"error: cannot grade {results_dir}: {damaged} (the file is damaged; nothing was graded, SUMMARY.md and "
              "the grade files there are from before)")
         return EXIT_HARNESS
-    broken = _fails_its_seal(results_dir)  # asked before the grade rewrites the files the seal covers
+    broken, sealer = _fails_its_seal(results_dir)  # asked before the grade rewrites the files the seal covers
     sealed = any(os.path.lexists(results_dir / n) for n in (results.SEAL, results.SEAL_MANIFEST))
+    foreign = _foreign_seal(sealer) if not broken else None
     try:
         result = grade_wave(results_dir)
     except Unreadable as exc:
@@ -67,7 +68,18 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
         err(f"error: {results_dir}: graded {result['verdict']}, but its files could not all be written: {exc} "
             "(nothing recorded was removed; the folder is not sealed again)")
         return EXIT_HARNESS
-    if not broken and (sealed or reseal):
+    if not broken and foreign and not reseal:  # our key never vouches for a folder another key sealed, unasked
+        err(f"warning: {results_dir} was sealed by key {sealer}, {foreign}: graded, not sealed again (pass --reseal "
+            "to seal it with your key as it is, keeping that seal as SEAL.prev.json)")
+    elif not broken and foreign:
+        from cluster.seal import SealError
+        from cluster.seal import reseal as reseal_folder
+
+        try:
+            reseal_folder(results_dir, f"sealed by key {sealer}, {foreign}")
+        except (SealError, OSError) as exc:
+            err(f"warning: {results_dir} not sealed: {exc}")
+    elif not broken and (sealed or reseal):
         seal_again(results_dir)
     elif not broken:  # a seal removed from a forged copy cannot be told from none ever made: never vouched for here
         err(f"warning: {results_dir} carries no seal: graded, not sealed (a wave is sealed when it ends; this is one "
@@ -88,29 +100,45 @@ def grade_cmd(results_dir: str = typer.Argument(..., help="a wave's results dire
     return exit_code(result)
 
 
-def _fails_its_seal(results_dir: Path) -> str | None:
-    """Why a sealed folder is not the one its seal names (a file changed, added or missing, the folder renamed, the
-    seal damaged), or None: intact, or never sealed."""
+def _fails_its_seal(results_dir: Path) -> tuple[str | None, str | None]:
+    """(why a sealed folder is not the one its seal names: a file changed, added or missing, the folder renamed, the
+    seal damaged; None: intact, or never sealed), (the sealing key's fingerprint, when the seal verifies)."""
     from cluster.seal import SealError, said, verify
 
     if not any(os.path.lexists(results_dir / n) for n in (results.SEAL, results.SEAL_MANIFEST)):
-        return None
+        return None, None
     try:
         got = verify(results_dir)
     except SealError as exc:
-        return f"its seal is damaged: {exc}"
+        return f"its seal is damaged: {exc}", None
     if got["ok"]:
+        return None, got["fingerprint"]
+    # a file grade and report write themselves (SUMMARY, verdict, the page and picture, a task's grade, page or
+    # evidence) changed or gone is rewritten here anyway; one added, or any other name, is the folder's own change
+    derived = {results.SUMMARY, results.VERDICT, results.INDEX_HTML, results.TIMELINE_PNG}
+
+    def theirs(name: str) -> bool:
+        parts = name.split("/")
+        return (name in derived or (len(parts) == 1 and name.endswith(results.GRADE_SUFFIX))
+                or (len(parts) == 2 and parts[0] == results.PAGES and name.endswith(".html"))
+                or (len(parts) == 3 and parts[0] == results.EVIDENCE))
+
+    got = dict(got, **{what: [n for n in got[what] if what == "added" or not theirs(n)]
+                       for what in ("changed", "added", "missing")})
+    return said(got) or None, got["fingerprint"]
+
+
+def _foreign_seal(sealer: str | None) -> str | None:
+    """Why a seal that verifies is not this user's to renew (None: it is, or there is none): made by another key,
+    or no key of this user's can be read."""
+    from cluster.seal import own_fingerprint
+
+    if sealer is None:
         return None
-    # what grade and report write themselves (grades, evidence, SUMMARY, verdict, pages) is rewritten here anyway:
-    # only the wave's own records changing make a folder fail its seal for this purpose
-    derived = (results.SUMMARY, results.VERDICT, results.INDEX_HTML, results.TIMELINE_PNG)
-
-    def own(name: str) -> bool:
-        return not (name in derived or name.endswith(results.GRADE_SUFFIX)
-                    or name.startswith((f"{results.PAGES}/", f"{results.EVIDENCE}/")))
-
-    got = dict(got, **{what: [n for n in got[what] if own(n)] for what in ("changed", "added", "missing")})
-    return said(got) or None
+    mine = own_fingerprint()
+    if mine == sealer:
+        return None
+    return f"not your key ({mine})" if mine else "and you have no seal key"
 
 
 def _damaged_plan(results_dir: Path) -> str | None:

@@ -151,3 +151,53 @@ def test_serve_remembers_a_seal_check_until_the_top_level_changes_or_a_minute_pa
     monkeypatch.setattr(serve, "SEAL_TTL_S", 0.0)
     row = _row(wave.parent)
     assert row["verdict"] == "fails its seal" and any(deep.name in p for p in row["problems"]), row
+
+
+def test_a_linked_timeline_png_is_replaced_never_written_through(wave, tmp_path, monkeypatch):
+    """The review's H1 (c6f2567's review): `grade` drew timeline.png through a link left in its place (a file outside
+    the folder overwritten with a PNG), and the seal then called the link intact."""
+    from cluster import report
+
+    monkeypatch.setattr(report, "start_timeline_png", lambda d: None)  # drawn inline, as the fallback does
+    _cli("grade", "--reseal", wave)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("PRECIOUS\n")
+    (wave / results.TIMELINE_PNG).unlink(missing_ok=True)
+    (wave / results.TIMELINE_PNG).symlink_to(victim)
+    code, out = _cli("grade", wave)
+    assert victim.read_text() == "PRECIOUS\n", out
+    assert not (wave / results.TIMELINE_PNG).is_symlink()
+
+
+def test_files_added_at_grade_output_names_fail_the_seal_and_are_never_resealed(wave):
+    """The review's H2: the pre-grade seal check left out every name under pages/ or evidence/ and every
+    `*.grade.json` anywhere, changed, added or missing: a page, an evidence file or a grade added to a sealed folder
+    was sealed in by the next `grade`. Only the files grade rewrites, changed or gone, are left out now."""
+    _cli("grade", "--reseal", wave)
+    for name in ("pages/evil.html", "evidence/t000/forged.json", "t999.grade.json", "artifacts/t001/x.grade.json"):
+        (wave / name).parent.mkdir(parents=True, exist_ok=True)
+        (wave / name).write_text("{}")
+        code, out = _cli("grade", wave)
+        assert code == 2 and "fails its seal" in out and f"added: {name}" in out, (name, out)
+        assert not verify(wave)["ok"]  # not sealed in
+        (wave / name).unlink()
+        _cli("grade", "--reseal", wave)
+    (wave / results.INDEX_HTML).unlink()  # a file grade writes, gone: rewritten, the folder sealed again
+    code, out = _cli("grade", wave)
+    assert "fails its seal" not in out and verify(wave)["ok"], out
+
+
+def test_a_folder_sealed_by_another_key_is_never_resealed_with_ours_unasked(wave, tmp_path, monkeypatch):
+    """The review's H3: a copy sealed by someone else's key was signed with the user's own key by `grade`, without
+    a word. It is graded and left; `--reseal` signs it, keeping theirs as SEAL.prev.json."""
+    monkeypatch.setenv("SANDFLEET_SEAL_KEY", str(tmp_path / "theirs.key"))
+    theirs = seal(wave)["fingerprint"]
+    monkeypatch.setenv("SANDFLEET_SEAL_KEY", str(tmp_path / "mine.key"))
+    mine = seal(tmp_path / "results")["fingerprint"]  # (any folder: makes this user's key)
+    code, out = _cli("grade", wave)
+    assert f"sealed by key {theirs}" in out and "not sealed again" in out, out
+    assert orjson.loads((wave / SEAL).read_bytes())["fingerprint"] == theirs
+    code, out = _cli("grade", "--reseal", wave)
+    assert orjson.loads((wave / SEAL).read_bytes())["fingerprint"] == mine and (wave / "SEAL.prev.json").exists()
+    code, out = _cli("grade", wave)  # ours now: renewed as before
+    assert "sealed by key" not in out and verify(wave)["ok"], out
