@@ -66,18 +66,28 @@ def read_artifact(adir: Path) -> tuple[dict[str, bytes], dict] | None:
     """(files, manifest), or None when there is no captured artifact. Files are checked against the manifest."""
     adir = Path(adir)
     mpath = adir / MANIFEST
-    if not mpath.exists():
+    if not os.path.lexists(mpath):
         return None
+    _no_link(adir.parent if adir.parent.name == "artifacts" else None, adir)
     manifest = orjson.loads(regular_bytes(mpath))
     files = {}
     for rel, info in manifest["files"].items():
         if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or "\0" in rel:
             raise ValueError(f"{mpath}: {rel!r} is not a path inside the artifact")
+        _no_link(*(adir.joinpath(FILES, *Path(rel).parts[:i]) for i in range(len(Path(rel).parts))))
         body = regular_bytes(adir / FILES / rel)
         if hashlib.sha256(body).hexdigest() != info["sha256"]:
             raise ValueError(f"{adir / FILES / rel}: content does not match its recorded sha256")
         files[rel] = body
     return files, manifest
+
+
+def _no_link(*dirs: Path | None) -> None:
+    """ValueError naming the first of `dirs` (a results folder's artifacts/, a task's artifact, a directory inside
+    it) that is a link: an artifact is never read from outside the folder (O_NOFOLLOW guards the last name only)."""
+    for d in dirs:
+        if d is not None and d.is_symlink():
+            raise ValueError(f"{d}: a link, not followed")
 
 
 _DIGESTS: dict[tuple, str] = {}  # (real path, size, mtime_ns) -> sha256: a wave keys every task from a few files

@@ -102,3 +102,36 @@ def test_redaction_of_runner_logs_never_reads_or_writes_through_a_link(tmp_path)
     assert "AKIAEXAMPLEKEY12345" not in (logs / "t000-a1" / results.RUNNER_LOG).read_text()
     assert "AKIAEXAMPLEKEY12345" in (outside / results.RUNNER_LOG).read_text()  # never written through
     assert "AKIAEXAMPLEKEY12345" in victim.read_text()
+
+
+def test_an_artifact_is_never_read_through_a_linked_directory(tmp_path):
+    """The review's M5: O_NOFOLLOW guards a path's last name only: `artifacts/t001` (or a directory inside its files)
+    made a link to a copy outside was graded from the outside files. Any linked directory there is named."""
+    import shutil
+
+    import pytest
+
+    from cluster.artifacts import read_artifact, write_artifact
+
+    d = tmp_path / "w" / "artifacts"
+    d.mkdir(parents=True)
+    write_artifact(d / "t001", {"src/app.py": b"x = 1\n", "README.md": b"r\n"}, {})
+    assert read_artifact(d / "t001")[0]["src/app.py"] == b"x = 1\n"
+    outside = tmp_path / "outside"
+    shutil.copytree(d / "t001", outside)
+    shutil.rmtree(d / "t001")
+    (d / "t001").symlink_to(outside)
+    with pytest.raises(ValueError, match="a link, not followed"):
+        read_artifact(d / "t001")
+    (d / "t001").unlink()
+    shutil.copytree(outside, d / "t001")
+    shutil.rmtree(d / "t001" / "files" / "src")
+    (d / "t001" / "files" / "src").symlink_to(outside / "files" / "src")
+    with pytest.raises(ValueError, match="a link, not followed"):
+        read_artifact(d / "t001")
+    (d / "t001" / "files" / "src").unlink()
+    shutil.copytree(outside / "files" / "src", d / "t001" / "files" / "src")
+    assert read_artifact(d / "t001")[0]["src/app.py"] == b"x = 1\n"
+    link_root = tmp_path / "latest"  # the wave's folder itself reached through a link (results/latest) is fine
+    link_root.symlink_to(tmp_path / "w")
+    assert read_artifact(link_root / "artifacts" / "t001")[0]["README.md"] == b"r\n"
