@@ -17,8 +17,7 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
         inner = (e.get("ctx") or {}).get("error")
         if e["type"] == "value_error" and isinstance(getattr(inner, "errors", None), list) and \
                 hasattr(inner, "loc"):  # a check that names places inside its field (runner.env.<KEY>)
-            lines += [f"  field `{_loc(tuple(e['loc']) + tuple(loc))}`: value {_shown(value)}: {msg}"
-                      for loc, value, msg in inner.errors]
+            lines += [_line(tuple(e['loc']) + tuple(loc), value, msg) for loc, value, msg in inner.errors]
             continue
         msg = e["msg"].removeprefix("Value error, ")
         path, value = tuple(e["loc"]), e.get("input")
@@ -35,27 +34,91 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
             if field is not None:  # a field not given is checked at its default: name that
                 default = getattr(_model_at(path, root).model_fields.get(field), "default", None)
                 path, value = path + (field,), value.get(field, default)
-        loc = _loc(path)
         if e["type"] == "extra_forbidden":
             allowed = _allowed_fields(e["loc"], root)
             msg = f"unknown field; allowed fields here: {', '.join(allowed)}"
-        lines.append(f"  field `{loc}`: value {_shown(value)}: {msg}")
+            if not is_config_name(path[-1]):  # a line of a file that is no config (a shadow line parses as a key)
+                lines.append(f"  {_loc(path[:-1]) + ': ' if path[:-1] else ''}a key that is not a config name (not "
+                             f"shown): {msg}")
+                continue
+            lines.append(f"  field `{_loc(path)}`: value {shown(value, path, unknown=True)}: {msg}")
+            continue
+        if e["type"] == "missing":  # its input is the parent mapping (a whole file that is no config): never shown
+            lines.append(f"  field `{_loc(path)}`: value (not given): {mask_urls(msg)}")
+            continue
+        lines.append(_line(path, value, msg))
     return "\n".join(lines)
 
 
+def _line(path: tuple, value, msg: str) -> str:
+    return f"  field `{_loc(path)}`: value {shown(value, path)}: {mask_urls(msg)}"
+
+
 SHOWN = 200  # characters of a value's repr an error quotes: enough to name it, never a file's contents
+CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+SECRET_WORDS = ("secret", "password", "passwd", "token", "credential", "private")
+_FLAT = re.compile(r"[A-Za-z0-9_+.-]{1,32}")  # a string a small list may show (a fault id, a name)
+_USERINFO = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/@\s:]*:)[^@/\s]*@")
 
 
-def _shown(value) -> str:
-    """A value as an error quotes it: its repr, cut to SHOWN characters (saying how long it was)."""
-    text = repr(value)
+def is_config_name(key) -> bool:
+    """Does `key` look like a config field's name? (Only such a key is quoted in an error: a key that is not may
+    be a line of a file the path reached that is no config at all.)"""
+    return isinstance(key, str) and CONFIG_NAME.fullmatch(key) is not None
+
+
+def is_secret_name(key) -> bool:
+    """Is `key` a field whose value is a secret (store.secret_key, an unknown `password`): never shown."""
+    k = str(key).lower()
+    return k in ("access_key", "secret_key") or any(w in k for w in SECRET_WORDS)
+
+
+def mask_urls(text: str) -> str:
+    """`text` with every URL's password masked (`http://u:***@host`)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def _size(value) -> str:
+    if isinstance(value, dict):
+        return f"a mapping of {len(value)} key{'s' * (len(value) != 1)}"
+    if isinstance(value, (list, tuple, set)):
+        return f"a list of {len(value)} item{'s' * (len(value) != 1)}"
+    if isinstance(value, (str, bytes)):
+        return f"a {type(value).__name__} of {len(value)} characters"
+    return f"a {type(value).__name__}"
+
+
+def _flat(value) -> bool:
+    """A small list or mapping of numbers (and of short names, in a list) that is safe to quote: `[1, 2]`, `['PK3']`,
+    `{'PK1': 1}`; never a file's contents."""
+    def num(x):
+        return x is None or isinstance(x, (bool, int, float))
+    if isinstance(value, dict):
+        return len(value) <= 8 and all(is_config_name(k) and not is_secret_name(k) and num(v)
+                                       for k, v in value.items())
+    return isinstance(value, (list, tuple)) and len(value) <= 8 and \
+        all(num(x) or (isinstance(x, str) and _FLAT.fullmatch(x)) for x in value)
+
+
+def shown(value, path: tuple = (), unknown: bool = False) -> str:
+    """A value as an error quotes it: its repr cut to SHOWN characters, URL passwords masked. A secret's (any part
+    of `path` secret-named), a whole mapping's or list's (past a few numbers or names), and an unknown field's
+    string that is no name, are described by type and size only."""
+    if any(is_secret_name(p) for p in path if isinstance(p, str)):
+        return f"({_size(value)}, not shown)"
+    if isinstance(value, (dict, list, tuple, set)) and not _flat(value):
+        return f"({_size(value)}, not shown)"
+    if unknown and isinstance(value, str) and not _FLAT.fullmatch(value):
+        return f"({_size(value)}, not shown)"
+    text = mask_urls(repr(value))
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 def _loc(path: tuple) -> str:
     """A field's path for the message: a part that is not a plain name (a mapping's key with '=', a space or a
     control character) is quoted, so what it holds is seen and never printed raw."""
-    return ".".join(str(p) if isinstance(p, int) or re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else repr(p)
+    return ".".join(str(p) if isinstance(p, int) or re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else
+                    repr(p) if len(repr(p)) <= 40 else f"(a key of {len(str(p))} characters, not shown)"
                     for p in path) or "(top level)"
 
 

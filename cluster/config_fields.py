@@ -4,12 +4,14 @@ timing), each a strict pydantic model: an unknown field is an error. `cluster/co
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
+from cluster.config_errors import shown
 from fleet.runners import BUILTIN, builtin_command
 
 
@@ -161,7 +163,7 @@ def parse_runner(v):
                 else:
                     msg = e["msg"].removeprefix("Value error, ")
                 errors.append((loc, value, msg))
-            text = "; ".join(f"runner.{'.'.join(str(p) for p in loc)} (value {value!r}): {msg}"
+            text = "; ".join(f"runner.{'.'.join(str(p) for p in loc)} (value {shown(value, loc)}): {msg}"
                              for loc, value, msg in errors)
             raise FieldError(errors[0][0], errors[0][1], text, errors) from None
     if not isinstance(v, (str, RunnerSpec)):
@@ -194,11 +196,11 @@ class SandboxConfig(Strict):
     image: str | None = Field(None, min_length=1, max_length=300, pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$",
                               description="docker: a local image to run in (never pulled); default: the base image "
                                           "built from Debian's python3 packages")
-    workspace_mb: int = Field(64, ge=1, le=4096, description="size of the workspace tmpfs (the only writable "
-                              "place); at most memory_mb: what a runner writes there counts in its memory")
-    memory_mb: int = Field(512, ge=64, le=65536, description="memory limit of each sandbox (its cgroup)")
-    pids_max: int = Field(256, ge=16, le=65536, description="process limit of each sandbox (its cgroup)")
-    cpu_shares: int = Field(256, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
+    workspace_mb: int = Field(64, strict=True, ge=1, le=4096, description="size of the workspace tmpfs (the only "
+                              "writable place); at most memory_mb: what a runner writes there counts in its memory")
+    memory_mb: int = Field(512, strict=True, ge=64, le=65536, description="memory limit of each sandbox (its cgroup)")
+    pids_max: int = Field(256, strict=True, ge=16, le=65536, description="process limit of each sandbox (its cgroup)")
+    cpu_shares: int = Field(256, strict=True, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
     cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
                                                                  "the kernel's smallest quota is 1 ms per 100 ms)")
     disk: Literal["wipe", "keep", "move", "lose-unsynced", "torn"] = Field(
@@ -243,6 +245,23 @@ class StoreConfig(Strict):
     audit_max_objects: int = Field(10000, strict=True, ge=1, le=100_000_000,
                                    description="objects the end-of-wave store audit reads back at most; past it, a "
                                                "sample of this many seeded by the wave's seed (1 to 100,000,000)")
+
+    @field_validator("url", "access_key", "secret_key")
+    @classmethod
+    def _text(cls, v, info):
+        """A control character in the URL or a key would reach a request line or a signature as it is (runner.env
+        refuses them too); the error names the character and where, never the key."""
+        if v is None:
+            return v
+        at, ctl = next(((i, c) for i, c in enumerate(v) if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), (None, None))
+        if ctl is not None:
+            raise ValueError(f"store.{info.field_name} holds the control character U+{ord(ctl):04X} at position "
+                             f"{at}; it is text without control characters"
+                             + (f"; allowed: {STORE_URL_FORM}" if info.field_name == "url" else ""))
+        if info.field_name != "url" and not v.isprintable():
+            raise ValueError(f"store.{info.field_name} holds a character that is not printable (a format or bidi "
+                             "character); a key is printable text")
+        return v
 
     @model_validator(mode="after")
     def _keys(self):
@@ -295,6 +314,10 @@ def _endpoint_problem(url: str) -> str | None:
         return f"scheme {parts.scheme or '(none)'!r} is not http"
     if not parts.hostname or any(c.isspace() for c in parts.netloc):
         return "it names no host"
+    host = parts.netloc.rpartition("@")[2]
+    if not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", host):  # one form, as the proxy dials it
+        return "the host is letters, digits, '.' and '-' (or a [IPv6] address), then an optional :PORT of digits " \
+               "(no empty port, percent-escape or non-ASCII character)"
     if port == 0:
         return "port 0 is not a port a store listens on"
     if parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):

@@ -2,6 +2,8 @@
 refused before it is built), and an integer has at most 40 digits."""
 from __future__ import annotations
 
+import re
+
 import yaml
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -23,9 +25,11 @@ def _expanded_size(node, memo: dict) -> int:
 
 
 def _short(key) -> str:
-    """A key as an error quotes it: at most 60 characters of it (the file may be no config at all)."""
-    text = repr(key)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A key as an error quotes it: only one that looks like a config name (the file may be no config at all: a
+    shadow line parses as a key); the error names its line."""
+    if isinstance(key, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]{0,63}", key):
+        return f"the key {key!r}"
+    return "a key that is not a config name (not shown)"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -53,7 +57,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {_short(key)} is given twice in one "
+                raise yaml.constructor.ConstructorError(None, None, f"{_short(key)} is given twice in one "
                                                         "mapping (the last one would win silently)",
                                                         key_node.start_mark)
             seen.add(key)

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator
 from cluster import results
 from cluster.config import ConfigError, RunnerSpec, Strict, WaveConfig, build_config, load_yaml, parse_runner
 from cluster.config_yaml import yaml_problem
-from cluster.config_errors import format_error
+from cluster.config_errors import format_error, is_config_name, mask_urls, shown
 from faults.base import CATALOG
 
 
@@ -62,8 +62,11 @@ class LeagueConfig(Strict):
             if isinstance(item, dict):
                 unknown = sorted(set(item) - set(FaultSet.model_fields))
                 if unknown:
-                    raise ValueError(f"fault_sets[{i}]: unknown field {unknown[0]!r} (value {item[unknown[0]]!r}); "
-                                     f"a fault set mapping has: {', '.join(FaultSet.model_fields)}")
+                    key = unknown[0]
+                    what = f"unknown field {key!r} (value {shown(item[key], (key,), unknown=True)})" \
+                        if is_config_name(key) else "a key that is not a config name (not shown)"
+                    raise ValueError(f"fault_sets[{i}]: {what}; a fault set mapping has: "
+                                     f"{', '.join(FaultSet.model_fields)}")
                 owned = sorted(set(item.get("wave") or {}) & {"faults", "runner"})
                 if owned:
                     raise ValueError(f"fault_sets[{i}].wave: {owned[0]!r} is not a wave field a set may set (the "
@@ -73,7 +76,8 @@ class LeagueConfig(Strict):
                 except ValidationError as err:
                     e = err.errors()[0]
                     where = ".".join(str(x) for x in e["loc"])
-                    raise ValueError(f"fault_sets[{i}].{where}: {e['msg']} (value {e.get('input')!r})") from None
+                    raise ValueError(f"fault_sets[{i}].{where}: {mask_urls(e['msg'])} (value "
+                                     f"{shown(e.get('input'), tuple(e['loc']))})") from None
             out.append(item)
         return out
 

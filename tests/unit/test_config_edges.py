@@ -87,6 +87,8 @@ def test_a_config_error_never_echoes_a_line_of_the_file_it_read(tmp_path, secret
     ("runner: {command: no-such-program-sf42}\n", "field `runner.command`: value 'no-such-program-sf42'"),
     ("runner: {command: python3, env: {'A=B': x}}\n", "field `runner.env.'A=B'`: value 'x'"),
     ("root:$6$salt$hash:19000:0:99999:7:::\n: :\n", "not valid YAML"),
+    ("root:$6$salt$hash:19000:0:99999:7:::\n", "a key that is not a config name (not shown)"),
+    ("store: {secret_key: [s3cr3t$6$salt]}\n", "field `store.secret_key`: value (a list of 1 item, not shown)"),
 ])
 def test_each_edge_through_the_cli_is_exit_254_without_a_traceback(tmp_path, text, needle):
     """--results under /proc is refused right after the config is read: a config this test expects refused but
@@ -140,3 +142,92 @@ def test_a_config_error_quotes_at_most_a_bounded_part_of_a_value():
     mapping from a YAML file that is no wave config) shows its start only."""
     got = _err({"name": "x" * 10_000, "bogus": {"password": "p" * 10_000}})
     assert "field `name`" in got and "field `bogus`" in got and len(got) < 2_000, len(got)
+
+
+# Issue: a config error echoed the contents of a file that is no config (M1), secrets (M2); odd store URLs and keys
+# were accepted (M3); lax integers were cast (L6).
+
+def _load_err(tmp_path, text: str, league: bool = False) -> str:
+    from cluster.league import load_league
+
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        (load_league if league else load_config)(p)
+    return str(e.value)
+
+
+def test_an_unknown_key_that_is_no_config_name_is_not_shown(tmp_path):
+    """A shadow-format line parses as a mapping's key: the error printed the whole line (its hash too)."""
+    got = _load_err(tmp_path, "root:$6$saltsalt$hashhashhash:19000:0:99999:7::\n")
+    assert "saltsalt" not in got and "hashhash" not in got and "root:" not in got, got
+    assert "a key that is not a config name (not shown)" in got and "unknown field" in got, got
+
+
+def test_a_key_given_twice_that_is_no_config_name_is_not_shown(tmp_path):
+    got = _load_err(tmp_path, "root:$6$salt$hash:19000: 1\nroot:$6$salt$hash:19000: 2\n")
+    assert "$6$salt" not in got and "given twice" in got and "line 2" in got, got
+
+
+def test_a_secret_named_unknown_field_never_shows_its_value(tmp_path):
+    """A symlinked creds.json printed `field `password`: value 'hunter2-json'`."""
+    got = _load_err(tmp_path, '{"user": "admin", "password": "hunter2-json", "api_token": "tok-123456"}\n')
+    assert "hunter2" not in got and "tok-123456" not in got, got
+    assert "field `password`: value (a str of 12 characters, not shown)" in got, got
+
+
+def test_a_league_error_never_echoes_a_whole_mapping(tmp_path):
+    text = ("apiVersion: v1\nkind: Secret\nmetadata: {name: db}\ndata: {password: c3VwZXJzZWNyZXQ=}\n")
+    got = _load_err(tmp_path, text, league=True)
+    assert "c3VwZXJzZWNyZXQ" not in got and "password" not in got and "{'" not in got, got
+    assert "field `runners`: value (not given): Field required" in got, got
+
+
+def test_a_league_fault_set_error_never_echoes_a_secret(tmp_path):
+    got = _load_err(tmp_path, "runners: [durable]\nfault_sets: [{faults: [PK1], password: hunter2}]\n", league=True)
+    assert "hunter2" not in got and "'password'" in got, got
+    got = _load_err(tmp_path, "runners: [durable]\nfault_sets: [{faults: [PK1], 'a:$6$x$y': 1}]\n", league=True)
+    assert "$6$x" not in got and "not a config name" in got, got
+
+
+@pytest.mark.parametrize("secret", ["s3cr3tvalue", ["s3cr3tvalue", "other"], {"v": "s3cr3tvalue"}])
+def test_a_store_secret_key_value_is_never_echoed(secret):
+    got = _err({"store": {"secret_key": secret}})
+    assert "s3cr3tvalue" not in got and "store.secret_key" in got, got
+
+
+def test_a_bad_access_key_value_is_never_echoed():
+    got = _err({"store": {"url": "http://127.0.0.1:9000", "access_key": "AK\x00IAsecretish", "secret_key": "b"}})
+    assert "IAsecretish" not in got and "store.access_key" in got and "U+0000" in got, got
+
+
+def test_a_url_password_is_masked_wherever_the_url_is_shown():
+    got = _err({"store": {"url": "http://u:p4ss@host:9000/path", **KEYS}})
+    assert "p4ss" not in got, got
+    got = _err({"store": {"url": "http://u:p4ss@[::1", **KEYS}})
+    assert "p4ss" not in got and "store.url" in got, got
+    got = _err({"bogus": "http://u:p4ss@host"})
+    assert "p4ss" not in got, got
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0\x00.1:9000", "http://127.0.0.1\n:9000", "http://host\t:9000",
+                                 "http://ho\x07st:9000", "http://127.0.0.1:", "http://127.0.0.%31:9000",
+                                 "http://\uff48\uff4f\uff53\uff54:9000", "http://h\x1bst", "http://host:9000\n"])
+def test_a_store_url_with_control_characters_or_odd_forms_is_refused(url):
+    got = _err({"store": {"url": url, **KEYS}})
+    assert "field `store.url`" in got and "1-65535" in got, got
+
+
+@pytest.mark.parametrize("key", ["access_key", "secret_key"])
+@pytest.mark.parametrize("value", ["AK\x00IA", "AK\nIA", "AK\x1b[31mIA", "AK\x7fIA"])
+def test_a_store_key_with_a_control_character_is_refused_without_showing_it(key, value):
+    got = _err({"store": {"url": "http://127.0.0.1:9000", **dict(KEYS, **{key: value})}})
+    assert f"field `store.{key}`" in got and "control character" in got and "IA" not in got, got
+
+
+@pytest.mark.parametrize("field", ["workspace_mb", "memory_mb", "pids_max", "cpu_shares"])
+@pytest.mark.parametrize("value", [True, "64", 64.0])
+def test_a_sandbox_integer_field_takes_integers_only(field, value):
+    """`workspace_mb: true` was taken as 1, and "64" as 64."""
+    got = _err({"sandbox": {field: value}})
+    assert f"field `sandbox.{field}`" in got and "integer" in got, got
