@@ -192,6 +192,12 @@ def request_span(rec: dict) -> tuple[float, float]:
     return rec["t"], rec["t"] + (ms / 1000 if isinstance(ms, (int, float)) and 0 <= ms < 1e9 else 0.0)
 
 
+def one_line(text: str) -> str:
+    """`terminal_safe`, and a newline or tab shown escaped too: a name or an id a runner chose (a file name holds
+    any byte but / and NUL) that must not start a line of its own (a forged `intact` line under `verify`)."""
+    return terminal_safe(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def terminal_safe(text: str) -> str:
     """Text that may hold what a runner wrote (a tool name, a file name, a log line, an exit message), made safe for a
     terminal, SUMMARY.md or a log: every control and format character but newline and tab (ESC, BEL, C1 codes,

@@ -306,7 +306,8 @@ def verify(d: str | Path, public_key: str | None = None, quick: bool = False) ->
 def said(got: dict, limit: int = 5) -> str:
     """What `verify` found wrong, in one line: "changed: a, b; added: c; renamed: sealed as 'x', now 'y'" (at most
     `limit` names of each kind)."""
-    parts = [f"{what}: {', '.join(got[what][:limit])}" + (" ..." if len(got[what]) > limit else "")
+    parts = [f"{what}: {', '.join(results.one_line(n) for n in got[what][:limit])}"
+             + (" ..." if len(got[what]) > limit else "")
              for what in ("changed", "added", "missing") if got.get(what)]
     if got.get("renamed_from"):
         parts.append(f"renamed: sealed as {got['renamed_from']!r}, now {got['now_as']!r}")

@@ -188,7 +188,7 @@ def verify_cmd(results_dir: str = typer.Argument(..., help="a wave's results dir
         return EXIT_OK
     for what in ("changed", "added", "missing"):
         for name in got[what]:
-            err(f"{what}: {name}")
+            err(f"{what}: {results.one_line(name)}")  # a runner's file name may hold a newline: one line each
     if got.get("renamed_from"):  # the seal binds the folder's name (the wave id) as well as its files
         intact = not (got["changed"] or got["added"] or got["missing"])
         files = "its files are intact; " if intact else "its files differ too, named above; "

@@ -201,3 +201,17 @@ def test_a_folder_sealed_by_another_key_is_never_resealed_with_ours_unasked(wave
     assert orjson.loads((wave / SEAL).read_bytes())["fingerprint"] == mine and (wave / "SEAL.prev.json").exists()
     code, out = _cli("grade", wave)  # ours now: renewed as before
     assert "sealed by key" not in out and verify(wave)["ok"], out
+
+
+def test_a_file_name_with_a_newline_never_forges_a_line_of_verify_or_grade(wave):
+    """The review's M6: a runner's file name may hold a newline; `verify` printed `added: a` and then a line of the
+    runner's choosing (`sealed: intact, 0 changed`), and so did grade's seal warning and SUMMARY.md."""
+    _cli("grade", "--reseal", wave)
+    (wave / "artifacts" / "a\nsealed: intact, 0 changed").write_text("x")
+    code, out = _cli("verify", wave)
+    assert code == 1 and not any(line.startswith("sealed: intact") for line in out.splitlines()), out
+    assert "a\\nsealed: intact" in out, out
+    code, out = _cli("grade", wave)
+    assert not any(line.startswith("sealed: intact") for line in out.splitlines()), out
+    summary = (wave / results.SUMMARY).read_text()
+    assert not any(line.startswith("sealed: intact") for line in summary.splitlines())
