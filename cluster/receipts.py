@@ -4,10 +4,11 @@ receipt that says it fired at 1e300 is damaged, and a kill's `exercised` cannot 
 answers no fault the plan planned is named and left out, never counted as a fault that applied. A receipt written
 `applied` that says not when it fired (`fired_at` null or missing) is read as `unknown`, named in its detail: whether
 it exercised anything cannot be judged. A receipt that cannot be true (it fired after the wave's end or before its
-start, its target is another task's, it was cleared before it fired) and every receipt of a planned fault that has
-more than one are `unknown`, the receipt and why named in its detail (`checked_receipts`): no evidence that a fault
-applied; a second receipt for one planned fault is named and left out. The file's name and the record kinds
-(`misfit`) are cluster/results.py's.
+start, its target is another task's, it was cleared before it fired, a kill fired after the attempt it names ended or
+names one that exited 0 with nothing killing it, an applied storage fault names no key prefix or answered no request)
+and every receipt of a planned fault that has more than one are `unknown`, the receipt and why named in its detail
+(`checked_receipts`): no evidence that a fault applied; a second receipt for one planned fault is named and left out.
+The file's name and the record kinds (`misfit`) are cluster/results.py's.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import orjson
 
 from cluster.results import (DICT, FAULTS, LIST, NONE, NUM, STR, WALL, attempt_of, misfit, regular_bytes, task_prefix,
                              terminal_safe)
+from faults import CATALOG
 
 RECEIPT: dict[str, tuple[str, ...]] = {
     "fault_id": (STR,), "instance": (STR,), "task_id": (STR,), "status": (STR,), "target": (DICT, NONE),
@@ -92,6 +94,8 @@ def checked_receipts(receipts: list[dict], plan, timeline: list[dict]) -> tuple[
     walls = [(e.get("event"), e.get("wall")) for e in timeline if isinstance(e, dict)]
     start = next((w for ev, w in walls if ev == "wave_start"), None)
     end = next((w for ev, w in reversed(walls) if ev == "wave_end"), None)
+    ended = {e["sandbox"]: e for e in timeline
+             if isinstance(e, dict) and e.get("event") == "attempt_end" and isinstance(e.get("sandbox"), str)}
     wave_id = plan.get("wave_id") if isinstance(plan, dict) else None
     out, done = [], set()
     for r in kept:
@@ -102,7 +106,8 @@ def checked_receipts(receipts: list[dict], plan, timeline: list[dict]) -> tuple[
             continue
         done.add(key)
         why = ([f"faults.json holds {seen[key]} receipts for this planned fault: which says what happened cannot be "
-                "told"] if seen[key] > 1 else []) + _impossible(r, _num(start), _num(end), wave_id)
+                "told"] if seen[key] > 1 else []) + _impossible(r, _num(start), _num(end), wave_id) + (
+            _unkilled(r, ended) + _no_store_hit(r) if r["status"] == "applied" else [])
         out.append(dict(r, status="unknown", detail="a receipt that cannot be true: " + "; ".join(why) + (
             f"; it says {r['status']}" + (f" ({r['detail']})" if r.get("detail") else ""))) if why else r)
     return out, left
@@ -133,6 +138,47 @@ def _impossible(r: dict, start: float | None, end: float | None, wave_id) -> lis
             task_prefix(wave_id, r["task_id"])):
         why.append(f"target.key_prefix {terminal_safe(prefix[:80])!r} is not under task "
                    f"{terminal_safe(r['task_id'][:40])!r}'s prefix, the task it is filed under")
+    return why
+
+
+def _unkilled(r: dict, ended: dict[str, dict]) -> list[str]:
+    """Why an applied kill of one attempt (the catalog's `kills_attempt`: PK1, PK2, PK5) cannot be true of the
+    attempt it names (`ended`: the timeline's attempt_end of each sandbox): it fired after that attempt had ended
+    (its next attempt's work would count as the kill's), or that attempt exited 0 with nothing killing it (a kill
+    that landed records itself as the attempt's `killed_by`). Empty when nothing is wrong or nothing tells."""
+    if not getattr(CATALOG.get(r["fault_id"]), "kills_attempt", False):
+        return []
+    sid = (r.get("target") or {}).get("sandbox_id")
+    a, fired = ended.get(sid) if isinstance(sid, str) else None, _num(r.get("fired_at"))
+    if a is None:
+        return []
+    why, name = [], terminal_safe(sid[:60])
+    over = max((t for t in (_num(a.get("ended_at")), _num(a.get("wall"))) if t is not None), default=None)
+    if fired is not None and over is not None and fired > over + CLOCK_SLACK_S:
+        why.append(f"fired_at {fired:.3f} is after attempt {name} ended ({over:.3f}, timeline's attempt_end)")
+    if a.get("exit_code") == 0 and not a.get("killed_by"):
+        why.append(f"attempt {name} exited 0 and nothing killed it (its attempt_end has no killed_by)")
+    return why
+
+
+def _no_store_hit(r: dict) -> list[str]:
+    """Why an applied storage fault (the catalog's family `storage`: a proxy rule on the task's prefix) shows
+    nothing it applied to: the harness writes each with the rule's key prefix (a string) and the requests it
+    answered (`evidence.hits` >= 1); a receipt a resumed wave rebuilt from its timeline (`evidence.from`) kept no
+    count. Empty when nothing is wrong."""
+    if getattr(CATALOG.get(r["fault_id"]), "family", None) != "storage":
+        return []
+    why, target, ev = [], r.get("target"), r.get("evidence")
+    if not isinstance(target, dict) or not isinstance(target.get("key_prefix"), str):
+        got = ("target is null" if not isinstance(target, dict) else "it has none" if target.get("key_prefix") is None
+               else f"a JSON {type(target['key_prefix']).__name__}, not a string")
+        why.append(f"an applied storage fault whose target names no key_prefix it applied to ({got})")
+    hits = ev.get("hits", ...) if isinstance(ev, dict) else None
+    if hits is ... and isinstance(ev.get("from"), str):
+        return why
+    if hits is ... or not isinstance(hits, int) or isinstance(hits, bool) or hits < 1:
+        shown = "missing" if hits is ... else terminal_safe(repr(hits)[:40])
+        why.append(f"an applied storage fault with evidence.hits {shown}: no request of the task was answered by it")
     return why
 
 

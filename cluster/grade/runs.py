@@ -121,19 +121,31 @@ def attempt_budget(h: TaskHistory, facts: Facts) -> dict:
     return {"verdict": PASS, "detail": f"{used} of {budget or '?'} attempts"}
 
 
+def _ended(facts: Facts, sid: str) -> float | None:
+    """When the attempt in sandbox `sid` ended: the later of its attempt_end's `ended_at` (the sandbox's exit) and
+    `wall` (when the driver recorded it, before it started the next attempt); None while it has no end."""
+    times = [t for a in facts.attempts if a.get("sandbox") == sid for t in (a.get("ended_at"), a.get("wall"))
+             if isinstance(t, (int, float)) and not isinstance(t, bool)]
+    return max(times, default=None)
+
+
 def exercised(h: TaskHistory, facts: Facts, r: dict) -> str | None:
     """Why an applied kill tested something (the killed attempt had done something durable before it:
-    a model answer delivered, an effect, a store write answered 2xx), or None when it tested nothing."""
-    start, at = facts.starts.get((r.get("target") or {}).get("sandbox_id")), r.get("fired_at")
+    a model answer delivered, an effect, a store write answered 2xx in its own span, never the next attempt's),
+    or None when it tested nothing."""
+    sid = (r.get("target") or {}).get("sandbox_id")
+    start, at = facts.starts.get(sid), r.get("fired_at")
     if start is None or at is None or h.calls is None:  # (a kill that names no sandbox: `unshown`, never here)
         return "unknown time, or no readable model call: counted as exercised"
     attempt, t0 = start["attempt"], start["wall"]
+    end = _ended(facts, sid)
+    t1 = at if end is None else min(at, end)
     if any(c.get("attempt") == attempt and c.get("delivered", True) and c.get("t_done", c["t"]) <= at
            for c in h.calls):
         return "a model answer had been delivered to the killed attempt"
     if any(e.get("attempt") == attempt and e["t"] <= at for e in h.effects or []):
         return "the killed attempt had sent an external effect"
-    if any(t0 <= w["t"] <= at for w in h.writes or []):
+    if any(t0 <= w["t"] <= t1 for w in h.writes or []):
         return "the killed attempt had a store write answered"
     return None
 

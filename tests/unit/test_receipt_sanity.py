@@ -154,3 +154,73 @@ def test_the_task_page_shows_a_receipt_that_cannot_be_true_as_unknown(tmp_path, 
     table = page[page.index("<table id=receipts>"):]
     row = table[:table.index("</table>")]
     assert "<td>t000-PK1</td><td><span class='v unknown'>unknown</span>" in row and "after the wave ended" in row, row
+
+
+A1_END = 1796219241.4768643  # the fixture's attempt t000-a1: killed by t000-PK1 (its timeline's attempt_end wall)
+
+
+@pytest.mark.parametrize("sandbox,why", [("t000-a1", "after attempt t000-a1 ended"),
+                                         ("t000-a2", "t000-a2 exited 0 and nothing killed it")])
+def test_a_kill_that_fired_after_its_attempt_ended_is_unknown_never_pass(tmp_path, no_picture, sandbox, why):  # noqa: F811
+    """H4: a kill that fired after the attempt it names had ended counted as exercised (the next attempt's store
+    writes fell before its fire time), turning `not_applied` into pass; one naming the attempt that exited 0 with
+    nothing killing it did too."""
+    d, recs, _ = _wave(tmp_path)
+    recs[0]["fired_at"], recs[0]["target"]["sandbox_id"] = A1_END + 2.5, sandbox
+    result, check, summary = _graded(d, recs, "t000")
+    assert check["verdict"] == "unknown", check
+    assert "t000-PK1: unknown" in check["detail"] and why in check["detail"], check
+    assert result["verdict"] != "pass" and "PK1 applied 0/1, unknown 1" in summary, summary
+    assert "Resume survival rate 1/1" not in summary, summary
+
+
+def test_a_kill_that_fired_within_the_clock_slack_of_its_attempts_end_is_sane(tmp_path):
+    d, recs, _ = _wave(tmp_path)
+    recs[0]["fired_at"] = A1_END + 0.5
+    plan = orjson.loads((d / results.PLAN).read_bytes())
+    assert checked_receipts(recs, plan, results.read_jsonl(d / results.TIMELINE)) == (recs, [])
+
+
+ST = {"fault_id": "ST1", "instance": "t0-ST1", "task_id": "t0", "status": "applied", "detail": "3 request(s) 503",
+      "target": {"bucket": "b", "key_prefix": "w1/t0/", "window_s": 1.0}, "fired_at": 1000.0, "cleared_at": 1010.0,
+      "evidence": {"hits": 3, "matched": 3}}
+ST_PLAN = {"wave_id": "w1", "tasks": [{"task_id": "t0", "faults": [
+    {"fault_id": "ST1", "instance": "t0-ST1", "task_id": "t0"}]}], "references": []}
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"target": None}, "names no key_prefix"), ({"target": {"bucket": "b"}}, "names no key_prefix"),
+    ({"target": {"key_prefix": ["w1/t0/"]}}, "names no key_prefix"),
+    ({"evidence": {"hits": 0}}, "evidence.hits 0"), ({"evidence": {"hits": -4}}, "evidence.hits -4"),
+    ({"evidence": None}, "evidence.hits None"), ({"evidence": {"hits": "3"}}, "evidence.hits '3'")])
+def test_an_applied_storage_fault_with_no_usable_target_or_no_hit_is_unknown(change, why):
+    """M4: a storage fault's receipt with no key prefix it applied to, or no request it answered, still counted as
+    applied. The harness writes every applied one with the task's prefix and at least one hit (faults/storage_faults.py),
+    a resumed wave with its target and no count (test below)."""
+    (got,), left = checked_receipts([dict(ST, **change)], ST_PLAN, SPINE)
+    assert left == [] and got["status"] == "unknown" and why in got["detail"], got
+
+
+def test_a_sane_or_not_applied_or_resumed_storage_receipt_is_kept_as_it_was():
+    not_applied = dict(ST, status="not_applied", evidence={"hits": 0}, target={"bucket": "b", "key_prefix": None})
+    # a resumed wave rebuilds a receipt from its timeline's fault_clear: the target, but no count of hits
+    resumed = dict(ST, evidence={"from": "the timeline of the driver that died"})
+    for r in (ST, not_applied, resumed):
+        assert checked_receipts([r], ST_PLAN, SPINE) == ([r], [])
+
+
+def test_a_kill_is_never_exercised_by_the_next_attempts_store_write():
+    """H4's cause: the store writes counted for a kill ran from its attempt's start to the fire time, with no bound
+    at the attempt's end, so the next attempt's writes made a kill that tested nothing count as exercised."""
+    from types import SimpleNamespace
+
+    from cluster.grade.runs import exercised
+
+    facts = SimpleNamespace(starts={"t0-a1": {"attempt": 1, "wall": 10.0}, "t0-a2": {"attempt": 2, "wall": 11.6}},
+                            attempts=[{"sandbox": "t0-a1", "attempt": 1, "ended_at": 11.4, "wall": 11.5}])
+    kill = {"target": {"sandbox_id": "t0-a1"}, "fired_at": 12.3}
+    h = SimpleNamespace(calls=[], effects=[], writes=[{"t": 12.0}])  # attempt 2's
+    assert exercised(h, facts, kill) is None
+    h.writes = [{"t": 11.0}]  # its own, before the kill
+    assert exercised(h, facts, kill) == "the killed attempt had a store write answered"
+    assert exercised(h, facts, dict(kill, fired_at=10.5)) is None  # that write came after an earlier kill
