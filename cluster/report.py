@@ -186,6 +186,7 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
         finish_timeline_png(picture) if picture is not None else _timeline_png(d)
     except Exception as exc:  # noqa: BLE001 - the picture is a nicety, the summary says if it failed
         lines.append(f"(timeline picture not drawn: {exc})")
+    blocked = None  # a directory where one of the report's files goes: named after the rest is written
     try:
         from cluster.htmlreport import write_html
 
@@ -193,12 +194,15 @@ def write_summary(d: Path, result: dict, picture: subprocess.Popen | None = None
         lines.append(f"The report as a web page: `{results.INDEX_HTML}` (a page per task under `{results.PAGES}/`).")
     except Exception as exc:  # noqa: BLE001 - the page is a view of the same files; the summary says if it failed
         lines.append(f"(web report not written: {type(exc).__name__}: {exc})")
+        blocked = exc if isinstance(exc, results.StoredPathError) else None
     out = d / results.SUMMARY
     # (a runner's words in it, escaped: `cat` is safe)
     try:
         results.write_stored(out, results.terminal_safe("\n".join(lines)))
     finally:  # what `serve` lists the wave by is written even when SUMMARY.md cannot be
         _write_verdict(d, result)
+    if blocked is not None:
+        raise blocked
     return out
 
 

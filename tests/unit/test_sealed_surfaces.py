@@ -215,3 +215,16 @@ def test_a_file_name_with_a_newline_never_forges_a_line_of_verify_or_grade(wave)
     assert not any(line.startswith("sealed: intact") for line in out.splitlines()), out
     summary = (wave / results.SUMMARY).read_text()
     assert not any(line.startswith("sealed: intact") for line in summary.splitlines())
+
+
+def test_a_directory_where_a_task_page_goes_is_exit_2_named(wave):
+    """The review's L3: a directory at pages/t000.html left the pages unwritten without a word, and the folder was
+    sealed again. Named (exit 2), SUMMARY.md and verdict.json still written, not sealed over it."""
+    _cli("grade", "--reseal", wave)
+    page = wave / results.PAGES / "t000.html"
+    page.unlink()
+    page.mkdir()
+    code, out = _cli("grade", wave)
+    assert code == 2 and "t000.html: a directory stands where this file goes" in out, out
+    assert "web report not written" in (wave / results.SUMMARY).read_text()
+    assert page.is_dir() and not verify(wave)["ok"]
