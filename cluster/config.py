@@ -48,16 +48,18 @@ class WaveConfig(Strict):
     store: StoreConfig = Field(default_factory=StoreConfig, description="the S3 store (default: embedded)")
     health: HealthConfig = Field(default_factory=HealthConfig, description="when a silent harness part is hung")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the head's gate for other nodes")
-    deadline_s: float = Field(120.0, gt=0, le=86400, description="per task, from its first launch")
+    deadline_s: float = Field(120.0, strict=True, gt=0, le=86400, description="per task, from its first launch")
     max_attempts: int = Field(6, strict=True, ge=1, le=100, description="attempts per task before it fails "
                               "`attempt_budget`")
-    liveness_s: float = Field(30.0, gt=0, le=86400, description="longest silence inside an attempt (no model call, "
-                                                               "effect or store request) before it counts as hung")
+    liveness_s: float = Field(30.0, strict=True, gt=0, le=86400,
+                              description="longest silence inside an attempt (no model call, effect or store "
+                                          "request) before it counts as hung")
     retry_loop_n: int = Field(3, strict=True, ge=1, le=100,
                               description="attempts ending the same way more than this many times in a row fail "
                                           "`retry_loop`")
-    lease_ttl_s: float = Field(6.0, gt=0.5, le=3600, description="an attempt's lease lasts this long unless "
-                               "renewed; an expired lease is fenced")
+    lease_ttl_s: float = Field(6.0, strict=True, gt=0.5, le=3600,
+                               description="an attempt's lease lasts this long unless renewed; an expired lease is "
+                                           "fenced")
     address: str = Field("local", description="'local' starts a private Ray; 'fleet' attaches to the fleet of "
                          "`sandfleet up`; else an existing cluster")
     nodes: int = Field(1, ge=1, le=16, strict=True,

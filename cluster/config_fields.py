@@ -9,7 +9,8 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from cluster.config_errors import shown
 from fleet.runners import BUILTIN, builtin_command
@@ -201,8 +202,9 @@ class SandboxConfig(Strict):
     memory_mb: int = Field(512, strict=True, ge=64, le=65536, description="memory limit of each sandbox (its cgroup)")
     pids_max: int = Field(256, strict=True, ge=16, le=65536, description="process limit of each sandbox (its cgroup)")
     cpu_shares: int = Field(256, strict=True, ge=2, le=262144, description="cgroup cpu.shares of each sandbox")
-    cpu_cores: float = Field(1.0, ge=0.01, le=256, description="CPU quota of each sandbox, in cores (at least 0.01: "
-                                                                 "the kernel's smallest quota is 1 ms per 100 ms)")
+    cpu_cores: float = Field(1.0, strict=True, ge=0.01, le=256,
+                             description="CPU quota of each sandbox, in cores (at least 0.01: the kernel's smallest "
+                                         "quota is 1 ms per 100 ms)")
     disk: Literal["wipe", "keep", "move", "lose-unsynced", "torn"] = Field(
         "wipe", description="what an interruption leaves of the task's disk (its workspace and HOME): wipe = the next "
                             "attempt starts on a fresh one (a new machine); keep = on the same one, everything "
@@ -332,9 +334,10 @@ class HealthConfig(Strict):
     (Ray actors: the ledger, the sandbox hosts). Larger values wait longer on a loaded machine before calling a part
     hung; smaller ones end a hung wave sooner."""
 
-    answer_s: float = Field(3.0, gt=0, le=600, description="a service's answer to one probe (HTTP or docker ping)")
+    answer_s: float = Field(3.0, strict=True, gt=0, le=600,
+                            description="a service's answer to one probe (HTTP or docker ping)")
     strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered service probes in a row")
-    actor_timeout_s: float = Field(5.0, gt=0, le=600, description="an actor's answer to one ping")
+    actor_timeout_s: float = Field(5.0, strict=True, gt=0, le=600, description="an actor's answer to one ping")
     actor_strikes: int = Field(3, strict=True, ge=1, le=100, description="unanswered actor pings in a row")
 
 
@@ -366,15 +369,16 @@ class RequestTrigger(Strict):
 
 SPAN = {"allowed": "0 <= lo <= hi < 1e6"}  # a [lo, hi] of seconds (checked in FaultTiming._range; shown in the docs)
 COUNT_SPAN = {"allowed": "1 <= lo <= hi < 1e6"}  # a [lo, hi] of boundaries: the 1st is the first
+Span = tuple[StrictFloat, StrictFloat]  # a [lo, hi] of seconds: numbers only (`true` or "3" is refused, never cast)
 Count = tuple[StrictInt, StrictInt]  # a boundary's [lo, hi]: integers only (`true` or "3" is refused, never cast)
 DISK_BOUNDARIES = ("after_disk_writes", "after_disk_fsyncs", "after_disk_renames")  # counted by the lazy layer
 STRENGTH_FAULTS = ("ST1", "ST2", "ST3", "ST4", "ST5", "ST7", "ST8", "CR1", "DF1")
 
 
 class FaultTiming(Strict):
-    at_s: tuple[float, float] | None = Field(None, description="fire a seeded [lo, hi] s after the runner started",
+    at_s: Span | None = Field(None, description="fire a seeded [lo, hi] s after the runner started",
                                              json_schema_extra=SPAN)
-    window_s: tuple[float, float] | None = Field(
+    window_s: Span | None = Field(
         None, description="how long the fault lasts, seeded in [lo, hi] s (PK3: the drain's deadline; PK6: thaw "
                           "this long after the new attempt started; NP1: the cut)", json_schema_extra=SPAN)
     after_model_calls: Count | None = Field(
@@ -410,7 +414,7 @@ class FaultTiming(Strict):
     kills: int | None = Field(None, ge=1, le=50, strict=True,
                               description="PK1/PK5 at a boundary: K kills in one task, at K distinct seeded N in "
                                           "[lo, hi], one after the other; PK4: K attempts killed")
-    strength: float | None = Field(None, gt=0, le=1e6, description=(
+    strength: float | None = Field(None, strict=True, gt=0, le=1e6, description=(
         "one knob per fault, for campaigns: ST1/ST5 window seconds, ST2 added latency ms, ST3 error share "
         "(0-1), ST7 lag seconds, ST8 PUTs throttled, CR1 seconds the old key is still served"))
     hits: int | None = Field(None, ge=1, le=100000, strict=True,
@@ -420,7 +424,7 @@ class FaultTiming(Strict):
         None, description="PK3: 'abrupt' = the node's raylet and host die at once; 'drain' = a Ray drain with reason "
                           "PREEMPTION and a deadline (window_s), a notice to every sandbox there, then the loss; "
                           "default: seeded per task")
-    down_s: tuple[float, float] | None = Field(
+    down_s: Span | None = Field(
         None, description="PK3: the lost node comes back (a new Ray node with the same name) a seeded [lo, hi] s "
                           "later; default [2, 6]", json_schema_extra=SPAN)
     fencing: bool | None = Field(

@@ -231,3 +231,22 @@ def test_a_sandbox_integer_field_takes_integers_only(field, value):
     """`workspace_mb: true` was taken as 1, and "64" as 64."""
     got = _err({"sandbox": {field: value}})
     assert f"field `sandbox.{field}`" in got and "integer" in got, got
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"deadline_s": True}, "deadline_s"), ({"liveness_s": "30"}, "liveness_s"), ({"lease_ttl_s": True}, "lease_ttl_s"),
+    ({"sandbox": {"cpu_cores": True}}, "sandbox.cpu_cores"), ({"health": {"answer_s": "3"}}, "health.answer_s"),
+    ({"health": {"actor_timeout_s": True}}, "health.actor_timeout_s"),
+    ({"faults": ["PK1"], "fault_timing": {"PK1": {"at_s": [True, "2"]}}}, "fault_timing.PK1.at_s"),
+    ({"faults": ["ST1"], "fault_timing": {"ST1": {"strength": True}}}, "fault_timing.ST1.strength"),
+])
+def test_a_number_field_takes_numbers_only(data, field):
+    """`deadline_s: true` was taken as 1.0, and "30" as 30.0; an integer still counts as a number of seconds."""
+    got = _err(data)
+    assert f"field `{field}" in got and "number" in got, got
+
+
+def test_a_number_field_still_takes_an_integer():
+    cfg = build_config({"deadline_s": 60, "sandbox": {"cpu_cores": 2}, "faults": ["PK1"],
+                        "fault_timing": {"PK1": {"at_s": [1, 2]}}})
+    assert cfg.deadline_s == 60.0 and cfg.sandbox.cpu_cores == 2.0 and cfg.fault_timing["PK1"].at_s == (1.0, 2.0)
