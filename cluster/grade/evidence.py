@@ -230,7 +230,7 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
         except (OSError, ValueError) as exc:
             tail = [f"(not read: {exc})"]
         out.append(f"==> {p.parent.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
-    put(results.EVIDENCE_RUNNER_LOGS, "".join(out))
+    put(results.EVIDENCE_RUNNER_LOGS, results.terminal_safe("".join(out)))  # `cat` of it is safe (runner.log is raw)
 
 
 def redact_runner_logs(out: results.ResultsDir, values) -> int:

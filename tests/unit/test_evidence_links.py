@@ -135,3 +135,16 @@ def test_an_artifact_is_never_read_through_a_linked_directory(tmp_path):
     link_root = tmp_path / "latest"  # the wave's folder itself reached through a link (results/latest) is fine
     link_root.symlink_to(tmp_path / "w")
     assert read_artifact(link_root / "artifacts" / "t001")[0]["README.md"] == b"r\n"
+
+
+def test_the_evidence_log_tail_holds_no_raw_control_byte(tmp_path):
+    """The review's L4: evidence/<task>/runner-logs.txt kept a runner's ESC and BEL bytes raw (36-42 a file), so a
+    `cat` of the evidence ran the runner's terminal escapes. The tail is escaped as SUMMARY.md is."""
+    d = tmp_path / "w"
+    logs = d / results.SANDBOXES / "t000-a1"
+    logs.mkdir(parents=True)
+    (logs / results.RUNNER_LOG).write_bytes(b"step 1\n\x1b]0;PWNED\x07\x1b[2J\x9b31m done\n")
+    write_evidence(d, {"task_id": "t000"}, _h())
+    got = (results.ResultsDir(d).evidence("t000") / results.EVIDENCE_RUNNER_LOGS).read_text()
+    assert "step 1" in got and "PWNED" in got and "\\x1b" in got, got
+    assert not any(c in got for c in "\x1b\x07\x9b"), repr(got)
