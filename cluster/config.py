@@ -17,7 +17,7 @@ from cluster.config_fields import (CONTRACT_VARS, DISK_BOUNDARIES, REDACTED, S3_
                                    ConfigError, FaultTiming, GatewayConfig, HealthConfig, ModelConfig, RequestTrigger,
                                    RunnerSpec, SandboxConfig, StoreConfig, Strict, VolatilePath, WorkloadConfig,
                                    parse_runner, resolve_runner)
-from cluster.config_errors import format_error
+from cluster.config_errors import format_error, is_config_name, shown
 from cluster.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_yaml, yaml_problem  # noqa: F401
 from faults.base import CATALOG
 from fleet.workloads import WORKLOADS
@@ -264,7 +264,8 @@ class WaveConfig(Strict):
     def _timing(cls, v: dict):
         bad = [f for f in v if f not in CATALOG]
         if bad:
-            raise ValueError(f"unknown fault id {bad[0]!r}; valid fault ids: {', '.join(sorted(CATALOG))}")
+            shown_id = repr(bad[0]) if is_config_name(bad[0]) else "(a key that is not a config name, not shown)"
+            raise ValueError(f"unknown fault id {shown_id}; valid fault ids: {', '.join(sorted(CATALOG))}")
         for fid, t in v.items():
             boundary = [k for k in ("after_model_calls", "after_effects", "after_store_writes", "at_request")
                         if getattr(t, k)]
@@ -412,7 +413,10 @@ def _timing_of_listed_faults(data: dict, source: str) -> None:
     items = faults.split(",") if isinstance(faults, str) else faults if isinstance(faults, list) else []
     listed = {f.strip() for item in items for f in str(item).split("+")}
     for fid in timing:
+        if fid not in listed and not is_config_name(fid):  # a line of a file that is no config: never shown
+            raise ConfigError(f"invalid wave config ({source}):\n  fault_timing: a key that is not a config name "
+                              f"(not shown); its keys are fault ids (docs/reference/faults.md)")
         if fid not in listed:
             raise ConfigError(f"invalid wave config ({source}):\n  field `fault_timing.{fid}`: value "
-                              f"{timing[fid]!r}: times a fault the wave does not run; `faults` lists "
-                              f"{sorted(listed) or 'none'}: add {fid} to `faults`, or drop its timing")
+                              f"{shown(timing[fid], ('fault_timing', fid))}: times a fault the wave does not run; "
+                              f"`faults` lists {sorted(listed) or 'none'}: add {fid} to `faults`, or drop its timing")

@@ -115,11 +115,16 @@ def shown(value, path: tuple = (), unknown: bool = False) -> str:
 
 
 def _loc(path: tuple) -> str:
-    """A field's path for the message: a part that is not a plain name (a mapping's key with '=', a space or a
-    control character) is quoted, so what it holds is seen and never printed raw."""
-    return ".".join(str(p) if isinstance(p, int) or re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else
-                    repr(p) if len(repr(p)) <= 40 else f"(a key of {len(str(p))} characters, not shown)"
-                    for p in path) or "(top level)"
+    """A field's path for the message: a part that is not a plain name is not shown (it may be a line of a file that
+    is no config), except a runner.env variable's name, quoted so what it holds is seen and never printed raw."""
+    def part(i: int, p) -> str:
+        if isinstance(p, int) or re.fullmatch(r"[A-Za-z0-9_-]+", str(p)):
+            return str(p)
+        if i and path[i - 1] == "env" and len(repr(p)) <= 40:  # a variable's name is the user's to choose
+            return repr(p)
+        return "(a key that is not a config name, not shown)"  # a line of a file that is no config, perhaps
+
+    return ".".join(part(i, p) for i, p in enumerate(path)) or "(top level)"
 
 
 def _path_in_message(msg: str, root: type[BaseModel]) -> tuple | None:

@@ -250,3 +250,16 @@ def test_a_number_field_still_takes_an_integer():
     cfg = build_config({"deadline_s": 60, "sandbox": {"cpu_cores": 2}, "faults": ["PK1"],
                         "fault_timing": {"PK1": {"at_s": [1, 2]}}})
     assert cfg.deadline_s == 60.0 and cfg.sandbox.cpu_cores == 2.0 and cfg.fault_timing["PK1"].at_s == (1.0, 2.0)
+
+
+def test_timing_of_an_unlisted_fault_never_echoes_its_mapping_or_an_odd_key(tmp_path):
+    got = _load_err(tmp_path, "faults: [PK1]\nfault_timing: {ST1: {window: hunter2-window-name}}\n")
+    assert "field `fault_timing.ST1`: value (a mapping of 1 key, not shown)" in got and "hunter2" not in got, got
+    got = _load_err(tmp_path, "faults: [PK1]\nfault_timing: {'root:$6$x$y': 1}\n")
+    assert "$6$x" not in got and "not a config name" in got, got
+
+
+@pytest.mark.parametrize("value", [1, {"a": 1}, {"at_s": "x"}])
+def test_a_fault_timing_key_that_is_no_config_name_is_not_shown_in_a_path(value):
+    got = _err({"fault_timing": {"root:$6$x$y:1900": value}})
+    assert "$6$x" not in got and "fault_timing.(a key that is not a config name, not shown)" in got, got
