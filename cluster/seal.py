@@ -178,6 +178,8 @@ def digests(d: Path) -> dict[str, str]:
     return {name: _digest(p, st) for name, p, st in _entries(d)}
 
 
+QUICK_HASHED_BYTES = 1 << 20  # a `quick` check still hashes the top level's files up to this size
+
 PREV_MANIFEST, PREV_SEAL = "MANIFEST.prev.json", "SEAL.prev.json"  # the seal a folder failed, kept by `reseal`
 
 
@@ -230,8 +232,9 @@ def verify(d: str | Path, public_key: str | None = None, quick: bool = False) ->
     """Check the seal, the folder's name and every file: {"ok", "fingerprint", "changed", "added", "missing",
     "renamed_from" (the name the folder was sealed as, when it is now another: None else), "now_as"}. SealError
     when the manifest or the seal is missing, damaged or foreign (or not signed by `public_key`, when given).
-    `quick`: a regular file of its sealed size is taken as sealed unread (the signature, the names, each entry's
-    kind and size are still checked): what `serve` asks of every wave on every listing."""
+    `quick`: a file below the top level, or a big one, of its sealed size is taken as sealed unread (the signature,
+    the names, each entry's kind and size are still checked; the top level's small files, the verdict, plan and
+    grades a listing shows, are hashed): what `serve` asks of every wave."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -292,7 +295,8 @@ def verify(d: str | Path, public_key: str | None = None, quick: bool = False) ->
         regular = not str(listed[name]).startswith("<")
         if isinstance(want, int) and st is not None and st.st_size != want and regular:
             changed.append(name)
-        elif quick and regular and st is not None and stat.S_ISREG(st.st_mode) and st.st_size == want:
+        elif (quick and regular and st is not None and stat.S_ISREG(st.st_mode) and st.st_size == want
+              and ("/" in name or want > QUICK_HASHED_BYTES)):
             continue
         elif _digest(p, st) != listed[name]:
             changed.append(name)

@@ -228,3 +228,20 @@ def test_a_directory_where_a_task_page_goes_is_exit_2_named(wave):
     assert code == 2 and "t000.html: a directory stands where this file goes" in out, out
     assert "web report not written" in (wave / results.SUMMARY).read_text()
     assert page.is_dir() and not verify(wave)["ok"]
+
+
+def test_serve_sees_a_same_size_edit_of_the_verdict_it_lists(wave):
+    """The review's L1: verdict.json edited from "not_applied" to "pass" padded to the same size was listed as pass
+    (the quick check compared sizes only). The top level's small files, what a row is made of, are hashed."""
+    _cli("grade", "--reseal", wave)
+    v = wave / results.VERDICT
+    raw = v.read_bytes()
+    was = orjson.loads(raw)["verdict"]
+    assert was != "pass"
+    forged = raw.replace(f'"verdict":"{was}"'.encode(), b'"verdict":"pass"' + b" " * (len(was) - 4), 1)
+    if forged == raw:
+        forged = raw.replace(f'"verdict": "{was}"'.encode(), b'"verdict": "pass"' + b" " * (len(was) - 4), 1)
+    assert forged != raw and len(forged) == len(raw)
+    v.write_bytes(forged)
+    row = _row(wave.parent)
+    assert row["verdict"] == "fails its seal" and any("verdict.json" in p for p in row["problems"]), row
