@@ -10,9 +10,9 @@ files (its index.html, task pages, timeline.png), never a path outside the wave'
 
 Each wave's row comes from its `verdict.json` (written with SUMMARY.md), else from its `<task>.grade.json` files; a
 damaged file is named on the row (file and line) and the rest still renders. Each wave's seal is checked when its top
-level changes, else once a minute (quick: the signature, the folder's name, each file's kind and size; `sandfleet
-verify` hashes every file): a wave that fails its seal is listed as `fails its seal`, naming what changed, its tasks
-left out of the trends; one with no seal is noted so.
+level changes, else once a minute (quick: the signature, the folder's name, each file's kind and size, the top
+level's small files hashed; `sandfleet verify` hashes every file): a wave that fails its seal is listed as `fails
+its seal`, naming what changed, its tasks left out of the trends; one with no seal is noted so.
 
 Safe to look at: only the generated pages (a wave's `index.html` and `pages/*.html`, cluster/htmlreport.py) go out as
 HTML, under a CSP that runs only our own inline scripts (by hash). Everything else in a wave's directory (artifacts,
