@@ -44,14 +44,24 @@ def format_error(err: ValidationError, source: str, root: type[BaseModel]) -> st
             lines.append(f"  field `{_loc(path)}`: value {shown(value, path, unknown=True)}: {msg}")
             continue
         if e["type"] == "missing":  # its input is the parent mapping (a whole file that is no config): never shown
-            lines.append(f"  field `{_loc(path)}`: value (not given): {mask_urls(msg)}")
+            lines.append(f"  field `{_loc(path)}`: value (not given): {_bounded(msg)}")
             continue
         lines.append(_line(path, value, msg))
     return "\n".join(lines)
 
 
 def _line(path: tuple, value, msg: str) -> str:
-    return f"  field `{_loc(path)}`: value {shown(value, path)}: {mask_urls(msg)}"
+    return f"  field `{_loc(path)}`: value {shown(value, path)}: {_bounded(msg)}"
+
+
+_LONG_QUOTE = re.compile(r"'[^'\n]{80,}'|\"[^\"\n]{80,}\"")
+
+
+def _bounded(msg: str) -> str:
+    """A check's message with URL passwords masked and each long quoted value cut to its start (a check quotes the
+    value it refused: `unknown fault id 'ZZZ...'`), at most 1000 characters."""
+    msg = _LONG_QUOTE.sub(lambda m: f"{m.group(0)[:60]}... ({len(m.group(0)) - 2} characters)", mask_urls(msg))
+    return msg if len(msg) <= 1000 else msg[:1000] + "..."
 
 
 SHOWN = 200  # characters of a value's repr an error quotes: enough to name it, never a file's contents

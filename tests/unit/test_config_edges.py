@@ -263,3 +263,11 @@ def test_timing_of_an_unlisted_fault_never_echoes_its_mapping_or_an_odd_key(tmp_
 def test_a_fault_timing_key_that_is_no_config_name_is_not_shown_in_a_path(value):
     got = _err({"fault_timing": {"root:$6$x$y:1900": value}})
     assert "$6$x" not in got and "fault_timing.(a key that is not a config name, not shown)" in got, got
+
+
+@pytest.mark.parametrize("data", [{"faults": "PK1," + "x" * 5000}, {"faults": ["Z" * 5000]},
+                                  {"workload": {"name": "w" * 5000}}, {"runner": {"command": "p" * 5000}}])
+def test_a_check_message_quotes_at_most_a_bounded_part_of_a_value(data):
+    """A check's own message quoted the value whole (`unknown fault id 'ZZZ...'`, 5,000 characters of it)."""
+    got = _err(data)
+    assert len(got) < 1_500 and "characters" in got, (len(got), got[:300])
