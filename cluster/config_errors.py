@@ -54,7 +54,8 @@ def _line(path: tuple, value, msg: str) -> str:
     return f"  field `{_loc(path)}`: value {shown(value, path)}: {_bounded(msg)}"
 
 
-_LONG_QUOTE = re.compile(r"'[^'\n]{80,}'|\"[^\"\n]{80,}\"")
+# a quoted literal opens after a non-word (never a closing quote's tail to the next opening: `'a': ... 'b'`)
+_LONG_QUOTE = re.compile(r"(?<![\w'\"])'[^'\n]{80,}'(?!\w)|(?<![\w'\"])\"[^\"\n]{80,}\"(?!\w)")
 
 
 def _bounded(msg: str) -> str:

@@ -271,3 +271,13 @@ def test_a_check_message_quotes_at_most_a_bounded_part_of_a_value(data):
     """A check's own message quoted the value whole (`unknown fault id 'ZZZ...'`, 5,000 characters of it)."""
     got = _err(data)
     assert len(got) < 1_500 and "characters" in got, (len(got), got[:300])
+
+
+def test_a_check_message_with_two_quoted_words_far_apart_is_kept_whole():
+    """81c1926 read the text between one quoted word's closing quote and the next one's opening as one long quoted
+    value and cut it: `nodes 1 with node_isolation 'namespaces': isolated nodes are ... m... (100 characters)` (the
+    isolated-nodes CLI test saw it). Only a literal that opens after a non-word is a quoted value."""
+    with pytest.raises(ConfigError) as e:
+        build_config({"tasks": 1, "nodes": 1, "node_isolation": "namespaces"})
+    assert "nodes 1 with node_isolation 'namespaces'" in str(e.value) and "nodes >= 2" in str(e.value), str(e.value)
+    assert "characters)" not in str(e.value)
