@@ -67,6 +67,28 @@ def test_fenced_attempt_is_killed_when_renewal_is_refused(tmp_path):
     asyncio.run(main())
 
 
+def test_a_lease_that_arrives_late_in_its_life_is_renewed_before_its_first_tick(tmp_path):
+    """Under load a lease reaches its host long after the driver acquired it (at 4,000 hollow sandboxes, 27 s into a
+    30 s TTL): the host renews it within FRESH_S of its arrival, not a quarter-TTL tick later (here 100 s)."""
+    async def main():
+        clock = Clock()
+        led = LeaseLedger(str(tmp_path / "l.db"), clock=clock)
+        be = FakeBackend()
+        host = SandboxHost("n0", be, LocalLedger(led))
+        lease = led.acquire("w/t0", "n0", "s1", 400)
+        clock.t = 390  # the attempt's key took that long to issue: 10 s of the lease are left when the host gets it
+        run = asyncio.create_task(host.run_attempt(spec("s1"), lease, 400))
+        await wait_for(lambda: host.renew_stats["renewed"] >= 1, "the late lease renewed", timeout_s=30)
+        assert led.get("w/t0", lease.fence)["expires_at"] == 390 + 400
+        assert host.renew_stats["ticks"] == 0 and host.renew_stats["fresh_batches"] >= 1
+        clock.t = 400  # past the lease's first expiry: it holds, since it was renewed
+        be.finish("w/s1", 0)
+        out = await asyncio.wait_for(run, 5)
+        assert out.exit_code == 0 and not out.killed_by, out
+        assert led.get("w/t0", lease.fence)["state"] == "active"  # the host does not release: the driver does
+    asyncio.run(main())
+
+
 class LateAnswerLedger:
     """A LocalLedger whose first `renew_many` is applied at once but answered only after the host gave up
     waiting for it (a ledger busy with 1,000 sandboxes' renewals)."""
