@@ -3,6 +3,11 @@ the wave's checks, an interactive timeline with one lane per task grouped by nod
 tasks table filterable by verdict, fault and check) and one page per task under `pages/` (its attempts and why each
 ended, its faults' receipts, every check with its reason, the redacted log tails, the replay command).
 
+A wave of more than `FULL_REPORT_TASKS` tasks (issue 45: 10,000 of them) keeps its report small: only the tasks that
+did not pass get a lane (at most `LANES_MAX`) and a page (at most `PAGE_BYTES_MAX` of them), the worst first; the
+index counts every task and verdict, says how many have no lane or page and where their files are, and its tasks
+table still has a row per task.
+
 Self-contained: inline CSS, SVG and a few lines of JS; no network. Everything a runner could have written (its
 log, a check's detail quoting it) is escaped, and each page carries a CSP that runs only our own scripts (by hash).
 """
@@ -27,6 +32,10 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}t
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:320px}code{background:#f3f3f3;padding:1px 4px}
 svg text{font:11px system-ui,sans-serif}"""
 LANE, LEFT, WIDTH = 18, 150, 900
+FULL_REPORT_TASKS = 1000  # up to this many tasks, every task has its lane and its page
+LANES_MAX = 1000  # above FULL_REPORT_TASKS: at most this many lanes (~0.5 KiB each), of tasks that did not pass
+PAGE_BYTES_MAX = 6 * 2**20  # above FULL_REPORT_TASKS: the pages of tasks that did not pass, worst first, up to this
+RANK = {FAIL: 0, UNKNOWN: 1, NOT_APPLIED: 2}  # the order lanes are kept in past the cap (no grade: as unknown)
 
 
 def esc(x) -> str:
@@ -63,15 +72,17 @@ def badge(v: str) -> str:
     return f"<span class='v {esc(v)}'>{esc(v)}</span>"
 
 
-def timeline_svg(events: list[dict]) -> str:
+def timeline_svg(events: list[dict], only: set[str] | None = None) -> str:
     """One lane per task, grouped by the node its first attempt ran on: attempts as bars (green: exit 0, red:
     killed or failed), applied faults as triangles, fault windows as lines, node losses and harness faults as
-    vertical lines; hovering any of them shows what it was (its <title>)."""
+    vertical lines; hovering any of them shows what it was (its <title>). `only`: the tasks that get a lane (the
+    others' marks are left out too); None: every task."""
     starts = {(e["task"], e["attempt"]): e for e in events if e["event"] == "attempt_start"}
     node_of: dict[str, str] = {}
     for (tid, _), e in sorted(starts.items(), key=lambda kv: kv[1]["t"]):
         node_of.setdefault(tid, e.get("node") or "node-0")
-    tasks = sorted({e["task"] for e in events if e.get("task")}, key=lambda t: (node_of.get(t, "~"), t))
+    tasks = sorted({e["task"] for e in events if e.get("task") and (only is None or e["task"] in only)},
+                   key=lambda t: (node_of.get(t, "~"), t))
     t_end = max([e["t"] for e in events] + [1.0])
     x = lambda t: LEFT + (t / t_end) * WIDTH  # noqa: E731
     row = {t: i for i, t in enumerate(tasks)}
@@ -126,15 +137,21 @@ def _matrix(grades: list[dict]) -> str:
     return f"<table id=matrix><tr><th>fault</th>{head}</tr>{rows}</table>"
 
 
-def _tasks_table(grades: list[dict]) -> str:
+def _tasks_table(grades: list[dict], paged: set[str] | None = None) -> str:
+    """Every task, a row each, filterable; `paged`: the tasks that have a page (None: every task); the others' rows
+    say so (one that did not pass, where its evidence is), their id not linked."""
     rows = []
     for g in grades:
+        tid = g["task_id"]
+        name = (f"<a href='{results.PAGES}/{esc(tid)}.html'>{esc(tid)}</a>" if paged is None or tid in paged
+                else f"{esc(tid)} <i>no page: {esc(tid)}{results.GRADE_SUFFIX}</i>" if g["verdict"] == PASS
+                else f"{esc(tid)} <i>no page: {results.EVIDENCE}/{esc(tid)}/</i>")
         bad = [k for k, c in g["checks"].items() if c["verdict"] != PASS]
         faults = "+".join(g["faults"]) or "none"
         bad_txt = ", ".join(f"{k}={g['checks'][k]['verdict']}" for k in bad) or "-"
         rows.append(f"<tr data-verdict='{esc(g['verdict'])}' data-fault='{esc(faults)}' "
                     f"data-checks='{esc(' '.join(bad))}'>"
-                    f"<td><a href='{results.PAGES}/{esc(g['task_id'])}.html'>{esc(g['task_id'])}</a></td>"
+                    f"<td>{name}</td>"
                     f"<td>{esc(faults)}</td><td>{g['attempts']}</td><td>{badge(g['verdict'])}</td>"
                     f"<td>{esc(bad_txt)}</td></tr>")
     verdicts = "".join(f"<option>{esc(v)}</option>" for v in VERDICTS)
@@ -196,8 +213,47 @@ def _or_note(what: str, fn, *args) -> str:
         return f"<p class=note>({esc(what)} not drawn: {esc(type(exc).__name__)}: {esc(str(exc)[:200])})</p>"
 
 
+def _worst_first(tids, verdict_of: dict) -> list[str]:
+    """Tasks that did not pass in the order a large wave keeps their lanes and pages: fail, unknown (or no grade),
+    not_applied, then by id."""
+    return sorted(tids, key=lambda t: (RANK.get(verdict_of.get(t, UNKNOWN), 1), t))
+
+
+def _left_out_note(verdict_of: dict, lanes: set, lanes_wanted: list, paged: set, wanted: list, evidence: str) -> str:
+    """The index's paragraph of a large wave: every task and verdict counted, then what has no lane or page, how
+    many, and where its files are."""
+    counts = Counter(verdict_of.values())
+    said = ", ".join(f"{counts[v]:,} {esc(v)}" for v in VERDICTS) + "".join(
+        f", {n:,} {esc(v)}" for v, n in sorted(counts.items()) if v not in VERDICTS)
+    passed = len(verdict_of) - len(wanted)
+    ungraded = len(set(lanes_wanted) - set(verdict_of))
+    if ungraded:
+        said += f"; {ungraded:,} more in the timeline have no grade (drawn as unknown)"
+
+    def by_verdict(tids) -> str:
+        return ", ".join(f"{n:,} {esc(v)}" for v, n in sorted(Counter(verdict_of.get(t, "not graded")
+                                                                      for t in tids).items()))
+
+    no_lane = [t for t in lanes_wanted if t not in lanes]
+    no_page = [t for t in wanted if t not in paged]
+    capped = (f" Of the tasks that did not pass, {len(no_lane):,} have no lane (at most {LANES_MAX:,} lanes, "
+              f"the worst first: {by_verdict(no_lane)})." if no_lane else "")
+    capped += (f" Of the tasks that did not pass, {len(no_page):,} have no page (at most "
+               f"{PAGE_BYTES_MAX / 2**20:.0f} MiB of pages, the worst first: {by_verdict(no_page)}); their rows "
+               f"below say so, and each one's evidence (its grade, attempts, runner log tails) is in "
+               f"<code>{esc(evidence)}/&lt;task&gt;/</code>." if no_page else "")
+    return (f"<p id=left-out>{len(verdict_of):,} tasks: {said}. A wave of more than {FULL_REPORT_TASKS:,} tasks: "
+            f"only the tasks that did not pass have a lane in the timeline ({len(lanes):,} lanes) and a page "
+            f"({len(paged):,} pages); the {passed:,} tasks that passed have neither.{capped} Every task is in "
+            f"the tables below and every event in <code>{results.TIMELINE}</code>; a passing task's grade (every "
+            f"check and its reason) is in <code>&lt;task&gt;{results.GRADE_SUFFIX}</code>, its runner logs in "
+            f"<code>{results.SANDBOXES}/&lt;task&gt;-a&lt;attempt&gt;/{results.RUNNER_LOG}</code>.</p>")
+
+
 def write_html(d: Path, result: dict) -> Path:
-    """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path."""
+    """`index.html` and `pages/<task>.html` of the wave in `d`; returns the index's path. A wave of more than
+    `FULL_REPORT_TASKS` tasks: lanes and pages only for the tasks that did not pass, worst first, at most
+    `LANES_MAX` lanes and `PAGE_BYTES_MAX` of pages, every one left out counted in the index."""
     d = Path(d)
     events = results.read_jsonl(d / results.TIMELINE)
     # as the grader reads them: one that cannot be true is shown unknown, why in its detail (a damaged file, and the
@@ -206,20 +262,45 @@ def write_html(d: Path, result: dict) -> Path:
     if isinstance(result.get("plan"), dict):
         receipts = checked_receipts(receipts, result["plan"], events)[0]
     grades = result["tasks"] + result.get("references", [])
+    verdict_of = {g["task_id"]: g["verdict"] for g in grades}
+    in_timeline = {e["task"] for e in events if e.get("task")}
+    large = len(set(verdict_of) | in_timeline) > FULL_REPORT_TASKS
+    by_task: dict[str, list[dict]] = defaultdict(list)  # (each page reads its own task's records, not the wave's)
+    for e in events:
+        if e.get("task"):
+            by_task[e["task"]].append(e)
+    receipts_of: dict[str, list[dict]] = defaultdict(list)
+    for r in receipts:
+        receipts_of[r.get("task_id")].append(r)
+    grade_of = {g["task_id"]: g for g in grades}
+    wanted = _worst_first([t for t, v in verdict_of.items() if v != PASS], verdict_of) if large else list(grade_of)
+    pages = results.own_dir(d, results.PAGES)  # (a link left in its place is never written through)
+    paged: set[str] = set()
+    spent = 0
+    for tid in wanted:
+        page = _or_note("this task's page", task_page, d, grade_of[tid], by_task.get(tid, []), receipts_of.get(tid, []))
+        spent += len(page.encode())
+        if large and spent > PAGE_BYTES_MAX:
+            break
+        results.write_stored(pages / f"{tid}.html", page)
+        paged.add(tid)
+    note, lanes = "", None
+    if large:
+        lanes_wanted = _worst_first([t for t in in_timeline if verdict_of.get(t) != PASS], verdict_of)
+        lanes = set(lanes_wanted[:LANES_MAX])
+        note = _left_out_note(verdict_of, lanes, lanes_wanted, paged, wanted, results.EVIDENCE)
     checks = "".join(f"<tr><td>{esc(k)}</td><td>{badge(v)}</td></tr>" for k, v in result["wave_checks"].items())
     errors = "".join(f"<li>{esc(x)}</li>" for x in (result.get("harness_errors") or []) + (result.get("runner_failures")
                                                                                           or []))
     body = (f"<h1>Wave {esc(result['wave_id'])}: {badge(result['verdict'])}</h1>"
             + (f"<ul id=errors>{errors}</ul>" if errors else "")
             + f"<h2>Wave checks</h2><table id=wave-checks>{checks}</table><h2>Timeline</h2>"
-            f"<p>hover an attempt, a fault or a line to see what it was</p>{_or_note('timeline', timeline_svg, events)}"
-            f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>{_tasks_table(grades)}"
+            f"{note}<p>hover an attempt, a fault or a line to see what it was</p>"
+            f"{_or_note('timeline', timeline_svg, events, lanes)}"
+            f"<h2>Fault &times; outcome</h2>{_matrix(result['tasks'])}<h2>Tasks</h2>"
+            f"{_tasks_table(grades, paged if large else None)}"
             f"<p>Replay one task: <code>sandfleet wave replay {esc(d)}/&lt;task&gt;</code>; the summary: "
             f"<a href='{results.SUMMARY}'>{results.SUMMARY}</a></p>")
-    pages = results.own_dir(d, results.PAGES)  # (a link left in its place is never written through)
-    for g in grades:
-        results.write_stored(pages / f"{g['task_id']}.html",
-                             _or_note("this task's page", task_page, d, g, events, receipts))
     out = d / results.INDEX_HTML
     results.write_stored(out, _page(f"wave {result['wave_id']}", body, FILTER_JS))
     return out

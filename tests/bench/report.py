@@ -33,7 +33,9 @@ CHECKS = ["completed", "artifact_matches_reference", "no_double_apply", "no_torn
           "no_outliving_process", "attempt_budget", "no_lost_progress"]
 
 
-def _wave(d: Path, n: int) -> dict:
+def _wave(d: Path, n: int, fail_every: int = 17, log_bytes: int = 0) -> dict:
+    """The files of an `n`-task wave as a real one writes them, one task in `fail_every` failing (with `log_bytes`
+    of runner log tails in its evidence), and the wave's result as the grader returns it."""
     d.mkdir(parents=True)
     events, receipts, grades = [{"t": 0.0, "event": "wave_start"}], [], []
     for i in range(n):
@@ -49,7 +51,11 @@ def _wave(d: Path, n: int) -> dict:
                    {"t": t0 + 1.6, "event": "task_end", "task": tid}]
         receipts.append({"instance": f"{tid}-PK1", "task_id": tid, "status": "applied",
                          "detail": "SIGKILL after the runner's 3rd model answer"})
-        verdict = "fail" if i % 17 == 0 else "pass"
+        verdict = "fail" if i % fail_every == 0 else "pass"
+        if verdict != "pass" and log_bytes:
+            (d / "evidence" / tid).mkdir(parents=True)
+            line = f"==> {tid}-a2 step 7: model answered, applying the patch to repo/src/app.py\n"
+            (d / "evidence" / tid / "runner-logs.txt").write_text(line * (log_bytes // len(line)))
         grades.append({"task_id": tid, "verdict": verdict, "faults": ["PK1"], "seed": i, "runner": "durable",
                        "attempts": 2, "checks": {c: {"verdict": "pass" if c != "no_double_apply" or verdict == "pass"
                                                      else "fail", "detail": f"{c}: what was looked at, and why"}
@@ -80,15 +86,16 @@ def _browser_load(index: Path, work: Path) -> tuple[bool, float, str]:
     return ok, wall, "" if ok else f"exit {p.returncode}: {p.stderr.strip()[-200:]}"
 
 
-def bench_html(rows: list, n: int = 1000, browser: bool = False) -> None:
-    """The report of an `n`-task wave: wall time of `write_html`, the size of index.html and of every page; with
-    `browser`, the index loaded in headless Chromium (a row saying why not when chromium is not installed)."""
+def bench_html(rows: list, n: int = 1000, browser: bool = False, fail_every: int = 17, log_bytes: int = 0) -> None:
+    """The report of an `n`-task wave (`_wave`): wall time of `write_html`, the size of index.html and of every
+    page; with `browser`, the index loaded in headless Chromium (a row saying why not when chromium is not
+    installed)."""
     from cluster.htmlreport import write_html
 
     root = Path(tempfile.mkdtemp(prefix="sfbench-report-"))
     try:
         d = root / "w-bench"
-        result = _wave(d, n)
+        result = _wave(d, n, fail_every, log_bytes)
         bad = sum(1 for g in result["tasks"] if g["verdict"] != "pass")
         t = time.perf_counter()
         index = write_html(d, result)
@@ -97,7 +104,8 @@ def bench_html(rows: list, n: int = 1000, browser: bool = False) -> None:
         pages = [p for p in (d / "pages").rglob("*") if p.is_file()]
         pages_size = sum(p.stat().st_size for p in pages)
         total = (size + pages_size) / 2**20
-        rows.append((f"index.html + task pages of a {n:,}-task wave ({bad:,} not passed; 2 attempts, 1 receipt, "
+        logs = f", {log_bytes // 1024} KiB of log tails each" if log_bytes else ""
+        rows.append((f"index.html + task pages of a {n:,}-task wave ({bad:,} not passed{logs}; 2 attempts, 1 receipt, "
                      f"{len(CHECKS)} checks each)", f"{wall:.2f} s",
                      f"index {size / 2**20:.2f} MiB + {len(pages):,} pages {pages_size / 2**20:.2f} MiB = "
                      f"{total:.2f} MiB", "goal: under 10 MiB at 10,000 tasks (issue 45)"))
@@ -232,6 +240,7 @@ def main() -> None:
     rows: list = []
     bench_html(rows, 1000)
     bench_html(rows, 10_000, browser=True)
+    bench_html(rows, 10_000, fail_every=1, log_bytes=4096)  # the worst case: every task failed, with its log tails
     bench_serve(rows)
     bench_serve_bounds(rows)
     write_section(MARK, "Reports (issue 21)", "Produced by `python -m tests.bench.report` (part of `make bench`)",
