@@ -9,6 +9,7 @@ running anything.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sys
 import time
@@ -43,6 +44,9 @@ from faults.base import CATALOG
 from fleet.host import WaveHosts
 from fleet.lifecycle import TASK_ENDED, TaskState
 from fleet.records import HarnessFault, PlannedTask
+
+
+WAVE_THREADS = 256  # the wave loop's thread pool (asyncio.to_thread): store keys, credential files, revokes
 
 
 class WaveRun:
@@ -221,6 +225,10 @@ class WaveRun:
         # has none) takes a slot of its own beside them, so it runs alongside its task rather than before it
         # (not in a wave with a fault that takes a node: a node is never lost under a reference, so there the
         # references run first, in the tasks' slots)
+        # attempt keys, credential files and revokes run in threads that mostly wait on the store: the loop's
+        # default pool (cores + 4 threads) queued attempt keys ~30 s at 4,000 sandboxes, past their leases' TTL
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=WAVE_THREADS, thread_name_prefix="sf-wave"))
         sem = asyncio.Semaphore(self.cfg.concurrency)
         beside = not any(getattr(CATALOG[f["fault_id"]], "takes_node", False)
                          for t in self.plan["tasks"] for f in t["faults"])

@@ -162,6 +162,47 @@ def test_attempt_keys_are_scoped_to_their_prefix_and_dead_after_revoke(tmp_path)
         store.stop()
 
 
+def test_keys_issued_and_revoked_at_once_are_live_and_dead_when_each_call_returns(tmp_path):
+    """Many attempts' keys change together (one write, one reload, one canary probe for all of them): each key
+    works when its issue returns and is refused when its revoke returns, whichever write carried it."""
+    import concurrent.futures
+
+    from storage.keys import ScopedKeys, _Probe
+    from storage.store import EmbeddedStore
+
+    store = EmbeddedStore(tmp_path / "keys")
+    ep = store.start()
+    try:
+        ep.client().create_bucket(Bucket="bucket-keys")
+        keys = ScopedKeys(store, ep.creds)
+
+        def probe(creds, i):
+            p = _Probe(ep.url, ep.region, creds, "bucket-keys", f"w/t{i}/x")
+            try:
+                return p()
+            finally:
+                p.close()
+
+        def issue(i):
+            creds = keys.issue(f"a{i}", "bucket-keys", f"w/t{i}/")
+            return creds, probe(creds, i)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as ex:
+            issued = list(ex.map(issue, range(64)))
+        assert [r for _, r in issued] == ["ok"] * 64
+        assert keys.writes < 64 and keys.probes >= 1  # changes went out together, confirmed by the canary
+
+        def revoke(i):
+            assert keys.revoke(f"a{i}")
+            return probe(issued[i][0], i)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as ex:
+            assert list(ex.map(revoke, range(64))) == ["unknown"] * 64
+        assert len(keys.slots) == 64 and keys.canary["name"] not in {s["name"] for s in keys.slots}
+    finally:
+        store.stop()
+
+
 def _partial_put_then_full_put(url: str, ep, bucket: str, key: str) -> bytes:
     from storage.hazards import head_only_put_then_full_put
 
