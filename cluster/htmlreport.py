@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -35,6 +36,7 @@ LANE, LEFT, WIDTH = 18, 150, 900
 FULL_REPORT_TASKS = 1000  # up to this many tasks, every task has its lane and its page
 LANES_MAX = 1000  # above FULL_REPORT_TASKS: at most this many lanes (~0.5 KiB each), of tasks that did not pass
 PAGE_BYTES_MAX = 6 * 2**20  # above FULL_REPORT_TASKS: the pages of tasks that did not pass, worst first, up to this
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a task id `page_on_demand` looks up, nothing else
 RANK = {FAIL: 0, UNKNOWN: 1, NOT_APPLIED: 2}  # the order lanes are kept in past the cap (no grade: as unknown)
 
 
@@ -138,14 +140,15 @@ def _matrix(grades: list[dict]) -> str:
 
 
 def _tasks_table(grades: list[dict], paged: set[str] | None = None) -> str:
-    """Every task, a row each, filterable; `paged`: the tasks that have a page (None: every task); the others' rows
-    say so (one that did not pass, where its evidence is), their id not linked."""
+    """Every task, a row each, filterable, its id linked to its page; `paged`: the tasks that have a page file (None:
+    every task); the others' rows say so and where their files are (`sandfleet serve` renders their pages)."""
     rows = []
     for g in grades:
         tid = g["task_id"]
-        name = (f"<a href='{results.PAGES}/{esc(tid)}.html'>{esc(tid)}</a>" if paged is None or tid in paged
-                else f"{esc(tid)} <i>no page: {esc(tid)}{results.GRADE_SUFFIX}</i>" if g["verdict"] == PASS
-                else f"{esc(tid)} <i>no page: {results.EVIDENCE}/{esc(tid)}/</i>")
+        name = f"<a href='{results.PAGES}/{esc(tid)}.html'>{esc(tid)}</a>"
+        if paged is not None and tid not in paged:  # (`sandfleet serve` renders its page when asked)
+            name += (f" <i>no page file: {esc(tid)}{results.GRADE_SUFFIX}</i>" if g["verdict"] == PASS
+                     else f" <i>no page file: {results.EVIDENCE}/{esc(tid)}/</i>")
         bad = [k for k, c in g["checks"].items() if c["verdict"] != PASS]
         faults = "+".join(g["faults"]) or "none"
         bad_txt = ", ".join(f"{k}={g['checks'][k]['verdict']}" for k in bad) or "-"
@@ -247,7 +250,9 @@ def _left_out_note(verdict_of: dict, lanes: set, lanes_wanted: list, paged: set,
             f"({len(paged):,} pages); the {passed:,} tasks that passed have neither.{capped} Every task is in "
             f"the tables below and every event in <code>{results.TIMELINE}</code>; a passing task's grade (every "
             f"check and its reason) is in <code>&lt;task&gt;{results.GRADE_SUFFIX}</code>, its runner logs in "
-            f"<code>{results.SANDBOXES}/&lt;task&gt;-a&lt;attempt&gt;/{results.RUNNER_LOG}</code>.</p>")
+            f"<code>{results.SANDBOXES}/&lt;task&gt;-a&lt;attempt&gt;/{results.RUNNER_LOG}</code>. Through "
+            f"<code>sandfleet serve</code> every task's link opens its page, rendered from those files when asked; "
+            f"opened as a file, a link with no page file leads nowhere.</p>")
 
 
 def write_html(d: Path, result: dict) -> Path:
@@ -306,10 +311,37 @@ def write_html(d: Path, result: dict) -> Path:
     return out
 
 
+def page_on_demand(d: Path, tid: str) -> str | None:
+    """The page of task `tid` of the wave in `d` as `write_html` would write it, rendered from the wave's files:
+    for `sandfleet serve`, when a large wave's report left it out. None when `tid` is not a task id or the wave has
+    no `<tid>.grade.json` (a regular file, never through a link) of that task."""
+    import orjson
+
+    if not TASK_ID.fullmatch(tid):
+        return None
+    try:
+        g = orjson.loads(results.regular_bytes(d / f"{tid}{results.GRADE_SUFFIX}"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(g, dict) or g.get("task_id") != tid:
+        return None
+    try:  # (what the stored report would have read, never through a link: serve is a long-lived daemon)
+        events = [] if (d / results.TIMELINE).is_symlink() else results.read_jsonl(d / results.TIMELINE)
+    except (OSError, ValueError):
+        events = []
+    receipts = [] if (d / results.FAULTS).is_symlink() else read_receipts(d / results.FAULTS)[0]
+    try:
+        plan = orjson.loads(results.regular_bytes(d / results.PLAN))
+    except (OSError, ValueError):
+        plan = None
+    if isinstance(plan, dict):
+        receipts = checked_receipts(receipts, plan, events)[0]
+    return _or_note("this task's page", task_page, d, g, [e for e in events if e.get("task") == tid],
+                    [r for r in receipts if r.get("task_id") == tid])
+
+
 def _inline(text: str, link) -> str:
     """Escaped text with `code` spans (a wave id among them linked through `link`) and **bold**."""
-    import re
-
     out = []
     for i, part in enumerate(text.split("`")):
         if i % 2:

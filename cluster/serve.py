@@ -6,7 +6,8 @@ server (a port it picks and prints, or `--port`).
 between pass and fail across waves that ran on the same manifest (cluster/manifest.py: same runner code, sandbox,
 machine, harness, workload). Failure categories are kept apart: runner failure (a task failed a check), harness
 fault (the wave's own parts failed), not applied / not exercised, unknown. `/w/<wave>/...` serves the wave's own
-files (its index.html, task pages, timeline.png), never a path outside the wave's directory.
+files (its index.html, task pages, timeline.png), never a path outside the wave's directory; a task page a large
+wave's report left out (cluster/htmlreport.py) is rendered from the wave's files when asked (`page_on_demand`).
 
 Each wave's row comes from its `verdict.json` (written with SUMMARY.md), else from its `<task>.grade.json` files; a
 damaged file is named on the row (file and line) and the rest still renders. Each wave's seal is checked when its top
@@ -37,7 +38,7 @@ from urllib.parse import quote, unquote
 import orjson
 
 from cluster import results
-from cluster.htmlreport import CSS, badge, esc, page_csp
+from cluster.htmlreport import CSS, badge, esc, page_csp, page_on_demand
 from cluster.seal import state as seal_state
 
 FLAKY = "flaky"
@@ -399,6 +400,11 @@ def make_server(root: Path, port: int = 0, max_connections: int = MAX_CONNECTION
                     except (TimeoutError, ConnectionError):  # a client that stopped reading: dropped
                         self.close_connection = True
                         return None
+                if (d.parent == root and (d / results.PLAN).is_file() and f.parent == d / results.PAGES
+                        and f.suffix == ".html" and not os.path.lexists(f)):
+                    page = page_on_demand(d, f.stem)  # a large wave's report left this task's page out
+                    if page is not None:
+                        return self._send(200, page.encode(), "text/html; charset=utf-8", page_csp())
             return self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
     return _Server(("127.0.0.1", port), Handler, max_connections)

@@ -2,15 +2,21 @@
 files, made as tests/bench/report.py makes them, render under 10 MiB with a lane and a page for every task that did
 not pass, the passing ones left out and counted; when every task failed, the lanes and pages are capped, worst
 first, and what has none is counted and pointed at; a wave up to `FULL_REPORT_TASKS` keeps a lane and a page per
-task. Sizes are asserted, time never."""
+task; `sandfleet serve` renders a page left out from the wave's files when asked. Sizes are asserted, time never."""
 from __future__ import annotations
 
 import re
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import orjson
+
 from cluster import htmlreport, results
-from cluster.htmlreport import FULL_REPORT_TASKS, LANES_MAX, PAGE_BYTES_MAX, write_html
-from tests.bench.report import _wave
+from cluster.htmlreport import FULL_REPORT_TASKS, LANES_MAX, PAGE_BYTES_MAX, page_on_demand, write_html
+from cluster.serve import make_server
+from tests.bench.report import CHECKS, _wave
 
 BOUND = 10 * 2**20  # issue 45: index.html and every page of a 10,000-task wave
 
@@ -45,11 +51,10 @@ def test_a_10000_task_report_stays_under_10_mib_with_every_failed_task_drawn_and
     assert paged == not_passed
     rows = _rows(text)
     assert len(rows) == 10_000  # every task keeps its row, with its verdict
-    for tid, row in rows.items():
-        if tid in not_passed:
-            assert f"href='pages/{tid}.html'" in row, row
-        else:
-            assert "href=" not in row and f"no page: {tid}.grade.json" in row, row
+    for tid, row in rows.items():  # every id links its page (`sandfleet serve` renders one left out)
+        assert f"href='pages/{tid}.html'" in row, row
+        assert ("no page file" in row) == (tid not in not_passed), row
+        assert (f"no page file: {tid}.grade.json" in row) == (tid not in not_passed), row
     note = re.search(r"<p id=left-out>(.*?)</p>", text).group(1)
     passed = 10_000 - len(not_passed)
     assert f"10,000 tasks: {passed:,} pass, {len(not_passed):,} fail, 0 unknown, 0 not_applied" in note, note
@@ -77,8 +82,8 @@ def test_when_every_task_of_10000_failed_lanes_and_pages_are_capped_and_the_rest
     rows = _rows(text)
     assert len(rows) == 10_000
     for tid, row in rows.items():
-        assert (f"href='pages/{tid}.html'" in row) == (tid in paged), row
-        assert (f"no page: evidence/{tid}/" in row) == (tid not in paged), row
+        assert f"href='pages/{tid}.html'" in row, row
+        assert (f"no page file: evidence/{tid}/" in row) == (tid not in paged), row
 
 
 def test_past_the_cap_fail_is_kept_before_unknown_before_not_applied_and_an_ungraded_lane_counts(tmp_path,
@@ -115,3 +120,61 @@ def test_one_task_more_than_full_report_tasks_leaves_the_passing_ones_out(tmp_pa
     text, paged, _ = _render(d, result)
     not_passed = {g["task_id"] for g in result["tasks"] if g["verdict"] != "pass"}
     assert set(_lanes(text)) == not_passed and paged == not_passed and "id=left-out" in text
+
+
+def _served_wave(root: Path, monkeypatch) -> tuple[Path, dict]:
+    """A wave past a (lowered) `FULL_REPORT_TASKS`, stored with its plan.json and `<task>.grade.json` files as a
+    real wave is, one passing task's check quoting what a runner wrote."""
+    monkeypatch.setattr(htmlreport, "FULL_REPORT_TASKS", 10)
+    d = root / "w-20261206T000000-s1-big"
+    result = _wave(d, 30, fail_every=7)
+    result["plan"] = {"wave_id": d.name, "created_at": 1.8e9, "tasks": []}
+    result["tasks"][1]["checks"]["completed"]["detail"] = "<script>alert(1)</script> the runner said"
+    (d / results.PLAN).write_bytes(orjson.dumps(result["plan"]))
+    for g in result["tasks"]:
+        (d / f"{g['task_id']}{results.GRADE_SUFFIX}").write_bytes(orjson.dumps(g))
+    write_html(d, result)
+    return d, result
+
+
+def test_a_left_out_page_rendered_on_demand_is_the_page_write_html_writes(tmp_path, monkeypatch):
+    d, result = _served_wave(tmp_path, monkeypatch)
+    assert sorted(p.stem for p in (d / results.PAGES).iterdir()) == ["t0000", "t0007", "t0014", "t0021", "t0028"]
+    for tid in ("t0000", "t0007"):  # written: the same bytes
+        assert page_on_demand(d, tid) == (d / results.PAGES / f"{tid}.html").read_text()
+    page = page_on_demand(d, "t0001")
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)" in page
+    assert re.findall(r"<table id=checks>(.*?)</table>", page)[0].count("<tr>") - 1 == len(CHECKS)
+    assert page.count("<tr><td>1</td><td>node-0</td>") == 1  # its attempts, from the timeline
+    for bad in ("../t0001", "", ".t0001", "t0001/x", "nope", "t0001.grade"):
+        assert page_on_demand(d, bad) is None, bad
+    (d / "x.grade.json").symlink_to(d / f"t0001{results.GRADE_SUFFIX}")  # a link is never read
+    assert page_on_demand(d, "x") is None
+
+
+def test_serve_renders_a_left_out_page_when_asked_and_nothing_outside_the_wave(tmp_path, monkeypatch):
+    d, _ = _served_wave(tmp_path, monkeypatch)
+    srv = make_server(tmp_path, 0, max_connections=4, idle_s=2)
+    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    th.start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}/w/{d.name}"
+
+    def get(rel: str):
+        try:
+            r = urllib.request.urlopen(f"{base}/{rel}", timeout=10)
+        except urllib.error.HTTPError as exc:
+            r = exc
+        return r.status, r.headers, r.read().decode()
+
+    try:
+        status, headers, body = get("pages/t0001.html")
+        assert status == 200 and headers["Content-Type"].startswith("text/html"), (status, body[:300])
+        assert headers["Content-Security-Policy"] == htmlreport.page_csp()
+        assert body == page_on_demand(d, "t0001") and "&lt;script&gt;alert(1)" in body
+        assert get("pages/t0000.html")[2] == (d / results.PAGES / "t0000.html").read_text()  # the stored file
+        for rel in ("pages/nope.html", "pages/..%2Ft0001.html", "pages/%2E%2E/pages/t0001.grade.html",
+                    "pages/t0001.htm", "t0001.html", "evidence/t0001.html"):
+            assert get(rel)[0] == 404, rel
+    finally:
+        srv.shutdown()
+        srv.server_close()
