@@ -150,6 +150,8 @@ def test_a_left_out_page_rendered_on_demand_is_the_page_write_html_writes(tmp_pa
         assert page_on_demand(d, bad) is None, bad
     (d / "x.grade.json").symlink_to(d / f"t0001{results.GRADE_SUFFIX}")  # a link is never read
     assert page_on_demand(d, "x") is None
+    (d / results.PLAN).write_bytes(orjson.dumps({"tasks": "not a list", "references": 7}))
+    assert "&lt;script&gt;alert(1)" in page_on_demand(d, "t0001")  # a plan of any shape: still the page
 
 
 def test_serve_renders_a_left_out_page_when_asked_and_nothing_outside_the_wave(tmp_path, monkeypatch):
