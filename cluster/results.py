@@ -157,11 +157,26 @@ class ResultsDir:
         logs = [p for p in (self.path / SANDBOXES).glob(f"{task_id}-a*/{RUNNER_LOG}") if attempt_of(p.parent.name)]
         return sorted(logs, key=lambda p: attempt_of(p.parent.name)[1])
 
-    def runner_log_tails(self, task_id: str, lines: int = 3) -> dict[int, str]:
+    def runner_logs_by_task(self) -> dict[str, list[Path]]:
+        """task id -> its attempts' runner logs in attempt order, from one listing of the sandboxes folder (what
+        `runner_logs` gives each task)."""
+        out: dict[str, list[tuple[int, Path]]] = {}
+        try:
+            names = [e.name for e in os.scandir(self.path / SANDBOXES)]
+        except OSError:
+            return {}
+        for name in names:
+            got = attempt_of(name)
+            p = self.path / SANDBOXES / name / RUNNER_LOG
+            if got is not None and os.path.lexists(p):
+                out.setdefault(got[0], []).append((got[1], p))
+        return {t: [p for _, p in sorted(v)] for t, v in out.items()}
+
+    def runner_log_tails(self, task_id: str, lines: int = 3, logs: list[Path] | None = None) -> dict[int, str]:
         """attempt -> the last `lines` lines of its runner log (of its last 4 KiB), as the grader and the HTML
-        report show them; a log that cannot be read is left out."""
+        report show them; a log that cannot be read is left out. `logs`: the task's logs, when already listed."""
         out = {}
-        for p in self.runner_logs(task_id):
+        for p in self.runner_logs(task_id) if logs is None else logs:
             try:
                 n = attempt_of(p.parent.name)[1]
                 out[n] = b"\n".join(tail_bytes(p, 4096).splitlines()[-lines:]).decode(errors="replace")

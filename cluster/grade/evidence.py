@@ -222,7 +222,8 @@ def write_evidence(d: Path, g: dict, h, secrets: tuple = ()) -> None:
         "proxy_requests": [r for r in h.requests or [] if near(r["t"])][:500],
         "model_calls": [c for c in h.calls or [] if near(c["t"])][:500]})
     out = []
-    for p in results.ResultsDir(d).runner_logs(tid):
+    listed = getattr(h, "runner_logs", None)  # (as the grader listed them; a history made elsewhere lists here)
+    for p in results.ResultsDir(d).runner_logs(tid) if listed is None else listed:
         try:  # a regular file only, never through a link, never a FIFO or a device (a runner shaped that folder)
             raw = results.tail_bytes(p, 65536)
             tail = raw.decode(errors="replace").splitlines()
