@@ -14,7 +14,8 @@ stand for the nodes and are not the head.
 `python -m tests.bench.hollow` (part of `make bench`: 10 nodes x 200 sandboxes by default);
 `SFBENCH_HOLLOW="10x1000,50x1000,100x1000"` runs those sizes (nodes x concurrent sandboxes: half of them tasks, half
 their references, which run beside them), `SFBENCH_HOLLOW_STEPS` (4), `SFBENCH_HOLLOW_THINK_MS` (the model's think
-per call, 50) and `SFBENCH_HOLLOW_HOLD_S` (the sandbox's own work per step, 5 s) shape each attempt. The model
+per call, 50) and `SFBENCH_HOLLOW_HOLD_S` (the sandbox's own work per step, 5 s) shape each attempt; `SFBENCH_HOLLOW_KEEP=DIR`
+keeps each wave's results folder in DIR. The model
 endpoint holds a thread per open connection (at most 512, fleet/services/): a long model think with more sandboxes
 than that in a call at once is refused, and the wave ends as a harness fault; so the attempts' length is the
 sandbox's own work, not the model's.
@@ -199,6 +200,9 @@ def run_wave(nodes: int, sandboxes: int, steps: int, think_ms: int, hold_s: floa
     res["busiest"] = {k: s.busiest(k) for k in parts}
     res["rss"] = s.peak_rss()
     res["run_s"] = res["last"] - res["first"]
+    keep = os.environ.get("SFBENCH_HOLLOW_KEEP")  # a folder to keep the wave's results in (grading benches)
+    if keep:
+        shutil.copytree(d, Path(keep) / d.name, symlinks=True)
     shutil.rmtree(out, ignore_errors=True)
     return res
 
