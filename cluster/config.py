@@ -28,7 +28,7 @@ class WaveConfig(Strict):
                       description="part of the wave id (results/<wave id>/)")
     tasks: int = Field(4, ge=1, le=100000, strict=True,
                        description="tasks of the wave (ignored with enumerate_boundaries)")
-    concurrency: int = Field(4, ge=1, le=4096, strict=True, description="tasks in flight at once (and as many "
+    concurrency: int = Field(4, ge=1, le=10000, strict=True, description="tasks in flight at once (and as many "
                              "reference runs beside them)")
     seed: int = Field(1, ge=0, lt=2**63, strict=True, description="0 to 2^63-1 (it names the wave's directories)")
     runner: str | RunnerSpec = Field("durable", description="a built-in name or {command, env, workdir, name}")
