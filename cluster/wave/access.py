@@ -98,6 +98,7 @@ class Access:
         # sandbox id -> every key id it was ever given (CR1 rotates one mid-attempt): a request signed with any of
         # them, its dead rotated-away key too, is that attempt's doing
         self.key_ids: dict[str, list[str]] = {}
+        self._ahead: dict = {}  # sandbox id -> the key issued before its lease was taken (issue_ahead)
         self.secrets: list[str] = []  # the store secrets this wave's attempts were given (kept in memory only)
 
     def _owner(self, sandbox_id: str) -> str:
@@ -111,8 +112,22 @@ class Access:
     def creds_dir(self, sandbox_id: str) -> Path:
         return self.private / "creds" / sandbox_id
 
+    def issue_ahead(self, tid: str, sandbox_id: str) -> None:
+        """Issue the attempt's key before its lease is taken, for `attempt_credentials`/`remote_credentials` to
+        hand out: thousands of attempts starting at once wait their turn at the store's key book, and a lease
+        taken first ran out its TTL in that wait (87 s at 10,000 hollow sandboxes; issue 45)."""
+        self._ahead[sandbox_id] = self._issue(tid, sandbox_id)
+
+    def drop_ahead(self, sandbox_id: str) -> None:
+        """The key issued ahead for an attempt that did not get its lease dies unused."""
+        if self._ahead.pop(sandbox_id, None) is not None and self.parts.keys is not None:
+            self.parts.keys.revoke(self._owner(sandbox_id))
+
     def _issue(self, tid: str, sandbox_id: str):
         """The attempt's own key, scoped to the task's prefix (the wave's key at an external store)."""
+        ahead = self._ahead.pop(sandbox_id, None)
+        if ahead is not None:
+            return ahead
         creds = self.parts.endpoint.creds
         if self.parts.keys is not None:
             creds = self.parts.keys.issue(self._owner(sandbox_id), self.parts.bucket,

@@ -167,15 +167,22 @@ class Attempts:
             return WAIT
         host = self.nodes.host(node)
         self.nodes.load[node] = self.nodes.load.get(node, 0) + 1  # held from now: placements beside it spread
+        try:  # its store key first: the lease's TTL runs from when the attempt can start, not while keys queue
+            await asyncio.to_thread(self.access.issue_ahead, tid, sandbox_id)
+        except BaseException:
+            self.nodes.load[node] -= 1
+            raise
         try:
             lease = await self.parts.ledger.acquire.remote(results.lease_key(self.wave_id, tid), node, sandbox_id,
                                                            self.cfg.lease_ttl_s)
         except RayActorError as exc:
             self.nodes.load[node] -= 1
+            await asyncio.to_thread(self.access.drop_ahead, sandbox_id)
             self.health.part_lost("lease ledger", f"the actor died ({first_line(exc)})")
             return PART_LOST
         if lease is None:
             self.nodes.load[node] -= 1
+            await asyncio.to_thread(self.access.drop_ahead, sandbox_id)
             self.timeline(Event.LEASE_BUSY, task=tid)
             await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
             return WAIT
