@@ -59,6 +59,26 @@ WAIT, RETRY, PART_LOST = AttemptEnd(Outcome.WAIT), AttemptEnd(Outcome.RETRY), At
 CRASH = {"lose-unsynced": "drop", "torn": "tear"}
 
 
+
+STARTING = 128  # attempts between their key and their sandbox's start at once (see Attempts.attempt)
+
+
+class _Gate:
+    """A place among the `STARTING` attempts, left once (by the first `leave`)."""
+
+    def __init__(self, sem: asyncio.Semaphore):
+        self.sem, self.held = sem, False
+
+    async def enter(self) -> None:
+        await self.sem.acquire()
+        self.held = True
+
+    def leave(self) -> None:
+        if self.held:
+            self.held = False
+            self.sem.release()
+
+
 class Attempts:
     def __init__(self, cfg, plan: dict, wave_id: str, out: results.ResultsDir, private, parts, access, nodes, health,
                  injector: Injector, timeline, launch: dict, stop_why, context, resumed: dict | None):
@@ -78,6 +98,7 @@ class Attempts:
         self.launch = launch
         self.stop_why = stop_why
         self.context = context
+        self.starting = asyncio.Semaphore(STARTING)  # (made in the wave's loop: Attempts lives in it)
         self.fired = (resumed or {}).get("fired", set())
         self.fault_tasks: dict[str, list[asyncio.Task]] = {}
         self.zombies: list = []  # futures of abandoned attempts (PK6) still running
@@ -156,6 +177,18 @@ class Attempts:
 
     # ------------------------------------------------------------------ an attempt
     async def attempt(self, run: TaskRun, deadline: float, on_change) -> AttemptEnd:
+        """One attempt of the task. At most `STARTING` attempts are between their key and their sandbox's start at
+        once: past that they wait before they take a lease, so a lease's TTL never runs while the driver's loop,
+        busy with thousands of starts, gets round to it (10,000 hollow sandboxes: leases 40-80 s old when their
+        attempt was handed to its host)."""
+        gate = _Gate(self.starting)
+        await gate.enter()
+        try:
+            return await self._attempt(run, deadline, on_change, gate)
+        finally:
+            gate.leave()
+
+    async def _attempt(self, run: TaskRun, deadline: float, on_change, gate: "_Gate") -> AttemptEnd:
         from ray.exceptions import RayActorError
 
         tid, loop = run.plan.task_id, asyncio.get_running_loop()
@@ -163,6 +196,7 @@ class Attempts:
         disk = self.disks.next(run)
         node = self.nodes.place(prefer=run.node if disk and disk["mode"] == "keep" else None, task_id=tid)
         if node is None:  # every sandbox node is lost or draining: wait for one to come back
+            gate.leave()
             await asyncio.sleep(0.1)
             return WAIT
         host = self.nodes.host(node)
@@ -184,6 +218,7 @@ class Attempts:
             self.nodes.load[node] -= 1
             await asyncio.to_thread(self.access.drop_ahead, sandbox_id)
             self.timeline(Event.LEASE_BUSY, task=tid)
+            gate.leave()
             await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))
             return WAIT
         run.attempts += 1
@@ -212,6 +247,7 @@ class Attempts:
         self.parts.registry.set_attempt(tid, attempt)
         arms = [a["arm"] for a in run.arms.values() if not a["future"].done()]
         ref = host.run_attempt.remote(spec, lease, self.cfg.lease_ttl_s, "repo", arms)
+        gate.leave()  # handed to its host: the next attempt may start
         if spec.remote:
             self.logs.watch(sandbox_id, node, host)
         result = AttemptResult()
