@@ -362,6 +362,9 @@ def finish_timeline_png(child: subprocess.Popen, timeout_s: float = 120) -> None
         raise RuntimeError(tail[0])
 
 
+PNG_LANES = 300  # timeline.png draws a lane per task up to this many tasks; past it, attempts running over time
+
+
 def _timeline_png(d: Path) -> None:
     import matplotlib
 
@@ -373,27 +376,63 @@ def _timeline_png(d: Path) -> None:
     tasks = sorted({e["task"] for e in events if e.get("task")})
     if not tasks:
         return
-    row = {t: i for i, t in enumerate(tasks)}
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(tasks) + 1.5))
-    for e in events:
-        if e["event"] == "attempt_end":
-            t0 = starts.get((e["task"], e["attempt"]), e["t"])
-            color = "tab:green" if e.get("exit_code") == 0 else "tab:red"
-            ax.barh(row[e["task"]], e["t"] - t0, left=t0, color=color, height=0.6)
-        elif e["event"] == "fault_inject" and e.get("applied"):
-            ax.plot(e["t"], row[e["task"]], marker="v", color="black")
-            end = next((c["t"] for c in events if c["event"] == "fault_clear"
-                        and c.get("instance") == e.get("instance")), None)
-            if end is not None and end - e["t"] > 0.05:  # a window fault: show how long it was open
-                ax.hlines(row[e["task"]] - 0.38, e["t"], end, color="black", linewidth=3)
-    ax.set_yticks(range(len(tasks)), tasks)
-    ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault, ▬ fault window)")
-    ax.invert_yaxis()
+    cleared: dict = {}
+    for c in events:  # (the first clear of each fault instance)
+        if c["event"] == "fault_clear":
+            cleared.setdefault(c.get("instance"), c["t"])
+    if len(tasks) > PNG_LANES:
+        fig = _many_tasks_png(plt, events, starts, len(tasks))
+    else:
+        row = {t: i for i, t in enumerate(tasks)}
+        fig, ax = plt.subplots(figsize=(10, 0.35 * len(tasks) + 1.5))
+        for e in events:
+            if e["event"] == "attempt_end":
+                t0 = starts.get((e["task"], e["attempt"]), e["t"])
+                color = "tab:green" if e.get("exit_code") == 0 else "tab:red"
+                ax.barh(row[e["task"]], e["t"] - t0, left=t0, color=color, height=0.6)
+            elif e["event"] == "fault_inject" and e.get("applied"):
+                ax.plot(e["t"], row[e["task"]], marker="v", color="black")
+                end = cleared.get(e.get("instance"))
+                if end is not None and end - e["t"] > 0.05:  # a window fault: show how long it was open
+                    ax.hlines(row[e["task"]] - 0.38, e["t"], end, color="black", linewidth=3)
+        ax.set_yticks(range(len(tasks)), tasks)
+        ax.set_xlabel("seconds since wave start (green: attempt exited 0, red: killed or failed, ▼ fault, "
+                      "▬ fault window)")
+        ax.invert_yaxis()
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     results.write_stored(d / results.TIMELINE_PNG, buf.getvalue())  # a link left there is replaced, not written
+
+
+def _many_tasks_png(plt, events: list[dict], starts: dict, tasks: int):
+    """A wave of more tasks than lanes can show (a lane each made a 10,000-task picture 280,000 pixels tall, 11 MB,
+    and took minutes to draw): the attempts running over time, when attempts ended killed or failed, and when faults
+    were applied. index.html still has a lane for every task that did not pass."""
+    spans = [(starts.get((e["task"], e["attempt"]), e["t"]), e["t"], e.get("exit_code") == 0)
+             for e in events if e["event"] == "attempt_end" and e.get("task")]
+    steps = sorted([(a, 1) for a, _, _ in spans] + [(b, -1) for _, b, _ in spans])
+    xs, ys, running = [0.0], [0], 0
+    for t, change in steps:
+        running += change
+        xs.append(t)
+        ys.append(running)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.step(xs, ys, where="post", color="tab:green", label="attempts running")
+    bad = [b for _, b, ok in spans if not ok]
+    if bad:
+        ax.plot(bad, [0] * len(bad), "|", color="tab:red", markersize=12, label="an attempt ended killed or failed")
+    faults = [e["t"] for e in events if e["event"] == "fault_inject" and e.get("applied")]
+    if faults:
+        top = max(ys) or 1
+        ax.plot(faults, [top * 1.04] * len(faults), "v", color="black", markersize=4, label="a fault applied")
+    ax.set_title(f"{tasks} tasks, {len(spans)} attempts: a lane per task is drawn up to {PNG_LANES} tasks "
+                 "(index.html has one for each task that did not pass)", fontsize=9)
+    ax.set_xlabel("seconds since wave start")
+    ax.set_ylabel("attempts running")
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
 
 
 if __name__ == "__main__":  # `python -m cluster.report timeline-png DIR`: start_timeline_png's child
