@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import os
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -289,6 +290,12 @@ def write_html(d: Path, result: dict) -> Path:
             break
         results.write_stored(pages / f"{tid}.html", page)
         paged.add(tid)
+    if large:  # a page an earlier render wrote that this one did not (a verdict changed, an older grader paged
+        # every task) would be served as if current: it goes, and `serve` renders that page afresh on demand
+        for tid in set(grade_of) - paged:
+            stale = pages / f"{tid}.html"
+            if os.path.isfile(stale) and not os.path.islink(stale):
+                os.unlink(stale)
     note, lanes = "", None
     if large:
         lanes_wanted = _worst_first([t for t in in_timeline if verdict_of.get(t) != PASS], verdict_of)

@@ -180,3 +180,24 @@ def test_serve_renders_a_left_out_page_when_asked_and_nothing_outside_the_wave(t
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_large_waves_page_an_earlier_render_wrote_goes_when_its_task_now_passes(tmp_path):
+    """Rendered again after a verdict changed (or after an older grader paged every task), a large wave keeps no
+    page it did not write this time: `serve` would send it as current. A link in its place is left alone."""
+    d = tmp_path / "w-stale"
+    first = _wave(d, FULL_REPORT_TASKS + 200)
+    write_html(d, first)
+    assert (d / "pages" / "t0017.html").is_file()  # t0017 failed
+    outside = tmp_path / "outside.html"
+    outside.write_text("not ours")
+    (d / "pages" / "t0018.html").symlink_to(outside)  # a passing task's name, a link in its place
+    again = orjson.loads(orjson.dumps(first))
+    g = next(g for g in again["tasks"] if g["task_id"] == "t0017")
+    g["verdict"] = "pass"
+    for c in g["checks"].values():
+        c["verdict"] = "pass"
+    write_html(d, again)
+    assert not (d / "pages" / "t0017.html").exists()
+    assert (d / "pages" / "t0000.html").is_file()  # still failing: still paged
+    assert (d / "pages" / "t0018.html").is_symlink() and outside.read_text() == "not ours"
