@@ -59,6 +59,7 @@ class ScopedKeys:
         self._owned: dict[str, dict] = {}  # owner -> its slot
         self.canary: dict | None = None  # {"name", "creds", "actions", "probe"}: a fresh key in every write
         self.probes = 0  # canary probes sent (one write's changes are confirmed by one canary)
+        self._failed: tuple[int, str] = (0, "")  # (the last change a failed write carried, why it failed)
 
     def _identities(self) -> list[dict]:
         slots = self.slots + ([self.canary] if self.canary is not None else [])
@@ -77,10 +78,13 @@ class ScopedKeys:
     def _apply(self) -> None:
         """With `self.lock` held, after a change to the slots: returns once a write that holds it reached the store.
         One writer at a time; whoever comes while a write is under way waits, and the first of them writes every
-        change made meanwhile in one go."""
+        change made meanwhile in one go. A write that failed fails every change it carried at once (its waiters do
+        not each write again and wait out the bound in turn); a change made meanwhile gets a write of its own."""
         self._changes += 1
         mine = self._changes
         while self._applied < mine:
+            if self._failed[0] >= mine:
+                raise StoreError(f"the write of the store's keys that carried this change failed: {self._failed[1]}")
             if self._applying:
                 self._written.wait()
                 continue
@@ -95,6 +99,10 @@ class ScopedKeys:
                 if canary is not None:
                     self._confirm(canary, self.canary["probe"])
                 done = True
+            except BaseException as exc:
+                with self._written:  # (the lock is released here: taken back to note the failure)
+                    self._failed = (upto, f"{type(exc).__name__}: {str(exc)[:200]}")
+                raise
             finally:
                 self.lock.acquire()
                 self._applying = False
@@ -169,11 +177,20 @@ class ScopedKeys:
             slot = self._owned.pop(owner, None)
             if slot is None:
                 return False
-            old, probe = slot["creds"], slot["probe"]
+            old, probe, actions = slot["creds"], slot["probe"], slot["actions"]
             slot.update(creds=_dead_key(), owner=None, actions=[])
             self._free.append(slot)
             confirmed = self.canary is not None
-            self._apply()
+            try:
+                self._apply()
+            except BaseException:
+                # not known to have reached the store: the key stays its owner's, for a later revoke (the wave's
+                # revoke_all at its end) to end, never dropped from the book while it may still work
+                if slot["owner"] is None and slot in self._free:
+                    self._free.remove(slot)
+                    slot.update(creds=old, owner=owner, actions=actions)
+                    self._owned[owner] = slot
+                raise
             self.revoked += 1
         if not confirmed:
             self._await([(self._prober(old, *probe), "unknown")],

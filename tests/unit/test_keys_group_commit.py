@@ -77,3 +77,68 @@ def test_a_failed_write_raises_to_its_caller_and_the_next_change_writes_it_again
     assert not keys._applying
     change(keys, "b", [])
     assert store.writes == [["a", "b"]]
+
+
+def test_a_write_that_failed_fails_every_change_it_carried_at_once():
+    """Changes that waited for a write which then failed raise together; they do not each write again and wait
+    out the bound in turn (helper-41: four revokes behind a store that stopped reloading failed at 15, 30, 45 and
+    60 s)."""
+    class Failing(GatedStore):
+        def update_identities(self, admin, tag, mine):
+            self.calls += 1
+            if self.calls == 1:
+                assert self.gate.wait(30), "the test never opened the gate"
+            raise OSError("the store did not reload")
+
+    store = Failing()
+    keys = ScopedKeys(store, Credentials("admin", "s"))
+    raised: list = []
+
+    def failing_change(name):
+        try:
+            change(keys, name, [])
+        except Exception as exc:  # noqa: BLE001 - what each caller got
+            raised.append((name, type(exc).__name__))
+
+    first = threading.Thread(target=failing_change, args=("a",))
+    first.start()
+    wait_until(lambda: store.calls == 1, "the first write reached the store")
+    rest = [threading.Thread(target=failing_change, args=(n,)) for n in "bcde"]
+    for t in rest:
+        t.start()
+    wait_until(lambda: keys._changes == 5, "four more changes wait behind the first write")
+    store.gate.set()
+    for t in [first, *rest]:
+        t.join(30)
+    assert sorted(n for n, _ in raised) == list("abcde")
+    assert store.calls == 2  # the first write (a), then one write for b-e that failed them together
+    assert not keys._applying
+
+
+def test_a_revoke_whose_write_failed_keeps_the_key_its_owners_for_a_later_revoke():
+    """A revoke that may not have reached the store leaves the owner in the book with its key, so revoke_all at the
+    wave's end revokes it again (helper-41: it was dropped, and the key outlived the wave)."""
+    class FlakyOnce(GatedStore):
+        def update_identities(self, admin, tag, mine):
+            self.calls += 1
+            if self.calls == 1:
+                raise OSError("No space left on device")
+            self.writes.append([(i["name"], i["credentials"][0]["accessKey"]) for i in mine])
+
+    store = FlakyOnce()
+    keys = ScopedKeys(store, Credentials("admin", "s"))
+    keys._prober = lambda *a: None  # (no store to probe here: the writes are what is looked at)
+    keys._await = lambda probes, error: None
+    slot = {"name": "k0", "creds": Credentials("LIVEKEY", "s"), "actions": ["Read:b/w/t0/*"], "owner": "w/t0-a1",
+            "probe": ("b", "w/t0/p")}
+    keys.slots.append(slot)
+    keys._owned["w/t0-a1"] = slot
+    try:
+        keys.revoke("w/t0-a1")
+        raise AssertionError("the failed revoke did not raise")
+    except OSError:
+        pass
+    assert keys._owned.get("w/t0-a1") is slot and slot["creds"].access_key == "LIVEKEY"
+    assert keys.revoke_all("w/") == ["w/t0-a1"]
+    assert store.writes[-1][0][0] == "k0" and store.writes[-1][0][1] != "LIVEKEY"  # its key replaced at the store
+    assert keys._owned == {} and keys._free == [slot]
