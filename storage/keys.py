@@ -58,7 +58,7 @@ class ScopedKeys:
         self._free: list[dict] = []  # slots with no owner (revoked), reused first
         self._owned: dict[str, dict] = {}  # owner -> its slot
         self.canary: dict | None = None  # {"name", "creds", "actions", "probe"}: a fresh key in every write
-        self.probes = 0  # canary probes sent (one write's changes are confirmed by one canary)
+        self.probes = 0  # writes confirmed by a canary probe (one stands for every change of its write)
         self._failed: tuple[int, str] = (0, "")  # (the last change a failed write carried, why it failed)
 
     def _identities(self) -> list[dict]:
@@ -114,35 +114,28 @@ class ScopedKeys:
     def _confirm(self, canary: Credentials, where: tuple[str, str]) -> None:
         """Without `self.lock`: poll (bounded) until the store takes the canary's new key, i.e. has reloaded this
         write; a reload signal that weed coalesced away is sent again every second."""
-        probe = self._prober(canary, *where)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        resend = time.monotonic() + 1.0
-        try:
-            while True:
-                self.probes += 1
-                if probe(deadline) == "ok":
-                    return
-                now = time.monotonic()
-                if now > deadline:
-                    raise StoreError(f"the store did not reload its keys within {READY_TIMEOUT_S:.0f}s")
-                if now > resend and hasattr(self.store, "reload_identities"):
-                    self.store.reload_identities()
-                    resend = now + 1.0
-                time.sleep(0.01)
-        finally:
-            probe.close()
+        self.probes += 1
+        self._await([(self._prober(canary, *where), "ok")],
+                    f"the store did not reload its keys within {READY_TIMEOUT_S:.0f}s",
+                    nudge=getattr(self.store, "reload_identities", None))
 
     def _prober(self, creds: Credentials, bucket: str, key: str) -> "_Probe":
         return _Probe(self.store.endpoint.url, self.store.endpoint.region, creds, bucket, key)
 
     @staticmethod
-    def _await(probes: list, error: str) -> None:
-        """Poll (bounded, every 10 ms) until each `(probe, wanted)` gives what is wanted of it; closes the probes."""
+    def _await(probes: list, error: str, nudge=None) -> None:
+        """Poll (bounded, every 10 ms) until each `(probe, wanted)` gives what is wanted of it; closes the probes.
+        `nudge()`, if given, is called every second meanwhile."""
         deadline = time.monotonic() + READY_TIMEOUT_S
+        resend = time.monotonic() + 1.0
         try:
             while any(probe(deadline) != wanted for probe, wanted in probes):
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise StoreError(error)
+                if nudge is not None and now > resend:
+                    nudge()
+                    resend = now + 1.0
                 time.sleep(0.01)
         finally:
             for probe, _ in probes:
