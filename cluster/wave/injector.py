@@ -32,6 +32,20 @@ class Injector:
         self.timeline = timeline
         self.stopping = stopping
         self.receipts: list[Receipt] = []
+        self._evidence: dict[str, dict] = {}  # instance -> evidence noted for it, merged into its receipt when kept
+
+    def add_evidence(self, instance: str, key: str, value: dict) -> None:
+        """More evidence for a fault's receipt (what became of a task's disk after it): merged now if its receipt is
+        kept, else when it is (the next attempt can start before the fault's clear has run)."""
+        noted = self._evidence.setdefault(instance, {})
+        noted[key] = dict(noted.get(key) or {}, **value)
+        for r in self.receipts:
+            if r.instance == instance:
+                self._merge(r)
+
+    def _merge(self, receipt: Receipt) -> None:
+        for key, value in self._evidence.get(receipt.instance, {}).items():
+            receipt.evidence[key] = dict(receipt.evidence.get(key) or {}, **value)
 
     async def fire(self, spec: FaultSpec, ctx) -> None:
         fault = CATALOG[spec.fault_id]
@@ -69,6 +83,7 @@ class Injector:
             receipt = fault.receipt(spec, injected.to_dict(), cleared)
             if injected.error is not None:
                 receipt.status, receipt.detail = UNKNOWN, f"injection crashed: {injected.error}"
+            self._merge(receipt)
             self.receipts.append(receipt)
             # when it fired and at what: a resumed wave rebuilds the receipt from this event (cluster/wave/resume.py)
             tl(Event.FAULT_CLEAR, task=spec.task_id, fault=spec.fault_id, instance=spec.instance,

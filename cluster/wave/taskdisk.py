@@ -56,11 +56,10 @@ class TaskDisks:
 
     def receipt(self, disk: dict) -> None:
         """The receipt of the fault that ended the last attempt names what became of the disk (a crash mode: what
-        it dropped, or kept of a torn write, once the next attempt's host did it)."""
-        for r in self.injector.receipts:
-            if disk.get("after") and r.instance == disk["after"]:
-                r.evidence["disk"] = dict(r.evidence.get("disk") or {}, **{k: v for k, v in disk.items()
-                                                                          if k != "after"})
+        it dropped, or kept of a torn write, once the next attempt's host did it), whether or not that receipt is kept
+        yet."""
+        if disk.get("after"):
+            self.injector.add_evidence(disk["after"], "disk", {k: v for k, v in disk.items() if k != "after"})
 
     async def drop(self, run: TaskRun) -> None:
         """The task ended: its kept volume goes (bounded; one left is dropped by the hosts' end-of-wave sweep)."""

@@ -47,3 +47,29 @@ def test_a_fault_on_a_task_whose_node_pk3_took_is_not_applied_with_the_reason():
 def test_any_other_crash_stays_unknown():
     assert _fire(_Lost(), {"node-2": {"mode": "abrupt"}}).status == "unknown"  # another node was lost
     assert _fire(RuntimeError("boom"), {"node-1": {"mode": "abrupt"}}).status == "unknown"
+
+
+def test_disk_evidence_noted_before_the_receipt_is_kept_reaches_it():
+    """The task's next attempt can start (and say what became of its disk) before the fault that ended the last one
+    has cleared and kept its receipt: the evidence waits for the receipt and is merged into it then, and later."""
+    pk1 = CATALOG["PK1"]
+    spec = FaultSpec(fault_id="PK1", instance="t001-PK1", task_id="t001", trigger="time", at_s=0.0, seed=1)
+    inj = Injector(lambda event, **kw: None, lambda: None)
+    inj.add_evidence("t001-PK1", "disk", {"mode": "keep", "kept": True})
+    inj.add_evidence("t009-PK1", "disk", {"mode": "wipe", "kept": False})  # another fault's: not this receipt's
+
+    async def boom(spec, ctx):
+        raise RuntimeError("boom")
+
+    async def started(task_id):
+        return None
+
+    orig = pk1.inject
+    pk1.inject = boom
+    try:
+        asyncio.run(inj.fire(spec, SimpleNamespace(runner_started=started)))
+    finally:
+        pk1.inject = orig
+    assert inj.receipts[0].evidence["disk"] == {"mode": "keep", "kept": True}, inj.receipts[0].evidence
+    inj.add_evidence("t001-PK1", "disk", {"done": {"dropped": 2}})  # the next attempt's host did the crash
+    assert inj.receipts[0].evidence["disk"] == {"mode": "keep", "kept": True, "done": {"dropped": 2}}
