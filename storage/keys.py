@@ -141,6 +141,11 @@ class ScopedKeys:
             for probe, _ in probes:
                 probe.close()
 
+    def counts(self) -> dict[str, int]:
+        """Keys issued and revoked, identity writes and canary probes so far (over a lent fleet's life)."""
+        with self.lock:
+            return {"issued": self.issued, "revoked": self.revoked, "writes": self.writes, "probes": self.probes}
+
     def issue(self, owner: str, bucket: str, prefix: str) -> Credentials:
         """A fresh key allowed only under bucket/prefix; returns once the store accepts it."""
         creds = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))

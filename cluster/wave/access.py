@@ -116,7 +116,11 @@ class Access:
         """Issue the attempt's key before its lease is taken, for `attempt_credentials`/`remote_credentials` to
         hand out: thousands of attempts starting at once wait their turn at the store's key book, and a lease
         taken first ran out its TTL in that wait (87 s at 10,000 hollow sandboxes; issue 45)."""
-        self._ahead[sandbox_id] = self._issue(tid, sandbox_id)
+        if sandbox_id not in self._ahead:  # kept from a try that found the lease busy (PK6): the same attempt's
+            self._ahead[sandbox_id] = self._issue(tid, sandbox_id)  # key, not a new one per try
+
+    def has_ahead(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._ahead
 
     def drop_ahead(self, sandbox_id: str) -> None:
         """The key issued ahead for an attempt that did not get its lease dies unused."""

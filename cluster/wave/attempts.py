@@ -138,6 +138,8 @@ class Attempts:
                     final, why = end.state, end.why
                     break
             run.life.to(final, why)
+            if self.access.has_ahead(unused := results.sandbox_id(tid, run.attempts + 1)):  # its lease stayed busy
+                await asyncio.to_thread(self.access.drop_ahead, unused)
             await self.disks.drop(run)
             for ft in self.fault_tasks[tid]:
                 ft.cancel()
@@ -214,9 +216,8 @@ class Attempts:
             await asyncio.to_thread(self.access.drop_ahead, sandbox_id)
             self.health.part_lost("lease ledger", f"the actor died ({first_line(exc)})")
             return PART_LOST
-        if lease is None:
-            self.nodes.load[node] -= 1
-            await asyncio.to_thread(self.access.drop_ahead, sandbox_id)
+        if lease is None:  # its key is kept for the next try (the same sandbox id): a busy lease (a PK6 zombie's,
+            self.nodes.load[node] -= 1  # running out) is tried each second, and each key is two identity writes
             self.timeline(Event.LEASE_BUSY, task=tid)
             gate.leave()
             await asyncio.sleep(min(1.0, self.cfg.lease_ttl_s / 2))

@@ -52,6 +52,7 @@ class Parts:
     keys: ScopedKeys | None = None  # embedded store only
     bucket: str = ""  # the wave's bucket: its own, or the lent fleet store's (keys under the wave's prefix)
     store_lent: bool = False  # the store (and its keys) is the lent fleet's: the wave neither starts nor stops it
+    keys_before: dict = field(default_factory=dict)  # a lent key book's counts when the wave took it
     ledger: ActorHandle | None = None  # the fleet's lease ledger actor (fleet/ledger.py)
     hosts: WaveHosts | list = field(default_factory=list)  # the fleet's sandbox hosts, as the wave sees them
     gateway: Gateway | None = None  # the head's gate for sandboxes on other nodes (remote fleets only)
@@ -71,6 +72,7 @@ class Parts:
             fleet = self.fleet
             self.store, self.endpoint, self.keys = fleet.store, fleet.store.endpoint, fleet.keys
             self.bucket, self.store_lent = fleet.bucket, True
+            self.keys_before = self.keys.counts() if self.keys is not None else {}
         else:
             self.store = EmbeddedStore(private / "store")
             self.endpoint = self.store.launch()

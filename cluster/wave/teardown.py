@@ -348,6 +348,9 @@ class Teardown:
                 counts[key] = per
         if counts:
             self.timeline(Event.SERVICE_COUNTS, **counts)
+        if self.parts.keys is not None:  # the attempts' store keys: issued, revoked, identity writes, canary probes,
+            before = self.parts.keys_before  # since the wave began (a lent fleet's waves at once share its book)
+            self.timeline(Event.STORE_KEYS, **{k: n - before.get(k, 0) for k, n in self.parts.keys.counts().items()})
 
     def _revoke_lent_keys(self) -> None:
         """Keys of attempts that did not end in order (a lost host's): a lent store outlives the wave."""

@@ -57,6 +57,7 @@ class Event(str, enum.Enum):
     SWEEP_ACTOR = "sweep_actor"
     LEASE_RENEWALS = "lease_renewals"
     SERVICE_COUNTS = "service_counts"
+    STORE_KEYS = "store_keys"
     TEARDOWN_ERRORS = "teardown_errors"
     RAY_LEFTOVERS_ENDED = "ray_leftovers_ended"
     KEYS_REVOKED_AT_END = "keys_revoked_at_end"

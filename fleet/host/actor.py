@@ -405,6 +405,12 @@ class SandboxHost:
         return {"node": self.node_id, "dropped": got}
 
 
+# calls a host takes at once (Ray's async actor default is 1,000): every attempt on the node holds one for its life
+# (run_attempt), and its faults' watches, kills, the renewals and the volume drops need theirs beside them. A wave
+# may place every one of its sandboxes on one node: `concurrency` tasks (at most 10,000) and as many references.
+CALLS_AT_ONCE = 2 * 10000 + 1000
+
+
 def start_host_actor(node_id: str, ledger, resources: dict | None = None, strategy=None, name: str | None = None,
                      hollow: bool = False):
     """`hollow`: the scale bench's stand-in node (fleet/hollow.py), never a product mode."""
@@ -415,8 +421,7 @@ def start_host_actor(node_id: str, ledger, resources: dict | None = None, strate
     from fleet.ledger import actor_options
 
     cls = ray.remote(HollowHost if hollow else SandboxHost)
-    return cls.options(**actor_options(10000 if hollow else 1000, name, resources, strategy)).remote(node_id, None,
-                                                                                                   ledger)
+    return cls.options(**actor_options(CALLS_AT_ONCE, name, resources, strategy)).remote(node_id, None, ledger)
 
 
 class HollowHost(SandboxHost):

@@ -92,6 +92,13 @@ def test_pk6_a_thawed_zombie_is_fenced(run_wave):
         ev = [e for e in led if e["kind"] == "event" and e["task_id"].endswith("/" + tid)]
         assert [e["event"] for e in ev if e["fence"] == 1][:2] == ["acquired", "expired"], ev
         assert grades[tid]["verdict"] in ("pass", "not_applied"), grades[tid]["checks"]
+    # the new attempt found the zombie's lease busy until it ran out, and tried again each second with the key
+    # it had: one store key per attempt, every one revoked
+    tl = [orjson.loads(x) for x in (d / "timeline.jsonl").read_bytes().splitlines()]
+    assert any(e["event"] == "lease_busy" for e in tl)
+    starts = sum(1 for e in tl if e["event"] == "attempt_start")
+    keys = next(e for e in tl if e["event"] == "store_keys")
+    assert keys["issued"] == starts and keys["revoked"] == starts, (keys, starts)
 
 
 def test_pk6_broken_fencing_is_caught(run_wave, monkeypatch):
