@@ -27,7 +27,7 @@ from cluster.wave.errors import first_line
 from cluster.wave.injector import Injector
 from cluster.wave.logstream import LogStream
 from cluster.wave.silence import CHECK_EVERY_S, Activity
-from cluster.wave.taskdisk import TaskDisks
+from cluster.wave.taskdisk import TaskDisks, instance_of
 from cluster.wave.timeline import Event, TaskRun
 from faults.base import CATALOG, FaultSpec
 from faults.planner import derive, drawn
@@ -456,7 +456,7 @@ class Attempts:
         tid = run.plan.task_id
         code = result.exit_code
         if result.disk:  # the crash the last attempt's end left, done to the volume before this attempt started
-            self.disks.receipt({"after": run.last_killed_by, "done": result.disk})
+            self.disks.receipt({"after": instance_of(run, run.last_killed_by), "done": result.disk})
         run.last_killed_by = result.killed_by
         if result.disk_ops is not None:  # the lazy layer's count of the volume's writes, fsyncs, renames so far
             run.disk_ops = dict(result.disk_ops)

@@ -9,6 +9,18 @@ from cluster.wave.errors import first_line
 from cluster.wave.timeline import TaskRun
 
 
+def instance_of(run: TaskRun, killed_by: str | None) -> str | None:
+    """The planned fault instance a kill came from: a fault that kills more than once (PK4) names each kill
+    `<instance>#<n>`. Anything else (a deadline, a silence) is returned as it is and matches no fault."""
+    if not killed_by:
+        return killed_by
+    for f in run.plan.faults:
+        inst = f.get("instance")
+        if inst and (killed_by == inst or (killed_by.startswith(f"{inst}#") and killed_by[len(inst) + 1:].isdigit())):
+            return inst
+    return killed_by
+
+
 class TaskDisks:
     def __init__(self, cfg, wave_id: str, nodes, injector, context, fleet_down):
         """`fleet_down()`: the nodes whose host is gone (no volume to drop there)."""
@@ -25,7 +37,7 @@ class TaskDisks:
         attempt's end leaves (the fault that ended it: fault_timing.<id>.disk, else sandbox.disk)."""
         if not self.cfg.keeps_disks():
             return None
-        by = run.last_killed_by
+        by = instance_of(run, run.last_killed_by)
         fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == by), None)
         return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
 

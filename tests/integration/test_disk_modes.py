@@ -42,6 +42,21 @@ def test_a_local_journal_survives_a_kill_that_keeps_the_disk_and_not_one_that_wi
     assert exit_code(result) == 1
 
 
+def test_a_crash_loops_own_disk_mode_is_the_one_each_of_its_kills_leaves(run_wave):
+    """PK4 kills each new attempt in turn and names each kill `<instance>#<n>`: its own `disk: keep` (the wave's
+    sandbox.disk is the default wipe) is what every attempt after a kill starts on, and its receipt says so."""
+    result, d = run_wave(runner="durable-local", faults=["PK4"], tasks=1, concurrency=1, seed=79,
+                         fault_timing={"PK4": {"kills": 2, "window_s": [0.4, 0.5], "disk": "keep"}},
+                         workload={"steps": 8, "think_ms": 200}, deadline_s=90)
+    g = result["tasks"][0]
+    assert g["verdict"] == "pass" and g["model_recalls"] == 0, (g["signature"], g["checks"])
+    later = [e for e in _starts(d) if e["attempt"] > 1 and not e["task"].startswith("ref-")]
+    assert later and all(e["disk"]["mode"] == "keep" and e["disk"]["kept"] for e in later), later
+    [rec] = [r for r in __import__("orjson").loads((Path(d) / results.FAULTS).read_bytes()) if r["fault_id"] == "PK4"]
+    assert rec["status"] == "applied" and rec["evidence"]["disk"] == {"mode": "keep", "kept": True}, rec
+    assert exit_code(result) == 0 and not _mounts()
+
+
 def test_the_store_journaled_reference_passes_on_a_kept_disk(run_wave):
     """durable journals to the store and replays over a fresh repo: on a kept disk it lays the repo anew from the
     base it kept at its first attempt, or every recorded step would land twice."""
