@@ -146,6 +146,11 @@ class ScopedKeys:
         with self.lock:
             return {"issued": self.issued, "revoked": self.revoked, "writes": self.writes, "probes": self.probes}
 
+    def held(self, prefix: str = "") -> int:
+        """How many keys whose owner starts with `prefix` are live now."""
+        with self.lock:
+            return sum(1 for o in self._owned if o.startswith(prefix))
+
     def issue(self, owner: str, bucket: str, prefix: str) -> Credentials:
         """A fresh key allowed only under bucket/prefix; returns once the store accepts it."""
         creds = Credentials("SFA" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30))
@@ -215,9 +220,32 @@ class ScopedKeys:
         the owners revoked."""
         with self.lock:
             owners = [o for o in self._owned if o.startswith(prefix)]
-        for owner in owners:
-            self.revoke(owner)
+            one_by_one = self.canary is None  # (no write confirmed yet: each revoke is probed itself)
+            if owners and not one_by_one:
+                self._revoke_many(owners)
+        if one_by_one:
+            for owner in owners:
+                self.revoke(owner)
         return owners
+
+    def _revoke_many(self, owners: list[str]) -> None:
+        """With `self.lock` held: the owners' keys replaced by unknown ones in one write (a wave's end, or its
+        second Ctrl-C, waits on one write, not one per key)."""
+        taken = {o: self._owned.pop(o) for o in owners}
+        kept = {o: (slot["creds"], slot["actions"]) for o, slot in taken.items()}
+        for slot in taken.values():
+            slot.update(creds=_dead_key(), owner=None, actions=[])
+            self._free.append(slot)
+        try:
+            self._apply()
+        except BaseException:
+            for o, slot in taken.items():  # not known to have reached the store: each key stays its owner's
+                if slot["owner"] is None and slot in self._free:
+                    self._free.remove(slot)
+                    slot.update(creds=kept[o][0], owner=o, actions=kept[o][1])
+                    self._owned[o] = slot
+            raise
+        self.revoked += len(owners)
 
 
 class _Probe:

@@ -268,6 +268,8 @@ class Teardown:
                 self._try(errors, f"stop {type(svc).__name__}", svc.stop)
         if self.parts.store_lent and self.parts.keys is not None and not self.health.lost("store"):
             self._try(errors, "revoke keys", self._revoke_lent_keys)
+        if self.parts.keys is not None:
+            self._try(errors, "count keys", self._record_keys)
         # the proxy, the wave's own store and an own fleet share nothing: they stop side by side (each mostly
         # waits on its processes' exits; one after the other was the wave's longest teardown phase)
         steps = []
@@ -348,9 +350,14 @@ class Teardown:
                 counts[key] = per
         if counts:
             self.timeline(Event.SERVICE_COUNTS, **counts)
-        if self.parts.keys is not None:  # the attempts' store keys: issued, revoked, identity writes, canary probes,
-            before = self.parts.keys_before  # since the wave began (a lent fleet's waves at once share its book)
-            self.timeline(Event.STORE_KEYS, **{k: n - before.get(k, 0) for k, n in self.parts.keys.counts().items()})
+
+    def _record_keys(self) -> None:
+        """The attempts' store keys since the wave began (a lent fleet's waves at once share its book): issued,
+        revoked, identity writes, canary probes; `held`: this wave's keys still live now, after a lent store's
+        revoke (the wave's own store stops next, and its keys with it)."""
+        keys, before = self.parts.keys, self.parts.keys_before
+        self.timeline(Event.STORE_KEYS, **{k: n - before.get(k, 0) for k, n in keys.counts().items()},
+                      held=keys.held(f"{self.wave_id}/"), store="lent" if self.parts.store_lent else "own")
 
     def _revoke_lent_keys(self) -> None:
         """Keys of attempts that did not end in order (a lost host's): a lent store outlives the wave."""
@@ -373,6 +380,13 @@ class Teardown:
                 proc.wait(5)
         if own_store is not None:
             own_store.remove_sockets()
+        elif self.parts.keys is not None and not (self.health is not None and self.health.lost("store")):
+            # a lent store outlives the wave: its keys die now, in one write, from a thread of its own (this is the
+            # signal handler, on the main thread, which may hold the key book's lock); waited for 10 s at most: the
+            # fleet's own stop (`sandfleet down`) ends its store, and the keys, otherwise
+            revoke = threading.Thread(target=self._try, args=([], "revoke keys", self._revoke_lent_keys), daemon=True)
+            revoke.start()
+            revoke.join(10)
         for wid, sid in cgroups.list_sandboxes(self.wave_id):
             try:
                 reap_leftover(wid, sid)

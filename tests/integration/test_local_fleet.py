@@ -245,3 +245,47 @@ def test_a_fleet_daemon_started_under_a_lock_does_not_hold_it(fleet_env, tmp_pat
     finally:
         os.close(fd)
         assert _cli("down", env=env, timeout=120).returncode == 0
+
+
+def _wait_for(path: Path, text: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_wave_on_a_fleet_stopped_at_once_leaves_no_key_of_its_own_at_the_fleets_store(fleet_env, tmp_path):
+    """A second Ctrl-C ends the wave at once, but the fleet's store outlives it: the wave's keys die at it before
+    the wave exits, the one issued ahead for an attempt still waiting on a busy lease (PK6's zombie) too."""
+    env, record = fleet_env, Path(fleet_env["SANDFLEET_FLEET_FILE"])
+    assert _cli("up", env=env, timeout=180).returncode == 0
+    info = orjson.loads(record.read_bytes())
+    cfg = tmp_path / "wave.yaml"  # the new attempt waits up to 20 s for the zombie's lease to run out
+    cfg.write_text("tasks: 1\nconcurrency: 1\nfaults: [PK6]\nlease_ttl_s: 20\ndeadline_s: 90\n"
+                   "fault_timing: {PK6: {after_model_calls: [2, 3]}}\nworkload: {steps: 6, think_ms: 80}\n")
+    err = tmp_path / "wave.err"
+    with err.open("w") as f:
+        wave = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address", "fleet",
+                                 "--no-progress", "--results", str(tmp_path / "r")], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        timeline = tmp_path / "r" / "latest" / "timeline.jsonl"
+        assert _wait_for(timeline, '"lease_busy"', 120), err.read_text()[-2000:]
+        wave.send_signal(signal.SIGINT)
+        assert _wait_for(err, "stopping wave", 30), err.read_text()[-2000:]
+        wave.send_signal(signal.SIGINT)
+        wave.wait(60)
+    finally:
+        if wave.poll() is None:
+            wave.kill()
+            wave.wait(10)
+    wave_id = (tmp_path / "r" / "latest").resolve().name
+    [identities] = list(Path(info["state_dir"]).rglob("identities.json"))
+    scope = f"{info['bucket']}/{wave_id}/"
+    live = [i["name"] for i in orjson.loads(identities.read_bytes())["identities"]
+            if any(scope in a for a in i.get("actions") or [])]
+    assert not live, live
+    assert _cli("down", env=env, timeout=120).returncode == 0
+    assert not _gone(info)

@@ -142,3 +142,20 @@ def test_a_revoke_whose_write_failed_keeps_the_key_its_owners_for_a_later_revoke
     assert keys.revoke_all("w/") == ["w/t0-a1"]
     assert store.writes[-1][0][0] == "k0" and store.writes[-1][0][1] != "LIVEKEY"  # its key replaced at the store
     assert keys._owned == {} and keys._free == [slot]
+
+
+def test_revoke_all_ends_every_key_of_a_wave_in_one_write_and_no_other_waves():
+    """A wave's end (or its second Ctrl-C) revokes its keys in one write, not one write and reload per key."""
+    store = GatedStore()
+    store.gate.set()
+    keys = ScopedKeys(store, Credentials("admin", "s"))
+    keys._prober = lambda *a: None  # (no store to probe here: the writes are what is looked at)
+    keys._await = lambda probes, error, nudge=None: None
+    mine = [keys.issue(f"w1/t{i}-a1", "b", f"w1/t{i}/") for i in range(5)]
+    other = keys.issue("w2/t0-a1", "b", "w2/t0/")
+    writes = len(store.writes)
+    assert sorted(keys.revoke_all("w1/")) == [f"w1/t{i}-a1" for i in range(5)]
+    assert len(store.writes) == writes + 1 and keys.revoked == 5
+    live = {s["creds"].access_key for s in keys.slots if s["owner"]}
+    assert live == {other.access_key} and not live & {c.access_key for c in mine}
+    assert keys.held("w1/") == 0 and keys.held("w2/") == 1
