@@ -243,6 +243,7 @@ class WaveRun:
         bar = WaveProgress(self.wave_id, self.runs, self.injector, self.show_progress)
         on_change = bar.on_change
         context = WaveContext(self.wave_id, self.runs, self.parts, self.access, self.nodes, self.health, self.out)
+        context.stopping = self.injector.stopping
         self.attempts = Attempts(self.cfg, self.plan, self.wave_id, self.out, self.private, self.parts, self.access,
                                  self.nodes, self.health, self.injector, self.timeline, self.launch, self._stop_why,
                                  context, self.resumed)

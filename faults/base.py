@@ -99,7 +99,11 @@ class FaultContext(Protocol):
         """PK6: give up on the frozen attempt (its keys die now, its lease runs out); the next one starts."""
 
     async def newer_attempt(self, task_id: str, sandbox_id: str, timeout_s: float) -> str | None:
-        """The sandbox id of the task's next attempt once it runs (None after `timeout_s`)."""
+        """The sandbox id of the task's next attempt once it runs (None after `timeout_s`, or once the task ends
+        or the wave stops)."""
+
+    def no_newer_why(self, task_id: str, timeout_s: float) -> str:
+        """Why `newer_attempt` gave None: the wave stopped, the task ended, or `timeout_s` went by."""
 
     def fenced_activity(self, task_id: str, sandbox_id: str, since: float) -> dict:
         """What a zombie attempt did from `since`: its store requests and the calls refused as fenced."""

@@ -431,6 +431,7 @@ class FreezeZombie(SigkillSandbox):
 
         await ctx.abandon(spec.task_id, sandbox_id, spec.instance)
         newer = await ctx.newer_attempt(spec.task_id, sandbox_id, timeout_s=120)
+        no_newer = None if newer else ctx.no_newer_why(spec.task_id, 120)
         await asyncio.sleep(spec.params["thaw_after_s"] if newer else 0)
         th = await host.thaw_attempt.remote(sandbox_id)
         thawed_at = th.get("at") or time.time()
@@ -441,7 +442,7 @@ class FreezeZombie(SigkillSandbox):
         if still:
             await host.kill.remote(sandbox_id, 0.0, f"{spec.instance} (zombie observed {self.observe_s} s)")
         return {"applied": True, "at": fr["at"], "pid": None, "node": fr.get("node"), "newer": newer,
-                "thawed": th.get("thawed"), "thawed_at": thawed_at, "zombie_killed": still,
+                "no_newer": no_newer, "thawed": th.get("thawed"), "thawed_at": thawed_at, "zombie_killed": still,
                 "activity": ctx.fenced_activity(spec.task_id, sandbox_id, thawed_at)}
 
     def receipt(self, spec: FaultSpec, injected: dict, cleared: dict) -> Receipt:
@@ -453,8 +454,9 @@ class FreezeZombie(SigkillSandbox):
                         thawed_at=injected.get("thawed_at"))
         r.detail = (f"sandbox {injected.get('sandbox_id')} frozen and its lease left to run out; "
                     + (f"attempt {injected.get('newer')} took the task, then " if injected.get("newer") else
-                       "NO newer attempt started within 120 s; ")
-                    + f"thawed {spec.params['thaw_after_s']} s later: the zombie made {len(store)} store request(s) "
+                       f"{injected.get('no_newer') or 'NO newer attempt started within 120 s'}; ")
+                    + (f"thawed {spec.params['thaw_after_s']} s later" if injected.get("newer") else "thawed at once")
+                    + f": the zombie made {len(store)} store request(s) "
                       f"({len(landed)} write(s) landed) and {len(act.get('refused_calls') or [])} model/effects "
                       f"call(s) refused; " + ("killed after " + str(self.observe_s) + " s" if injected.get(
                           "zombie_killed") else "it exited by itself"))

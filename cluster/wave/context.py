@@ -17,6 +17,7 @@ class WaveContext:
         self.nodes = nodes
         self.health = health
         self.out = out
+        self.stopping = lambda: None  # why the wave is stopping (a signal, a harness fault), or None while it runs
 
     @property
     def bucket(self) -> str:
@@ -115,14 +116,24 @@ class WaveContext:
             run.abandon_ev.set()
 
     async def newer_attempt(self, task_id: str, sandbox_id: str, timeout_s: float) -> str | None:
-        """The sandbox id of a newer attempt of the task once one runs (None after `timeout_s`)."""
+        """The sandbox id of a newer attempt of the task once one runs (None after `timeout_s`, or once the task
+        ends or the wave stops: `no_newer_why` says which)."""
         run, att = self.runs[task_id], results.attempt_of(sandbox_id)[1]
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and run.life.state not in TASK_ENDED:
+        while time.monotonic() < deadline and run.life.state not in TASK_ENDED and self.stopping() is None:
             if run.attempts > att:
                 return results.sandbox_id(task_id, att + 1)
             await asyncio.sleep(0.02)
         return results.sandbox_id(task_id, att + 1) if run.attempts > att else None
+
+    def no_newer_why(self, task_id: str, timeout_s: float) -> str:
+        """Why `newer_attempt` gave None."""
+        stop = self.stopping()
+        if stop is not None:
+            return f"the wave stopped ({stop}) before a newer attempt started"
+        if self.runs[task_id].life.state in TASK_ENDED:
+            return f"the task ended ({self.runs[task_id].life.state.value}) before a newer attempt started"
+        return f"NO newer attempt started within {timeout_s:.0f} s"
 
     def fenced_activity(self, task_id: str, sandbox_id: str, since: float) -> dict:
         """What a zombie attempt did from `since`: its store requests (by its key id) and what each got, and the

@@ -59,6 +59,38 @@ def test_a_signal_stops_the_wave_in_order(fleet, tmp_path, sig, code):
     assert not leftovers.wait_clean(before), "something of the interrupted wave is still running"
 
 
+def test_a_signal_while_a_zombie_waits_for_its_newer_attempt_stops_its_wait_and_its_receipt_says_so(fleet, tmp_path):
+    """PK6's zombie waits (up to 120 s) for a newer attempt to take its task; a SIGINT while that attempt waits on
+    the zombie's lease (20 s TTL) ends the wait: the zombie is thawed, watched and killed, and its receipt says the
+    wave stopped, not that no newer attempt came."""
+    results, cfg = tmp_path / "results", tmp_path / "wave.yaml"
+    cfg.write_text("tasks: 1\nconcurrency: 1\nfaults: [PK6]\nlease_ttl_s: 20\ndeadline_s: 90\n"
+                   "fault_timing: {PK6: {after_model_calls: [2, 3]}}\nworkload: {steps: 6, think_ms: 80}\n")
+    before = leftovers.snapshot()
+    p = subprocess.Popen([sys.executable, "-m", "cluster.cli", "wave", "run", str(cfg), "--address", _gcs_address(),
+                          "--results", str(results), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        deadline, busy = time.monotonic() + 120, False
+        while time.monotonic() < deadline and p.poll() is None and not busy:
+            tl = list(results.glob("w-*/timeline.jsonl"))
+            busy = bool(tl) and b'"lease_busy"' in tl[0].read_bytes()
+            time.sleep(0.1)
+        assert busy, "the new attempt never found the zombie's lease busy"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 130, (out, err[-2000:])
+    d = next(results.glob("w-*"))
+    [r] = orjson.loads((d / "faults.json").read_bytes())
+    assert r["status"] == "applied" and "the wave stopped (interrupted by SIGINT) before a newer attempt" in r["detail"]
+    assert "NO newer attempt" not in r["detail"] and "thawed at once" in r["detail"], r["detail"]
+    assert not leftovers.wait_clean(before), "something of the interrupted wave is still running"
+
+
 def test_sweep_removes_what_a_killed_driver_left(fleet, tmp_path):
     """SIGKILL of the driver mid-wave leaves the store, the proxy, sandbox cgroups, mounts and key files;
     `sandfleet sweep` finds them by their markers (the wave's driver is dead) and removes every one."""
