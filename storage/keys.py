@@ -59,6 +59,7 @@ class ScopedKeys:
         self._owned: dict[str, dict] = {}  # owner -> its slot
         self.canary: dict | None = None  # {"name", "creds", "actions", "probe"}: a fresh key in every write
         self.probes = 0  # writes confirmed by a canary probe (one stands for every change of its write)
+        self._revoking: set[str] = set()  # owners whose revoke_all write is under way
         self._failed: tuple[int, str] = (0, "")  # (the last change a failed write carried, why it failed)
 
     def _identities(self) -> list[dict]:
@@ -147,9 +148,9 @@ class ScopedKeys:
             return {"issued": self.issued, "revoked": self.revoked, "writes": self.writes, "probes": self.probes}
 
     def held(self, prefix: str = "") -> int:
-        """How many keys whose owner starts with `prefix` are live now."""
+        """How many keys whose owner starts with `prefix` may be live now (held, or in a revoke not yet written)."""
         with self.lock:
-            return sum(1 for o in self._owned if o.startswith(prefix))
+            return sum(1 for o in (*self._owned, *self._revoking) if o.startswith(prefix))
 
     def issue(self, owner: str, bucket: str, prefix: str) -> Credentials:
         """A fresh key allowed only under bucket/prefix; returns once the store accepts it."""
@@ -232,6 +233,7 @@ class ScopedKeys:
         """With `self.lock` held: the owners' keys replaced by unknown ones in one write (a wave's end, or its
         second Ctrl-C, waits on one write, not one per key)."""
         taken = {o: self._owned.pop(o) for o in owners}
+        self._revoking.update(owners)  # (until the write is known to have reached the store)
         kept = {o: (slot["creds"], slot["actions"]) for o, slot in taken.items()}
         for slot in taken.values():
             slot.update(creds=_dead_key(), owner=None, actions=[])
@@ -245,6 +247,8 @@ class ScopedKeys:
                     slot.update(creds=kept[o][0], owner=o, actions=kept[o][1])
                     self._owned[o] = slot
             raise
+        finally:
+            self._revoking.difference_update(owners)
         self.revoked += len(owners)
 
 

@@ -208,7 +208,10 @@ class Health:
         except (OSError, asyncio.TimeoutError):
             return f"{host}:{port} took the connection but did not answer within {timeout:.0f} s (hung?)"
         finally:
-            w.close()
+            try:
+                w.close()
+            except RuntimeError:  # its loop closed under it (the watch stopped mid-probe): the socket goes with it
+                pass
 
     def track_ray(self) -> dict[str, int]:
         """Start watching the wave's own Ray processes (at set-up, before any task runs); returns part -> pid."""

@@ -365,6 +365,28 @@ class Teardown:
         if left:
             self.timeline(Event.KEYS_REVOKED_AT_END, owners=left)
 
+    REVOKE_AT_ONCE_S = 10.0
+
+    def _revoke_at_once(self) -> str | None:
+        """A stop at once at a lent store: the wave's keys revoked in one write, from a thread of its own (this runs
+        in the signal handler, on the main thread, which may be inside the key book); waited for 10 s at most.
+        None once none is left, else what is left and why."""
+        errors: list[str] = []
+        out: dict = {}
+
+        def revoke() -> None:
+            self._try(errors, "revoke", self._revoke_lent_keys)
+            out["held"] = self.parts.keys.held(f"{self.wave_id}/")
+
+        t = threading.Thread(target=revoke, daemon=True)
+        t.start()
+        t.join(self.REVOKE_AT_ONCE_S)
+        if t.is_alive():
+            return f"the revoke did not finish within {self.REVOKE_AT_ONCE_S:g} s"
+        if errors or out.get("held"):
+            return "; ".join(errors + ([f"{out['held']} still held"] if out.get("held") else []))
+        return None
+
     def stop_at_once(self, name: str) -> None:
         """A second signal: kill what the wave started, by PID and by its markers, and exit now."""
         from fleet.backends import reap_leftover
@@ -373,6 +395,7 @@ class Teardown:
         if self.health is not None:
             self.health.stop_watch(1.0)
         own_store = None if self.parts.store_lent else self.parts.store
+        keys_left = None
         for part in (self.parts.proxy, own_store):
             proc = getattr(part, "proc", None)
             if proc is not None and proc.poll() is None:
@@ -384,9 +407,7 @@ class Teardown:
             # a lent store outlives the wave: its keys die now, in one write, from a thread of its own (this is the
             # signal handler, on the main thread, which may hold the key book's lock); waited for 10 s at most: the
             # fleet's own stop (`sandfleet down`) ends its store, and the keys, otherwise
-            revoke = threading.Thread(target=self._try, args=([], "revoke keys", self._revoke_lent_keys), daemon=True)
-            revoke.start()
-            revoke.join(10)
+            keys_left = self._revoke_at_once()
         for wid, sid in cgroups.list_sandboxes(self.wave_id):
             try:
                 reap_leftover(wid, sid)
@@ -400,13 +421,16 @@ class Teardown:
         cgroups.leave_harness(self.harness_cg)
         shutil.rmtree(self.private, ignore_errors=True)
         try:
-            self.timeline(Event.WAVE_STOPPED_AT_ONCE, signal=name)
+            self.timeline(Event.WAVE_STOPPED_AT_ONCE, signal=name, **({"keys_left": keys_left} if keys_left else {}))
             self.out.summary.write_text(
                 f"# Wave {self.wave_id}\n\n**Stopped at once by a second {name}**: not graded. What was stored "
                 f"so far can be graded with `sandfleet grade {self.out.path}` (unfinished tasks are unknown).\n")
         except Exception:  # noqa: BLE001
             pass
         sys.stderr.write(f"{name} again: stopped at once; results so far in {self.out.path}\n")
+        if keys_left:
+            sys.stderr.write(f"the wave's keys at the fleet's store were not all revoked ({keys_left}): they work "
+                             "until `sandfleet down`\n")
         os._exit(130 if name == "SIGINT" else 143)
 
 

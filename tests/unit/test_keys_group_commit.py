@@ -159,3 +159,29 @@ def test_revoke_all_ends_every_key_of_a_wave_in_one_write_and_no_other_waves():
     live = {s["creds"].access_key for s in keys.slots if s["owner"]}
     assert live == {other.access_key} and not live & {c.access_key for c in mine}
     assert keys.held("w1/") == 0 and keys.held("w2/") == 1
+
+
+def test_a_revoke_all_whose_one_write_failed_leaves_every_key_its_owners_and_a_retry_ends_them():
+    class FailOnce(GatedStore):
+        fail = False
+
+        def update_identities(self, admin, tag, mine):
+            if self.fail:
+                self.fail = False
+                raise OSError("No space left on device")
+            self.writes.append([(i["name"], i["credentials"][0]["accessKey"]) for i in mine])
+
+    store = FailOnce()
+    keys = ScopedKeys(store, Credentials("admin", "s"))
+    keys._prober = lambda *a: None
+    keys._await = lambda probes, error, nudge=None: None
+    issued = {keys.issue(f"w1/t{i}-a1", "b", f"w1/t{i}/").access_key for i in range(3)}
+    store.fail = True
+    try:
+        keys.revoke_all("w1/")
+        raise AssertionError("the failed write did not raise")
+    except OSError:
+        pass
+    assert {s["creds"].access_key for s in keys.slots if s["owner"]} == issued and keys.held("w1/") == 3
+    assert len(keys.revoke_all("w1/")) == 3 and keys.held("w1/") == 0
+    assert not issued & {key for _, key in store.writes[-1]}  # the last write holds none of them
