@@ -456,8 +456,8 @@ class Attempts:
         tid = run.plan.task_id
         code = result.exit_code
         if result.disk:  # the crash the last attempt's end left, done to the volume before this attempt started
-            self.disks.receipt({"after": instance_of(run, run.last_killed_by), "done": result.disk})
-        run.last_killed_by = result.killed_by
+            self.disks.receipt({"after": run.last_killed_by, "done": result.disk})
+        run.last_killed_by = instance_of(run, result.killed_by)  # a crash loop's `<instance>#<n>`: its instance
         if result.disk_ops is not None:  # the lazy layer's count of the volume's writes, fsyncs, renames so far
             run.disk_ops = dict(result.disk_ops)
         if node in self.nodes.faults and not (result.cause or "").startswith("killed"):

@@ -37,7 +37,7 @@ class TaskDisks:
         attempt's end leaves (the fault that ended it: fault_timing.<id>.disk, else sandbox.disk)."""
         if not self.cfg.keeps_disks():
             return None
-        by = instance_of(run, run.last_killed_by)
+        by = run.last_killed_by
         fid = next((f["fault_id"] for f in run.plan.faults if f.get("instance") == by), None)
         return {"mode": self.cfg.disk_after(fid) if run.attempts else "wipe", "after": by if run.attempts else None}
 
